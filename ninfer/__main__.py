@@ -1,0 +1,5 @@
+import sys
+
+from ninfer.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,208 @@
+"""Package-neutral contracts between Engine and Program.
+
+Token vocabulary (used everywhere, defined once here):
+  num_prompt_tokens    tokens of the prepared prompt
+  num_computed_tokens  prompt/output tokens whose effect is in the committed KV and recurrent state
+  num_output_tokens    committed generated tokens
+  num_reused_tokens    prompt tokens taken from a reused checkpoint instead of being computed
+  frontier             the committed position of a sequence (== num_computed_tokens)
+  produced_tokens      tokens a model execution produced for one row (provisional)
+  accepted_tokens      the prefix of produced_tokens that Engine commits
+
+Engine holds only these host values (ints, tuples, enums). Tensors exist only in Program and below.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol, Sequence
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling (per request; interpreted by Program's sampler, validated here)
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request sampling. temperature == 0 is greedy.
+
+    logprobs: None = no log-probs; 0 = the sampled token's log-prob; k in 1..20 = also the top-k.
+    Log-probs are those of the model's raw distribution (log_softmax of the logits before any
+    penalty, bias, temperature or truncation), as vLLM reports by default.
+    seed: a per-request RNG; its state advances only when a sampled token is committed.
+    """
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0                      # 0 = off
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0     # over prompt + output tokens (HF/vLLM semantics)
+    presence_penalty: float = 0.0       # over output tokens
+    frequency_penalty: float = 0.0      # over output tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    seed: int | None = None
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0.0):
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not (self.repetition_penalty > 0.0):
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not (-2.0 <= self.presence_penalty <= 2.0):
+            raise ValueError(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        if not (-2.0 <= self.frequency_penalty <= 2.0):
+            raise ValueError(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if self.logprobs is not None and not (0 <= self.logprobs <= 20):
+            raise ValueError(f"logprobs must be in 0..20, got {self.logprobs}")
+        for tok, bias in self.logit_bias:
+            if not (-100.0 <= bias <= 100.0):
+                raise ValueError(f"logit_bias for token {tok} must be in [-100, 100], got {bias}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class TokenLogprob(NamedTuple):
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]   # (token_id, logprob), best first; empty when logprobs == 0
+
+
+# --------------------------------------------------------------------------------------------
+# Resources
+# --------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SequenceRequest:
+    """Everything Program needs to plan and run one sequence's complete growth."""
+    prompt_token_ids: tuple[int, ...]
+    max_output_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    lookahead: int = 0
+    prompt_logprobs: int | None = None     # None = off; k = log-prob of every prompt token + top-k
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceHandle:
+    """Program's name for one active sequence; `generation` detects use after release."""
+    seq_id: int
+    generation: int
+
+
+class RefusalKind(enum.Enum):
+    SHORT_NOW = "short_now"            # not enough free pages/slots now; may fit when others finish
+    INFEASIBLE = "infeasible"          # does not fit even from root with everything released
+
+
+class Refusal(NamedTuple):
+    kind: RefusalKind
+    reason: str                        # names the resource and the numbers
+
+
+@dataclass(frozen=True, slots=True)
+class ResourcePlan:
+    """A sealed, opaque plan bound to Program's resource_revision. Stale plans are re-planned."""
+    plan_id: int
+    resource_revision: int
+    request: SequenceRequest
+    pages: int                         # pages of the complete growth reservation
+    slots: int                         # StateImage slots
+    num_reused_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceResult:
+    """The complete end state of a resource transition, adopted by ResourceManager."""
+    ok: bool
+    resource_revision: int
+    sequence: SequenceHandle | None = None
+    num_reused_tokens: int = 0
+    pages_held: int = 0
+    slots_held: int = 0
+    reason: str = ""
+
+
+class CapacitySummary(NamedTuple):
+    """A stable summary Program publishes for metrics and readiness (never a mirror to mutate)."""
+    pages_total: int
+    pages_free: int
+    slots_total: int
+    slots_free: int
+    page_size: int
+
+
+class StalePlanError(RuntimeError):
+    """A plan's resource_revision no longer matches; nothing was mutated, re-plan."""
+
+
+class InvariantError(RuntimeError):
+    """Shared physical state can no longer be explained; the Engine must fail as a whole."""
+
+
+# --------------------------------------------------------------------------------------------
+# Model transactions
+# --------------------------------------------------------------------------------------------
+class BatchKind(enum.Enum):
+    PREFILL = "prefill"       # final prefill stage: one row, the first sampled token
+    DECODE = "decode"
+    CONTROL = "control"       # forced control tokens, no sampler, no RNG advance
+
+
+@dataclass(frozen=True, slots=True)
+class PendingRow:
+    sequence: SequenceHandle
+    tokens: tuple[int, ...]                      # produced tokens (provisional); produced = len(tokens)
+    logprobs: tuple[TokenLogprob, ...] | None    # one per token when the request asked for log-probs
+
+    @property
+    def produced_tokens(self) -> int:
+        return len(self.tokens)
+
+
+@dataclass(eq=False)
+class PendingBatch:
+    """Move-only result of one model execution unit.
+
+    Consumed exactly once, completely, by `Program.commit(batch, accepted)` or
+    `Program.abort_pending(batch)`. Program keeps the provisional state behind `batch_id`.
+    """
+    batch_id: int
+    kind: BatchKind
+    rows: tuple[PendingRow, ...]
+    consumed: bool = field(default=False)
+
+    @property
+    def size(self) -> int:
+        return len(self.rows)
+
+
+class PrefillStep(NamedTuple):
+    num_computed_tokens: int                 # prompt tokens now in committed state
+    pending: PendingBatch | None             # set only by the final stage (first sampled token)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] = ()   # for the tokens this stage computed, when asked
+
+
+class Program(Protocol):
+    """The only physical execution entry of one target package (see architecture.md §2, §6, §8)."""
+
+    @property
+    def resource_revision(self) -> int: ...
+    @property
+    def max_model_len(self) -> int: ...            # prompt + output + lookahead limit of one sequence
+
+    def capacity(self) -> CapacitySummary: ...
+    def plan_materialize(self, request: SequenceRequest) -> ResourcePlan | Refusal: ...
+    def start_materialize(self, plan: ResourcePlan) -> ResourceResult: ...
+    def prove_backfill(self, head: SequenceRequest, donors: Sequence[SequenceHandle],
+                       borrower: SequenceRequest) -> bool: ...
+    def prefill(self, seq: SequenceHandle, max_tokens: int) -> PrefillStep: ...
+    def decode(self, seqs: Sequence[SequenceHandle], num_steps: int = 1) -> PendingBatch: ...
+    def control(self, seq: SequenceHandle, tokens: Sequence[int]) -> PendingBatch: ...
+    def commit(self, batch: PendingBatch, accepted: Sequence[int]) -> None: ...
+    def abort_pending(self, batch: PendingBatch) -> None: ...
+    def release(self, seq: SequenceHandle) -> ResourceResult: ...
+    def check_integrity(self) -> None: ...        # raises InvariantError on `free + owned != total`

@@ -1,0 +1,105 @@
+"""Owning Frontend values of the Qwen3.6 family (no tensors, no Engine or Program imports).
+
+The Frontend (tokenizer, chat template, OutputSession) fills these; Engine carries them; Gateways
+read them. Implementations live beside this file.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class FinishReason(str, enum.Enum):
+    STOP = "stop"               # eos / stop token / stop string
+    LENGTH = "length"           # max_tokens or context limit
+    TOOL_CALLS = "tool_calls"   # the output ended with one or more complete tool calls
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+@dataclass(frozen=True, slots=True)
+class MediaPlaceholder:
+    """One image/video placeholder run inside PreparedPrompt.token_ids (for the vision work)."""
+    kind: str                  # "image" | "video"
+    offset: int                # index of the first placeholder token
+    length: int                # number of placeholder tokens
+    content_digest: str        # digest of the media bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedPrompt:
+    """An owning prompt: token ids, media placeholders and a content identity for prefix reuse."""
+    token_ids: tuple[int, ...]
+    media: tuple[MediaPlaceholder, ...] = ()
+    content_id: str = ""               # digest of token ids and media content
+    enable_thinking: bool = False      # the prompt ends inside an opened <think> block
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str             # JSON object text, values typed by the tool's JSON schema
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""        # appended JSON text
+
+
+@dataclass(frozen=True, slots=True)
+class OutputOptions:
+    """Per-request output semantics chosen by the Gateway."""
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    include_stop_str: bool = False
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    tools: tuple[dict, ...] = ()             # OpenAI tool definitions (for typed argument parsing)
+    parse_tool_calls: bool = True            # False for tool_choice="none" / plain completions
+    parse_reasoning: bool = True             # split reasoning from content when thinking is on
+    thinking_budget: int | None = None       # max reasoning tokens before a forced </think>
+
+
+@dataclass(frozen=True, slots=True)
+class OutputDelta:
+    text: str = ""
+    reasoning: str = ""
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        return not (self.text or self.reasoning or self.tool_calls)
+
+
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """What committing `accepted_tokens` of the given tokens would do. Nothing is visible yet.
+
+    boundary: the number of accepted tokens after which the history renderer reproduces the
+    output token for token (None when no such point lies in this span).
+    """
+    accepted_tokens: int
+    delta: OutputDelta
+    terminal: bool
+    finish_reason: FinishReason | None
+    boundary: int | None = None
+    num_reasoning_tokens: int = 0            # of the accepted tokens, how many were reasoning
+
+
+@dataclass(frozen=True, slots=True)
+class FinalOutput:
+    text: str
+    reasoning: str
+    tool_calls: tuple[ToolCall, ...]
+    finish_reason: FinishReason
+    token_ids: tuple[int, ...] = ()
+    num_reasoning_tokens: int = 0
+    extra: dict = field(default_factory=dict)

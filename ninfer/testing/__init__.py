@@ -1,0 +1,1 @@
+"""Test-support code shipped with the package (used by tests, the demo model and benchmarks)."""

@@ -1,0 +1,143 @@
+"""Public, owning host values of the NInfer Engine facade.
+
+Gateways (CLI, HTTP) use only `ninfer.Engine`, these types and the Frontend types re-exported here.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+from ninfer.runtime.contract.types import SamplingParams, TokenLogprob
+from ninfer.targets.qwen3_6.frontend.types import (FinishReason, OutputDelta, OutputOptions,
+                                                   PreparedPrompt, ToolCall, ToolCallDelta)
+
+__all__ = ["EngineConfig", "SamplingParams", "TokenLogprob", "FinishReason", "OutputOptions",
+           "PreparedPrompt", "ToolCall", "ToolCallDelta", "OutputDelta", "Availability",
+           "AvailabilityState", "GenerationStart", "GenerationDelta", "GenerationResult",
+           "GenerationError", "ErrorKind", "Usage", "Purpose"]
+
+
+class Purpose(str, enum.Enum):
+    GENERATION = "generation"
+    CAUSAL_SCORING = "causal_scoring"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Frozen start-time configuration. CLI flags mirror these field names one to one."""
+    purpose: Purpose = Purpose.GENERATION
+    device: str = "auto"                  # "auto" = cuda when available, else cpu
+    dtype: str = "auto"                   # "auto" = bfloat16 on CUDA, float32 on CPU; or bf16/fp32
+    max_concurrency: int = 4              # 1..8 active requests
+    queue_size: int = 16                  # bounded FIFO waiting queue
+    request_timeout_s: float = 600.0      # default deadline of a request while waiting in the queue
+    prefill_chunk_tokens: int = 512       # staged prefill size
+    page_size: int = 16                   # KV page size (power of two, 16..256)
+    num_pages: int = 0                    # 0 = derived from kv_memory_fraction / max_model_len
+    kv_memory_fraction: float = 0.5       # share of free device memory for KV pages when num_pages == 0
+    max_model_len: int = 8192             # prompt + output limit of one request
+    enforce_eager: bool = False           # no CUDA graphs
+    seed: int = 0                         # default seed for requests without one
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.purpose, Purpose):
+            object.__setattr__(self, "purpose", Purpose(self.purpose))
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.dtype not in ("auto", "bf16", "bfloat16", "fp32", "float32"):
+            raise ValueError(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
+        if not (1 <= self.max_concurrency <= 8):
+            raise ValueError(f"max_concurrency must be in 1..8, got {self.max_concurrency}")
+        if not (0 <= self.queue_size <= 4096):
+            raise ValueError(f"queue_size must be in 0..4096, got {self.queue_size}")
+        if not (self.request_timeout_s > 0):
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if not (1 <= self.prefill_chunk_tokens <= 65536):
+            raise ValueError(f"prefill_chunk_tokens must be in 1..65536, got {self.prefill_chunk_tokens}")
+        if self.page_size not in (16, 32, 64, 128, 256):
+            raise ValueError(f"page_size must be a power of two in 16..256, got {self.page_size}")
+        if self.num_pages < 0:
+            raise ValueError(f"num_pages must be >= 0, got {self.num_pages}")
+        if not (0.0 < self.kv_memory_fraction <= 0.95):
+            raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction}")
+        if not (2 <= self.max_model_len <= 262144):
+            raise ValueError(f"max_model_len must be in 2..262144, got {self.max_model_len}")
+
+    def resolved(self, cuda_available: bool) -> "EngineConfig":
+        """Resolve "auto" values (never mutates)."""
+        device = self.device
+        if device == "auto":
+            device = "cuda" if cuda_available else "cpu"
+        dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(self.dtype, self.dtype)
+        if dtype == "auto":
+            dtype = "bf16" if device.startswith("cuda") else "fp32"
+        return replace(self, device=device, dtype=dtype)
+
+
+class AvailabilityState(str, enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"
+    SHUTTING_DOWN = "shutting_down"
+
+
+@dataclass(frozen=True, slots=True)
+class Availability:
+    state: AvailabilityState
+    reason: str = ""
+
+    @property
+    def ready(self) -> bool:
+        return self.state is AvailabilityState.READY
+
+
+class ErrorKind(str, enum.Enum):
+    OVERLOADED = "overloaded"            # queue full at submit (HTTP 429)
+    QUEUE_TIMEOUT = "queue_timeout"      # deadline passed while waiting (HTTP 503/408)
+    INVALID_REQUEST = "invalid_request"  # cannot be represented / too long / infeasible (HTTP 400)
+    NOT_READY = "not_ready"              # engine starting, failed or shutting down (HTTP 503)
+    ENGINE_FAILED = "engine_failed"      # engine-wide failure (HTTP 500)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_reused_tokens: int = 0
+    num_reasoning_tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationStart:
+    request_id: str
+    num_prompt_tokens: int
+    num_reused_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationDelta:
+    request_id: str
+    delta: OutputDelta
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    request_id: str
+    text: str
+    reasoning: str
+    tool_calls: tuple[ToolCall, ...]
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    usage: Usage
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationError:
+    request_id: str
+    kind: ErrorKind
+    message: str
+    usage: Usage | None = None
