@@ -1,0 +1,59 @@
+"""Physical backings created once at start: paged KV planes and StateImage planes.
+
+    PagedKVStore (one shared pool per attention layer, page size fixed at start)
+      k[layer], v[layer]   [num_pages, page_size, kv_heads, head_dim]   model dtype
+      page p of every layer belongs to the same owner (one page id maps all layers)
+
+    StateImageStore (fixed entries; entry e of every plane belongs to the same owner)
+      plane[name][layer]   [num_entries, *shape]   plane dtype
+      entries [0, num_slots)                 StateImage slots (owned via SlotPool)
+      entries [num_slots, num_slots+scratch)  provisional area of the workspace (never a slot)
+
+Only bookkeeping-free storage lives here; ownership is in PagePool / SlotPool.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class PagedKVStore:
+    def __init__(self, num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device | str) -> None:
+        shape = (num_layers, num_pages, page_size, kv_heads, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.page_size = page_size
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k[i], self.v[i]
+
+    @property
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() * 2
+
+
+class StateImageStore:
+    def __init__(self, num_layers: int, num_slots: int, num_scratch: int,
+                 planes: dict[str, tuple[tuple[int, ...], torch.dtype]], device: torch.device | str) -> None:
+        self.num_slots = num_slots
+        self.num_scratch = num_scratch
+        self.planes = {name: torch.zeros((num_layers, num_slots + num_scratch, *shape), dtype=dt, device=device)
+                       for name, (shape, dt) in planes.items()}
+
+    def scratch_entry(self, i: int) -> int:
+        if not (0 <= i < self.num_scratch):
+            raise IndexError(f"scratch entry {i} outside 0..{self.num_scratch - 1}")
+        return self.num_slots + i
+
+    def copy_entry(self, dst: int, src: int) -> None:
+        """Copy one whole state image (every plane, every layer)."""
+        for t in self.planes.values():
+            t[:, dst].copy_(t[:, src])
+
+    def zero_entry(self, e: int) -> None:
+        for t in self.planes.values():
+            t[:, e].zero_()
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.planes.values())

@@ -1,0 +1,111 @@
+"""Exactly-once consumption of PendingBatches, and the provisional area they hold.
+
+Every model execution unit that produces tokens opens one PendingBatch. Program keeps the
+provisional record behind `batch_id` (whatever the model needs: scratch state entries, sampled
+tokens, RNG draws) and hands out the move-only `PendingBatch`. It must then be consumed exactly
+once by commit or abort; consuming twice, consuming a batch Program never opened, releasing a
+sequence with an unconsumed batch, or starting a new unit for such a sequence is an
+InvariantError.
+
+Provisional area (a fixed range of scratch entries of the StateImageStore, part of the workspace):
+
+    scratch  0 .......................................................... total-1
+            +-----------------------------+-----------------------------+
+            | held by unconsumed batches   | free                        |
+            | (per batch: rows x steps)    |                             |
+            +-----------------------------+-----------------------------+
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ninfer.core.slot_pool import SlotPool
+from ninfer.runtime.contract.types import BatchKind, InvariantError, PendingBatch, PendingRow
+
+
+@dataclass(eq=False)
+class Provisional:
+    """Program-private record behind one PendingBatch."""
+    batch: PendingBatch
+    seq_ids: tuple[int, ...]
+    scratch: list[list[int]]                  # per row: scratch entry after each step
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+class PendingLedger:
+    def __init__(self, num_scratch: int) -> None:
+        self._scratch = SlotPool(num_scratch) if num_scratch > 0 else None
+        self._open: dict[int, Provisional] = {}
+        self._busy: dict[int, int] = {}        # seq id -> batch id of its unconsumed batch
+        self._ids = itertools.count(1)
+
+    @property
+    def num_open(self) -> int:
+        return len(self._open)
+
+    def pending_of(self, seq_id: int) -> int | None:
+        return self._busy.get(seq_id)
+
+    def require_idle(self, seq_id: int, what: str) -> None:
+        b = self._busy.get(seq_id)
+        if b is not None:
+            raise InvariantError(f"{what} for sequence {seq_id} while its PendingBatch {b} is unconsumed")
+
+    def open(self, kind: BatchKind, seq_ids: Sequence[int], rows: Sequence[PendingRow],
+             steps_per_row: Sequence[int], data: dict[str, Any] | None = None) -> Provisional:
+        """Open a batch; allocate `steps_per_row[r]` scratch entries for row r (lowest ids first)."""
+        if len(set(seq_ids)) != len(seq_ids):
+            raise InvariantError(f"a sequence appears twice in one batch: {list(seq_ids)}")
+        for s in seq_ids:
+            self.require_idle(s, "new execution unit")
+        need = sum(steps_per_row)
+        free = self._scratch.num_free if self._scratch else 0
+        if need > free:
+            raise InvariantError(f"provisional area: batch needs {need} scratch entries, {free} free "
+                                 f"({self.num_open} unconsumed batches hold the rest)")
+        batch_id = next(self._ids)
+        scratch = [[self._scratch.alloc(batch_id) for _ in range(n)] for n in steps_per_row] if need else \
+            [[] for _ in steps_per_row]
+        batch = PendingBatch(batch_id=batch_id, kind=kind, rows=tuple(rows))
+        rec = Provisional(batch, tuple(seq_ids), scratch, dict(data or {}))
+        self._open[batch_id] = rec
+        for s in seq_ids:
+            self._busy[s] = batch_id
+        return rec
+
+    def get(self, batch: PendingBatch) -> Provisional:
+        """The record of an open, unconsumed batch (validates without consuming)."""
+        if batch.consumed:
+            raise InvariantError(f"PendingBatch {batch.batch_id} consumed twice")
+        rec = self._open.get(batch.batch_id)
+        if rec is None or rec.batch is not batch:
+            raise InvariantError(f"PendingBatch {batch.batch_id} is not an open batch of this Program")
+        return rec
+
+    def take(self, batch: PendingBatch) -> Provisional:
+        """Consume `batch`: the caller commits or aborts the returned record, then calls `close`."""
+        rec = self.get(batch)
+        batch.consumed = True
+        return rec
+
+    def close(self, rec: Provisional) -> None:
+        """Return the record's scratch entries and unbind its sequences."""
+        del self._open[rec.batch.batch_id]
+        for s in rec.seq_ids:
+            if self._busy.get(s) == rec.batch.batch_id:
+                del self._busy[s]
+        for entries in rec.scratch:
+            for e in entries:
+                self._scratch.free(e, rec.batch.batch_id)
+
+    def check(self) -> None:
+        if self._scratch is not None:
+            self._scratch.check()
+            held = sum(len(e) for r in self._open.values() for e in r.scratch)
+            if held != self._scratch.num_owned:
+                raise InvariantError(f"open batches hold {held} scratch entries, pool says {self._scratch.num_owned}")
+        bound = {s: r.batch.batch_id for r in self._open.values() for s in r.seq_ids}
+        if bound != self._busy:
+            raise InvariantError("sequence/batch binding out of sync with the open batches")

@@ -1,0 +1,63 @@
+"""Start-time configuration of one Program (fixed resources; nothing is resized at run time)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_DTYPES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16,
+           "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    try:
+        return _DTYPES[dtype]
+    except KeyError:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or a torch.dtype, got {dtype!r}") from None
+
+
+@dataclass(frozen=True)
+class ProgramConfig:
+    """Fixed resources of one Program.
+
+    page_size      KV page size in tokens (power of two, 16..256; smaller powers of two allowed for tests)
+    num_pages      pages of the shared paged KV pool (one pool per attention layer, same page ids)
+    num_slots      StateImage slots (one per active sequence; checkpoints take more later)
+    max_model_len  prompt + output + lookahead limit of one sequence
+    max_batch      rows of one decode unit (1..8)
+    max_steps      provisional depth: tokens one decode/control unit may produce per row
+    """
+    device: str | torch.device = "cpu"
+    dtype: str | torch.dtype = "fp32"
+    page_size: int = 16
+    num_pages: int = 256
+    num_slots: int = 8
+    max_model_len: int = 4096
+    max_batch: int = 8
+    max_steps: int = 8
+
+    def __post_init__(self) -> None:
+        resolve_dtype(self.dtype)
+        ps = self.page_size
+        if not (1 <= ps <= 256 and ps & (ps - 1) == 0):
+            raise ValueError(f"page_size must be a power of two in 1..256, got {ps}")
+        if self.num_pages < 1:
+            raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
+        if self.num_slots < 1:
+            raise ValueError(f"num_slots must be >= 1, got {self.num_slots}")
+        if self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if not (1 <= self.max_batch <= 8):
+            raise ValueError(f"max_batch must be in 1..8, got {self.max_batch}")
+        if not (1 <= self.max_steps <= 64):
+            raise ValueError(f"max_steps must be in 1..64, got {self.max_steps}")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return resolve_dtype(self.dtype)
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
