@@ -1,0 +1,167 @@
+"""Paged causal attention with GQA (the full-attention layers), reference form.
+
+KV pool (one per attention layer): k_cache, v_cache [num_pages, page_size, Hkv, D]. A sequence's
+token at logical position p lives in page block_table[row, p // page_size], offset p % page_size.
+Order of a step: write the new tokens' K/V with `write_kv_paged`, then call the attention with
+context_lens that include the new tokens. Entries beyond a row's context length are never read
+(pages may hold garbage or NaN).
+
+Math: o = softmax(q kᵀ · scale + causal mask) v with scale = D**-0.5; q head h reads kv head
+h // (Hq // Hkv). Scores, softmax and the weighted sum are all fp32; output in q.dtype.
+The output gate of the layer (o · sigmoid(gate)) is the separate op `attention_output_gate`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "kv_slot_mapping",
+    "write_kv_paged",
+    "gather_kv_paged",
+    "chunk_paged_attention",
+    "decode_paged_attention",
+    "attention_output_gate",
+]
+
+
+def kv_slot_mapping(
+    block_table: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None, page_size: int
+) -> torch.Tensor:
+    """Flat pool index page * page_size + offset of each new token.
+
+    Args:
+        block_table: [B, max_pages] int32/int64 physical page ids.
+        positions: [N] int logical positions inside each token's sequence.
+        rows: [N] int block-table row of each token, or None (all row 0).
+    Returns:
+        [N] int64.
+    """
+    positions = positions.to(device=block_table.device, dtype=torch.long)
+    if rows is None:
+        rows = torch.zeros_like(positions)
+    rows = rows.to(device=block_table.device, dtype=torch.long)
+    pages = block_table.long()[rows, positions // page_size]
+    return pages * page_size + positions % page_size
+
+
+def write_kv_paged(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_table: torch.Tensor,
+    positions: torch.Tensor,
+    rows: torch.Tensor | None = None,
+) -> None:
+    """Write N new tokens' K/V into the pools in place (cast to the pool dtype).
+
+    Args:
+        k_cache, v_cache: [num_pages, page_size, Hkv, D] (modified in place).
+        k, v: [N, Hkv, D].
+        block_table: [B, max_pages]; positions: [N]; rows: [N] or None (see `kv_slot_mapping`).
+    """
+    P, S = k_cache.shape[:2]
+    slots = kv_slot_mapping(block_table, positions, rows, S).to(k_cache.device)
+    k_cache.view(P * S, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(P * S, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def gather_kv_paged(
+    cache: torch.Tensor, block_table_row: torch.Tensor, length: int
+) -> torch.Tensor:
+    """Contiguous copy of the first `length` tokens of one sequence: [length, Hkv, D]."""
+    S = cache.shape[1]
+    n_pages = (length + S - 1) // S
+    pages = block_table_row[:n_pages].to(device=cache.device, dtype=torch.long)
+    return cache.index_select(0, pages).flatten(0, 1)[:length]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """q [L, Hq, D] at the last L positions of k, v [C, Hkv, D] (causal) -> [L, Hq, D] fp32."""
+    L, Hq, _ = q.shape
+    C, Hkv, _ = k.shape
+    rep = Hq // Hkv
+    qf = q.float().transpose(0, 1)                                          # [Hq, L, D]
+    kf = k.float().repeat_interleave(rep, dim=1).transpose(0, 1)            # [Hq, C, D]
+    vf = v.float().repeat_interleave(rep, dim=1).transpose(0, 1)
+    scores = (qf @ kf.transpose(-1, -2)) * scale                            # [Hq, L, C]
+    qpos = torch.arange(C - L, C, device=q.device)[:, None]
+    kpos = torch.arange(C, device=q.device)[None, :]
+    scores = scores.masked_fill(kpos > qpos, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ vf).transpose(0, 1)
+
+
+def chunk_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Prompt-chunk (or speculative-verify) form: each row's L new tokens attend to its paged prefix and
+    causally to themselves.
+
+    Args:
+        q: [T_total, Hq, D], rows packed one after another.
+        k_cache, v_cache: [num_pages, page_size, Hkv, D], already holding the new tokens' K/V.
+        block_table: [B, max_pages] int32/int64.
+        context_lens: [B] int, tokens in each row's context *including* its new tokens (>= L_b).
+        cu_seqlens_q: [B+1] int offsets of each row's tokens in q; None means B = 1 and all of q.
+    Returns:
+        [T_total, Hq, D] in q.dtype. Row b's new token i sits at position context_lens[b] - L_b + i.
+    """
+    Hq, Hkv = q.shape[1], k_cache.shape[2]
+    if Hq % Hkv != 0:
+        raise ValueError(f"query heads {Hq} must be a multiple of kv heads {Hkv}")
+    if scale is None:
+        scale = q.shape[-1] ** -0.5
+    lens = [int(c) for c in torch.as_tensor(context_lens).tolist()]
+    if cu_seqlens_q is None:
+        if len(lens) != 1:
+            raise ValueError("cu_seqlens_q is required for more than one row")
+        cu = [0, q.shape[0]]
+    else:
+        cu = [int(c) for c in cu_seqlens_q.tolist()]
+    out = torch.empty_like(q)
+    for b, ctx in enumerate(lens):
+        s, e = cu[b], cu[b + 1]
+        if e - s > ctx:
+            raise ValueError(f"row {b}: {e - s} new tokens but context length {ctx}")
+        if e == s:
+            continue
+        k = gather_kv_paged(k_cache, block_table[b], ctx)
+        v = gather_kv_paged(v_cache, block_table[b], ctx)
+        out[s:e] = _attend(q[s:e], k, v, scale).to(q.dtype)
+    return out
+
+
+def decode_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Decode form: one new token per row, each row with its own context length.
+
+    Args:
+        q: [B, Hq, D]; k_cache, v_cache: [num_pages, page_size, Hkv, D] (new token already written);
+        block_table: [B, max_pages]; context_lens: [B] (including the new token).
+    Returns:
+        [B, Hq, D] in q.dtype.
+    """
+    cu = torch.arange(q.shape[0] + 1)
+    return chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu, scale)
+
+
+def attention_output_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """The gated-attention output gate, `o * sigmoid(gate)` in o's dtype (as HF).
+
+    Args:
+        o: [T, Hq * D] (or [T, Hq, D]); gate: same shape (the second half of each q_proj head).
+    """
+    return o * torch.sigmoid(gate)
