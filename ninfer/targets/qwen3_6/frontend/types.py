@@ -9,6 +9,14 @@ import enum
 from dataclasses import dataclass, field
 
 
+class PromptError(ValueError):
+    """The request's messages, tools or token ids cannot form a prompt (a client error)."""
+
+
+class SessionError(RuntimeError):
+    """An OutputSession was driven out of order (stale preview, use after termination)."""
+
+
 class FinishReason(str, enum.Enum):
     STOP = "stop"               # eos / stop token / stop string
     LENGTH = "length"           # max_tokens or context limit
@@ -33,6 +41,13 @@ class PreparedPrompt:
     media: tuple[MediaPlaceholder, ...] = ()
     content_id: str = ""               # digest of token ids and media content
     enable_thinking: bool = False      # the prompt ends inside an opened <think> block
+    # Reconstruction (multi-turn reuse). reconstruction_prefix: how many leading prompt tokens
+    # the history renderer reproduces whatever this turn outputs and whatever comes next (the
+    # prompt up to and including the generation prompt's `<|im_start|>assistant\n`); None when
+    # the prompt is not a rendered chat. preserve_thinking: the template keeps past reasoning,
+    # so a finished output may be reproduced too (see Preview.boundary).
+    reconstruction_prefix: int | None = None
+    preserve_thinking: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -84,7 +99,11 @@ class Preview:
     """What committing `accepted_tokens` of the given tokens would do. Nothing is visible yet.
 
     boundary: the number of accepted tokens after which the history renderer reproduces the
-    output token for token (None when no such point lies in this span).
+    output token for token (None when no such point lies in this span). Reported at the end of
+    each complete tool call (the conversation continues with tool responses, which keep this
+    turn's reasoning) and at a stop when `preserve_thinking` keeps reasoning; otherwise the
+    reusable frontier is PreparedPrompt.reconstruction_prefix.
+    state: opaque to everyone but the OutputSession that produced it (consumed by commit).
     """
     accepted_tokens: int
     delta: OutputDelta
@@ -92,6 +111,7 @@ class Preview:
     finish_reason: FinishReason | None
     boundary: int | None = None
     num_reasoning_tokens: int = 0            # of the accepted tokens, how many were reasoning
+    state: object = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True)
