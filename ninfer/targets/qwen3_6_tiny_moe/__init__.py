@@ -20,3 +20,19 @@ DIMS = Qwen36Dims(
 PACKAGE = TargetPackage(identity=IDENTITY, family="qwen3_6", dims=DIMS,
                         storage=StorageProfile("fp32", "fp32 weights (test identity)"),
                         module=__name__)
+
+
+def create_program(weights, config):
+    """The package's Program: the family Program with this package's leaves.
+
+    weights: an opened `.ninfer` Artifact or a Mapping[str, Tensor] of canonical names;
+    config: `ninfer.targets.qwen3_6.runtime.config.ProgramConfig`.
+    """
+    from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
+    from ninfer.targets.qwen3_6.runtime.program import Qwen36Program
+    from ninfer.targets.qwen3_6_leaves.attention import GatedAttentionProjection
+    from ninfer.targets.qwen3_6_leaves.gdn import GDNProjection
+    from ninfer.targets.qwen3_6_leaves.moe import SparseMoE
+
+    leaves = LeafSet(attention=GatedAttentionProjection(DIMS), gdn=GDNProjection(DIMS), post_mixer=SparseMoE(DIMS))
+    return Qwen36Program(DIMS, leaves, weights, config)

@@ -1,0 +1,53 @@
+"""The three kinds of execution leaves a package provides to the family schedule.
+
+The schedule owns everything that touches sequence state (embedding, residual stream, paged KV,
+conv/recurrent state, final norm, lm_head). Leaves are the per-layer projections around it:
+
+    attention projection   h -> (q, k, v, gate) after q/k norm and rotary;  (o, gate) -> out
+    GDN projection/control h -> (qkv pre-conv, z, g, beta);                 (o, z)    -> out
+    post-mixer             h -> out   (dense SwiGLU MLP or MoE)
+
+Shapes: N tokens of a packed batch, H hidden; nh/nkv/hd attention heads; C conv channels,
+nv/dv GDN value heads.
+"""
+from __future__ import annotations
+
+from typing import Mapping, NamedTuple, Protocol
+
+import torch
+
+from ninfer.targets.qwen3_6.runtime.model_view import AttentionWeights, GDNWeights
+
+
+class AttentionLeaf(Protocol):
+    def project(self, w: AttentionWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h [N, H], cos/sin [N, rot] -> q [N, nh, hd], k [N, nkv, hd], v [N, nkv, hd], gate [N, nh*hd]."""
+        ...
+
+    def output(self, w: AttentionWeights, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """o [N, nh, hd], gate [N, nh*hd] -> [N, H]."""
+        ...
+
+
+class GDNLeaf(Protocol):
+    def project(self, w: GDNWeights, h: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h [N, H] -> qkv [N, C] (pre-conv), z [N, nv, dv], g [N, nv] fp32 log-decay, beta [N, nv]."""
+        ...
+
+    def output(self, w: GDNWeights, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """o [N, nv, dv], z [N, nv, dv] -> [N, H]."""
+        ...
+
+
+class PostMixerLeaf(Protocol):
+    def __call__(self, mlp: Mapping[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+        """h [N, H] -> [N, H]."""
+        ...
+
+
+class LeafSet(NamedTuple):
+    attention: AttentionLeaf
+    gdn: GDNLeaf
+    post_mixer: PostMixerLeaf

@@ -1,0 +1,134 @@
+"""The family schedule of the Qwen3.6 language model over paged KV and StateImage entries.
+
+One forward runs a packed batch of B rows (row b: `seqlens[b]` new tokens at positions
+`starts[b]...`). Every layer is run through the package's leaves; the schedule itself touches
+only sequence state (paged KV, conv and recurrent state) and contains no branch on the target
+identity. The layer kind (GDN or attention) comes from the dimension facts.
+
+    x = embed(ids)
+    per layer:  x += mixer(rms_norm1p(x))        GDN: leaf.project -> conv(state) -> delta rule(state) -> leaf.output
+                                                 attn: leaf.project -> write KV pages -> paged attention -> leaf.output
+                x += post_mixer(rms_norm1p(x))
+    h = rms_norm1p(x);  logits = h @ lm_head.T   (fp32)
+
+State entries name StateImageStore entries (a sequence's slot or a provisional scratch entry);
+the conv and delta-rule ops read and update them in place.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from ninfer.core.stores import PagedKVStore, StateImageStore
+from ninfer.ops.attention import chunk_paged_attention, decode_paged_attention, write_kv_paged
+from ninfer.ops.conv import causal_conv1d_update, chunk_causal_conv1d
+from ninfer.ops.gated_delta import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
+from ninfer.ops.norms import rms_norm
+from ninfer.ops.rope import mrope_cos_sin
+from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
+from ninfer.targets.qwen3_6.runtime.model_view import LayerView, ModelView
+
+
+class ForwardBatch(NamedTuple):
+    input_ids: torch.Tensor            # [N] int64, rows packed one after another
+    positions: torch.Tensor            # [N] int64 logical position of each token in its sequence
+    seqlens: tuple[int, ...]           # [B] new tokens per row
+    starts: tuple[int, ...]            # [B] position of each row's first new token (its frontier)
+    state_entries: torch.Tensor        # [B] int64 StateImageStore entries, read and updated in place
+    block_tables: torch.Tensor         # [B, W] int32 physical page ids
+    page_size: int
+    rope_positions: torch.Tensor | None = None   # [3, N] MRoPE positions; None = text (all axes = positions)
+
+
+class Qwen36Model:
+    def __init__(self, view: ModelView, leaves: LeafSet, kv: PagedKVStore, state: StateImageStore) -> None:
+        d = view.dims
+        self.view, self.leaves, self.kv, self.state = view, leaves, kv, state
+        self.dims = d
+        self.eps = d.rms_norm_eps
+        self._attn_index = {li: n for n, li in enumerate(d.attention_layers)}
+        self._gdn_index = {li: n for n, li in enumerate(d.gdn_layers)}
+        nk, dk, dv = d.linear_num_key_heads, d.linear_key_head_dim, d.linear_value_head_dim
+        self._qkv_split = (nk * dk, nk * dk, d.linear_num_value_heads * dv)
+
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Run every layer; return the post-final-norm hidden states [N, H] (also MTP's input)."""
+        d = self.dims
+        x = F.embedding(fb.input_ids, self.view.embed_tokens)
+        pos = fb.rope_positions if fb.rope_positions is not None else fb.positions
+        cos, sin = mrope_cos_sin(pos, head_dim=d.head_dim, partial_rotary_factor=d.partial_rotary_factor,
+                                 mrope_section=d.mrope_section, rope_theta=d.rope_theta,
+                                 interleaved=d.mrope_interleaved)
+        meta = _RowMeta.of(fb, x.device)
+        for layer in self.view.layers:
+            h = rms_norm(x, layer.input_norm, self.eps)
+            if layer.kind == "full_attention":
+                x = x + self._attention(layer, h, cos, sin, fb, meta)
+            else:
+                x = x + self._gdn(layer, h, fb, meta)
+            h = rms_norm(x, layer.post_norm, self.eps)
+            x = x + self.leaves.post_mixer(layer.mlp, h)
+        return rms_norm(x, self.view.norm, self.eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [M, H] -> fp32 logits [M, V]."""
+        return F.linear(hidden, self.view.lm_head).float()
+
+    def _attention(self, layer: LayerView, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                   fb: ForwardBatch, meta: "_RowMeta") -> torch.Tensor:
+        w = layer.mixer
+        q, k, v, gate = self.leaves.attention.project(w, h, cos, sin)
+        k_cache, v_cache = self.kv.layer(self._attn_index[layer.index])
+        write_kv_paged(k_cache, v_cache, k, v, fb.block_tables, fb.positions, meta.rows)
+        if meta.decode:
+            o = decode_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens)
+        else:
+            o = chunk_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens, meta.cu_seqlens)
+        return self.leaves.attention.output(w, o, gate)
+
+    def _gdn(self, layer: LayerView, h: torch.Tensor, fb: ForwardBatch, meta: "_RowMeta") -> torch.Tensor:
+        w = layer.mixer
+        d = self.dims
+        qkv, z, g, beta = self.leaves.gdn.project(w, h)
+        n = self._gdn_index[layer.index]
+        conv_pool = self.state.planes["conv"][n]            # [entries, C, K-1]
+        rec_pool = self.state.planes["recurrent"][n]        # [entries, nv, dk, dv] fp32
+        idx = fb.state_entries
+        if meta.decode:
+            u, _ = causal_conv1d_update(qkv, w.conv1d, conv_pool, state_indices=idx)      # [B, C]
+            u = u.unsqueeze(1)                                                           # [B, 1, C]
+            g, beta = g.unsqueeze(1), beta.unsqueeze(1)
+            cu = None
+        else:
+            u, _ = chunk_causal_conv1d(qkv.unsqueeze(0), w.conv1d, conv_pool, cu_seqlens=meta.cu_seqlens,
+                                       state_indices=idx)                                # [1, N, C]
+            g, beta = g.unsqueeze(0), beta.unsqueeze(0)
+            cu = meta.cu_seqlens
+        Bq, T = u.shape[:2]
+        q, k, v = torch.split(u, self._qkv_split, dim=-1)
+        q = q.reshape(Bq, T, d.linear_num_key_heads, d.linear_key_head_dim)
+        k = k.reshape(Bq, T, d.linear_num_key_heads, d.linear_key_head_dim)
+        v = v.reshape(Bq, T, d.linear_num_value_heads, d.linear_value_head_dim)
+        rule = fused_recurrent_gated_delta_rule if meta.decode else chunk_gated_delta_rule
+        o, _ = rule(q, k, v, g, beta, initial_state=rec_pool, state_indices=idx,
+                    use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        o = o.reshape(-1, d.linear_num_value_heads, d.linear_value_head_dim)          # [N, nv, dv]
+        return self.leaves.gdn.output(w, o, z)
+
+
+class _RowMeta(NamedTuple):
+    decode: bool                       # every row has exactly one new token
+    cu_seqlens: torch.Tensor           # [B+1] int64
+    rows: torch.Tensor                 # [N] int64 row of each token
+    context_lens: torch.Tensor         # [B] int64 tokens in each row's context incl. the new ones
+
+    @classmethod
+    def of(cls, fb: ForwardBatch, device: torch.device) -> "_RowMeta":
+        lens = torch.tensor(fb.seqlens, dtype=torch.long)
+        cu = torch.zeros(len(fb.seqlens) + 1, dtype=torch.long)
+        cu[1:] = torch.cumsum(lens, 0)
+        rows = torch.repeat_interleave(torch.arange(len(fb.seqlens)), lens)
+        ctx = torch.tensor(fb.starts, dtype=torch.long) + lens
+        return cls(all(n == 1 for n in fb.seqlens), cu.to(device), rows.to(device), ctx.to(device))

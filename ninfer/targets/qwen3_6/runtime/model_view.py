@@ -1,0 +1,104 @@
+"""The family's semantic weight view: immutable, typed per-layer views over canonical tensors.
+
+A package fills one `ModelView` from an artifact (or, in tests, a mapping of canonical names) by
+`load_model_view`. The family schedule reads only these views; the post-mixer's tensors are kept
+as a name -> tensor mapping (relative to `layers.{i}.mlp.`) because each post-mixer leaf (dense
+MLP, MoE) knows its own names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+
+from ninfer.targets.qwen3_6.dims import Qwen36Dims
+from ninfer.targets.qwen3_6.schema import FP32_KEEP_SUFFIXES, tensor_specs
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    q_proj: torch.Tensor      # [nh * 2 * hd, H]   per head [query | gate]
+    k_proj: torch.Tensor      # [nkv * hd, H]
+    v_proj: torch.Tensor      # [nkv * hd, H]
+    o_proj: torch.Tensor      # [H, nh * hd]
+    q_norm: torch.Tensor      # [hd]  zero-centred
+    k_norm: torch.Tensor      # [hd]  zero-centred
+
+
+@dataclass(frozen=True)
+class GDNWeights:
+    in_proj_qkv: torch.Tensor  # [C, H]  contiguous [q | k | v]
+    in_proj_z: torch.Tensor    # [nv * dv, H]
+    in_proj_b: torch.Tensor    # [nv, H]
+    in_proj_a: torch.Tensor    # [nv, H]
+    conv1d: torch.Tensor       # [C, K]  (checkpoint [C, 1, K] squeezed)
+    dt_bias: torch.Tensor      # [nv]
+    A_log: torch.Tensor        # [nv]  (may be fp32 in a bf16 model)
+    norm: torch.Tensor         # [dv]  plain weight (may be fp32)
+    out_proj: torch.Tensor     # [H, nv * dv]
+
+
+@dataclass(frozen=True)
+class LayerView:
+    index: int
+    kind: str                              # "linear_attention" | "full_attention"
+    input_norm: torch.Tensor               # [H] zero-centred
+    post_norm: torch.Tensor                # [H] zero-centred
+    mixer: AttentionWeights | GDNWeights
+    mlp: Mapping[str, torch.Tensor]        # names relative to `layers.{i}.mlp.`
+
+
+@dataclass(frozen=True)
+class ModelView:
+    dims: Qwen36Dims
+    embed_tokens: torch.Tensor             # [V, H]
+    layers: tuple[LayerView, ...]
+    norm: torch.Tensor                     # [H] zero-centred
+    lm_head: torch.Tensor                  # [V, H]
+
+
+def tensor_getter(weights: Any) -> Callable[[str], torch.Tensor]:
+    """A canonical-name getter over an artifact (`.tensor(name)`) or a Mapping[str, Tensor]."""
+    if hasattr(weights, "tensor") and callable(weights.tensor):
+        return weights.tensor
+    if isinstance(weights, Mapping):
+        def get(name: str) -> torch.Tensor:
+            try:
+                return weights[name]
+            except KeyError:
+                raise KeyError(f"weights lack canonical tensor {name!r}") from None
+        return get
+    raise TypeError(f"weights must be an Artifact or a Mapping[str, Tensor], got {type(weights).__name__}")
+
+
+def load_model_view(dims: Qwen36Dims, weights: Any, device: torch.device | str, dtype: torch.dtype) -> ModelView:
+    """Copy the text model's tensors to `device`/`dtype` (fp32-stored A_log / GDN norm stay fp32)."""
+    get = tensor_getter(weights)
+    groups = ("embedding", "gdn", "attention", "ffn", "head")
+    t: dict[str, torch.Tensor] = {}
+    for spec in tensor_specs(dims, groups):
+        src = get(spec.name)
+        if tuple(src.shape) != spec.shape:
+            raise ValueError(f"tensor {spec.name} has shape {tuple(src.shape)}, schema says {spec.shape}")
+        keep = src.dtype == torch.float32 and spec.name.endswith(FP32_KEEP_SUFFIXES)
+        t[spec.name] = src.to(device=device, dtype=torch.float32 if keep else dtype).contiguous()
+    layers = []
+    for i, kind in enumerate(dims.layer_types):
+        p = f"layers.{i}."
+        if kind == "full_attention":
+            a = p + "self_attn."
+            mixer: AttentionWeights | GDNWeights = AttentionWeights(
+                t[a + "q_proj.weight"], t[a + "k_proj.weight"], t[a + "v_proj.weight"], t[a + "o_proj.weight"],
+                t[a + "q_norm.weight"], t[a + "k_norm.weight"])
+        else:
+            g = p + "linear_attn."
+            mixer = GDNWeights(
+                t[g + "in_proj_qkv.weight"], t[g + "in_proj_z.weight"], t[g + "in_proj_b.weight"],
+                t[g + "in_proj_a.weight"], t[g + "conv1d.weight"].squeeze(1), t[g + "dt_bias"], t[g + "A_log"],
+                t[g + "norm.weight"], t[g + "out_proj.weight"])
+        mlp = {k[len(p + "mlp."):]: v for k, v in t.items() if k.startswith(p + "mlp.")}
+        layers.append(LayerView(i, kind, t[p + "input_layernorm.weight"], t[p + "post_attention_layernorm.weight"],
+                                mixer, mlp))
+    lm_head = t["embed_tokens.weight"] if dims.tie_word_embeddings else t["lm_head.weight"]
+    return ModelView(dims, t["embed_tokens.weight"], tuple(layers), t["norm.weight"], lm_head)

@@ -1,0 +1,360 @@
+"""Program[Qwen3.6]: the only physical execution entry of one target package.
+
+Owns the fixed resources created at start, the active sequences, the reservations, the
+provisional state of every unconsumed PendingBatch and its commit/rollback.
+
+    resources (created once, never resized)
+      PagedKVStore      k, v [attention layers, num_pages, page_size, nkv, hd]   model dtype
+      StateImageStore   conv      [gdn layers, num_slots + scratch, C, K-1]     model dtype
+                        recurrent [gdn layers, num_slots + scratch, nv, dk, dv] fp32
+                        entries [0, num_slots): StateImage slots of sequences
+                        entries [num_slots, +max_batch*max_steps): provisional area
+      ResourceLedger    page pool (refcounts, reservations), slot pool, block tables
+      PendingLedger     open PendingBatches and the scratch entries they hold
+
+Sequence positions (one sequence; `tokens` = prompt + committed output tokens):
+
+      0 .................. frontier ............ len(tokens) ...... reserved_tokens
+      | committed in KV and  | known, not yet fed | free growth, covered by the
+      | StateImage slot      | (the prompt suffix | reservation (pages drawn as
+      |                      |  or the last token)| the frontier grows)
+
+Model transactions. An intermediate prefill stage writes straight into the sequence's slot and
+moves the frontier. The final prefill stage, decode and control never touch the committed slot:
+step i of row r reads the previous state image (the slot, or the scratch entry of step i-1) and
+writes scratch entry [r][i]; KV of produced positions is written beyond the frontier, where no
+committed reader looks. `commit(accepted)` copies scratch entry [r][accepted-1] into the slot and
+moves the frontier by the accepted tokens and stores the sampler's generator state after the
+last accepted draw, so an unaccepted draw is never seen again. Abort copies nothing.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+
+from ninfer.core.ledger import Holding, ResourceLedger
+from ninfer.core.stores import PagedKVStore, StateImageStore
+from ninfer.core.transactions import PendingLedger, Provisional
+from ninfer.runtime.contract.types import (
+    BatchKind, CapacitySummary, InvariantError, PendingBatch, PendingRow, PrefillStep, Refusal, RefusalKind,
+    ResourcePlan, ResourceResult, SequenceHandle, SequenceRequest, StalePlanError, TokenLogprob)
+from ninfer.targets.qwen3_6.dims import Qwen36Dims
+from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
+from ninfer.targets.qwen3_6.runtime.model import ForwardBatch, Qwen36Model
+from ninfer.targets.qwen3_6.runtime.model_view import load_model_view
+from ninfer.targets.qwen3_6.runtime.sampling import RowSampling, Sampler, prompt_token_logprobs
+
+
+@dataclass(eq=False)
+class _Seq:
+    handle: SequenceHandle
+    request: SequenceRequest
+    holding: Holding
+    tokens: list[int]              # prompt + committed output tokens
+    rng_state: torch.Tensor        # sampler generator state after the last committed sampled token
+    frontier: int = 0              # tokens whose effect is in committed KV and state
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+    @property
+    def slot(self) -> int:
+        return self.holding.slot
+
+
+class Qwen36Program:
+    """Implements `ninfer.runtime.contract.types.Program` for any package of the Qwen3.6 family."""
+
+    def __init__(self, dims: Qwen36Dims, leaves: LeafSet, weights: Any, config: ProgramConfig) -> None:
+        wd = getattr(weights, "dims", None)
+        if wd is not None and wd != dims:
+            raise ValueError("the artifact's dimension facts differ from this package's")
+        self.dims = dims
+        self.config = config
+        dev, dt = config.torch_device, config.torch_dtype
+        self.device = dev
+        view = load_model_view(dims, weights, dev, dt)
+        num_scratch = config.max_batch * config.max_steps
+        self._ledger = ResourceLedger(config.num_pages, config.page_size, config.num_slots, config.max_model_len)
+        self._pending = PendingLedger(num_scratch)
+        self._kv = PagedKVStore(len(dims.attention_layers), config.num_pages, config.page_size,
+                                dims.num_key_value_heads, dims.head_dim, dt, dev)
+        K = dims.linear_conv_kernel_dim
+        self._state = StateImageStore(
+            len(dims.gdn_layers), config.num_slots, num_scratch,
+            {"conv": ((dims.conv_dim, K - 1), dt),
+             "recurrent": ((dims.linear_num_value_heads, dims.linear_key_head_dim,
+                            dims.linear_value_head_dim), torch.float32)}, dev)
+        self.model = Qwen36Model(view, leaves, self._kv, self._state)
+        self._sampler = Sampler(dims.vocab_size, dev)
+        self._seqs: dict[int, _Seq] = {}
+        self._seq_ids = itertools.count(1)
+        self._plan_ids = itertools.count(1)
+        self._default_seeds = itertools.count(0x5EED)
+
+    # ------------------------------------------------------------------------------------------
+    # Resources
+    # ------------------------------------------------------------------------------------------
+    @property
+    def resource_revision(self) -> int:
+        return self._ledger.revision
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.max_model_len
+
+    def capacity(self) -> CapacitySummary:
+        p, s = self._ledger.pages, self._ledger.slots
+        return CapacitySummary(p.total, p.num_available, s.total, s.num_free, self.config.page_size)
+
+    @staticmethod
+    def _growth(request: SequenceRequest) -> int:
+        return len(request.prompt_token_ids) + request.max_output_tokens + request.lookahead
+
+    def _validate_request(self, request: SequenceRequest) -> Refusal | None:
+        if not request.prompt_token_ids:
+            return Refusal(RefusalKind.INFEASIBLE, "empty prompt")
+        if request.max_output_tokens < 1 or request.lookahead < 0:
+            return Refusal(RefusalKind.INFEASIBLE,
+                           f"max_output_tokens must be >= 1 and lookahead >= 0, got "
+                           f"{request.max_output_tokens} and {request.lookahead}")
+        bad = [t for t in request.prompt_token_ids if not (0 <= t < self.dims.vocab_size)]
+        if bad:
+            return Refusal(RefusalKind.INFEASIBLE, f"token id {bad[0]} outside the vocabulary 0..{self.dims.vocab_size - 1}")
+        return None
+
+    def plan_materialize(self, request: SequenceRequest) -> ResourcePlan | Refusal:
+        why = self._validate_request(request) or self._ledger.refusal(self._growth(request))
+        if why is not None:
+            return why
+        need = self._ledger.need(self._growth(request))
+        return ResourcePlan(plan_id=next(self._plan_ids), resource_revision=self._ledger.revision,
+                            request=request, pages=need.pages, slots=need.slots)
+
+    def start_materialize(self, plan: ResourcePlan) -> ResourceResult:
+        if plan.resource_revision != self._ledger.revision:
+            raise StalePlanError(f"plan {plan.plan_id} sealed at revision {plan.resource_revision}, "
+                                 f"now {self._ledger.revision}")
+        seq_id = next(self._seq_ids)
+        holding = self._ledger.acquire(seq_id, self._growth(plan.request))
+        self._state.zero_entry(holding.slot)
+        handle = SequenceHandle(seq_id, self._ledger.revision)
+        seed = plan.request.sampling.seed
+        # NOTE: an unseeded sequence still gets its own stream, so rollback is exact for it too.
+        rng = self._sampler.new_rng_state(seed if seed is not None else next(self._default_seeds))
+        self._seqs[seq_id] = _Seq(handle, plan.request, holding, list(plan.request.prompt_token_ids), rng)
+        return ResourceResult(ok=True, resource_revision=self._ledger.revision, sequence=handle,
+                              pages_held=holding.pages_held, slots_held=1)
+
+    def prove_backfill(self, head: SequenceRequest, donors: Sequence[SequenceHandle],
+                       borrower: SequenceRequest) -> bool:
+        if self._validate_request(head) or self._validate_request(borrower):
+            return False
+        donor_ids = [self._seq(d).handle.seq_id for d in donors]
+        return self._ledger.prove_backfill(self._growth(head), donor_ids, self._growth(borrower))
+
+    def release(self, seq: SequenceHandle) -> ResourceResult:
+        s = self._seq(seq)
+        self._pending.require_idle(s.handle.seq_id, "release")
+        self._ledger.release(s.handle.seq_id)
+        del self._seqs[s.handle.seq_id]
+        return ResourceResult(ok=True, resource_revision=self._ledger.revision)
+
+    def check_integrity(self) -> None:
+        self._ledger.check()
+        self._pending.check()
+        for s in self._seqs.values():
+            if self._ledger.holding(s.handle.seq_id) is not s.holding:
+                raise InvariantError(f"sequence {s.handle.seq_id} lost its holding")
+            if not (0 <= s.frontier <= len(s.tokens) <= s.holding.reserved_tokens):
+                raise InvariantError(f"sequence {s.handle.seq_id}: frontier {s.frontier}, "
+                                     f"{len(s.tokens)} tokens, reserved {s.holding.reserved_tokens}")
+            if s.holding.table.capacity < s.frontier:
+                raise InvariantError(f"sequence {s.handle.seq_id}: frontier beyond its mapped pages")
+        if len(self._seqs) != self._ledger.slots.num_owned:
+            raise InvariantError(f"{len(self._seqs)} sequences, {self._ledger.slots.num_owned} slots owned")
+
+    def _seq(self, handle: SequenceHandle) -> _Seq:
+        s = self._seqs.get(handle.seq_id)
+        if s is None or s.handle != handle:
+            raise InvariantError(f"unknown or released sequence {handle}")
+        return s
+
+    # ------------------------------------------------------------------------------------------
+    # Model execution
+    # ------------------------------------------------------------------------------------------
+    def prefill(self, seq: SequenceHandle, max_tokens: int) -> PrefillStep:
+        return self.prefill_with_logits(seq, max_tokens, keep_logits=False)[0]
+
+    def decode(self, seqs: Sequence[SequenceHandle], num_steps: int = 1) -> PendingBatch:
+        return self.decode_with_logits(seqs, num_steps, keep_logits=False)[0]
+
+    def control(self, seq: SequenceHandle, tokens: Sequence[int]) -> PendingBatch:
+        return self._multi_step([seq], len(tokens), forced=[list(tokens)], keep_logits=False)[0]
+
+    def prefill_with_logits(self, seq: SequenceHandle, max_tokens: int, *, keep_logits: bool = True
+                            ) -> tuple[PrefillStep, torch.Tensor | None]:
+        """`prefill`, also returning the fp32 logits [n, V] of every position this stage computed
+        (scoring and parity tests use them; nothing else changes)."""
+        s = self._seq(seq)
+        self._pending.require_idle(s.handle.seq_id, "prefill")
+        start, P = s.frontier, s.num_prompt
+        if start >= P:
+            raise InvariantError(f"prefill of sequence {s.handle.seq_id} whose prompt is already computed")
+        if max_tokens < 1:
+            raise InvariantError(f"prefill stage of {max_tokens} tokens")
+        n = min(max_tokens, P - start)
+        end = start + n
+        final = end == P
+        rec: Provisional | None = None
+        if final:
+            rec = self._pending.open(BatchKind.PREFILL, [s.handle.seq_id], [], [1])
+        try:
+            entry = self._state.scratch_entry(rec.scratch[0][0]) if rec else s.slot
+            if rec:
+                self._state.copy_entry(entry, s.slot)
+            hidden = self._forward([s], [s.tokens[start:end]], [start], [entry])
+            logits = self.model.logits(hidden) if keep_logits else None
+            prompt_lp: tuple[TokenLogprob | None, ...] = ()
+            if s.request.prompt_logprobs is not None:
+                prompt_lp = prompt_token_logprobs(hidden, self.model.view.lm_head, s.tokens, start, end, P,
+                                                  s.request.prompt_logprobs)
+            if not final:
+                s.frontier = end
+                return PrefillStep(end, None, prompt_lp), logits
+            last = logits[-1:] if logits is not None else self.model.logits(hidden[-1:])
+            toks, lps, rngs = self._sampler.sample(last, [self._row_sampling(s, [])])
+            rec.batch.rows = (PendingRow(s.handle, (toks[0],), (lps[0],) if lps[0] is not None else None),)
+            rec.data.update(end=end, rng=[[rngs[0]]])
+            return PrefillStep(end, rec.batch, prompt_lp), logits
+        except BaseException:
+            if rec is not None:
+                self._pending.take(rec.batch)
+                self._pending.close(rec)
+            raise
+
+    def decode_with_logits(self, seqs: Sequence[SequenceHandle], num_steps: int = 1, *, keep_logits: bool = True
+                           ) -> tuple[PendingBatch, torch.Tensor | None]:
+        """`decode`, also returning the fp32 logits [B, num_steps, V] each step sampled from."""
+        return self._multi_step(seqs, num_steps, forced=None, keep_logits=keep_logits)
+
+    def _row_sampling(self, s: _Seq, provisional: list[int], rng: torch.Tensor | None = None) -> RowSampling:
+        return RowSampling(s.request.sampling, s.rng_state if rng is None else rng,
+                           s.request.prompt_token_ids, s.tokens[s.num_prompt:] + provisional)
+
+    def _multi_step(self, handles: Sequence[SequenceHandle], num_steps: int, forced: list[list[int]] | None,
+                    keep_logits: bool) -> tuple[PendingBatch, torch.Tensor | None]:
+        kind = BatchKind.CONTROL if forced is not None else BatchKind.DECODE
+        B = len(handles)
+        if not (1 <= B <= self.config.max_batch):
+            raise InvariantError(f"{kind.value} batch of {B} rows; max_batch is {self.config.max_batch}")
+        if not (1 <= num_steps <= self.config.max_steps):
+            raise InvariantError(f"{kind.value} of {num_steps} steps; max_steps is {self.config.max_steps}")
+        seqs = [self._seq(h) for h in handles]
+        for s in seqs:
+            if s.frontier != len(s.tokens) - 1 or s.frontier < s.num_prompt:
+                raise InvariantError(f"sequence {s.handle.seq_id} is not decode-ready "
+                                     f"(frontier {s.frontier}, {len(s.tokens)} tokens)")
+            if s.frontier + num_steps > s.holding.reserved_tokens:
+                raise InvariantError(f"sequence {s.handle.seq_id}: {num_steps} steps from frontier {s.frontier} "
+                                     f"exceed its reservation of {s.holding.reserved_tokens} tokens")
+        if forced is not None and any(not (0 <= t < self.dims.vocab_size) for t in forced[0]):
+            raise InvariantError("forced control token outside the vocabulary")
+        rec = self._pending.open(kind, [s.handle.seq_id for s in seqs], [], [num_steps] * B)
+        try:
+            produced: list[list[int]] = [[] for _ in seqs]
+            lps: list[list[TokenLogprob | None]] = [[] for _ in seqs]
+            rngs: list[list[torch.Tensor | None]] = [[] for _ in seqs]
+            step_logits = []
+            for i in range(num_steps):
+                entries = []
+                for r, s in enumerate(seqs):
+                    dst = self._state.scratch_entry(rec.scratch[r][i])
+                    src = s.slot if i == 0 else self._state.scratch_entry(rec.scratch[r][i - 1])
+                    self._state.copy_entry(dst, src)
+                    entries.append(dst)
+                inputs = [[s.tokens[-1] if i == 0 else produced[r][i - 1]] for r, s in enumerate(seqs)]
+                hidden = self._forward(seqs, inputs, [s.frontier + i for s in seqs], entries)
+                logits = self.model.logits(hidden)
+                if keep_logits:
+                    step_logits.append(logits)
+                if forced is None:
+                    toks, step_lps, step_rngs = self._sampler.sample(
+                        logits, [self._row_sampling(s, produced[r], rngs[r][-1] if i else None)
+                                 for r, s in enumerate(seqs)])
+                else:
+                    toks = [forced[0][i]]
+                    step_lps = self._sampler.logprobs_of(logits, toks, [s.request.sampling.logprobs for s in seqs])
+                    step_rngs = [None] * B
+                for r in range(B):
+                    produced[r].append(toks[r])
+                    lps[r].append(step_lps[r])
+                    rngs[r].append(step_rngs[r])
+            rec.batch.rows = tuple(
+                PendingRow(s.handle, tuple(produced[r]),
+                           tuple(lps[r]) if s.request.sampling.logprobs is not None else None)
+                for r, s in enumerate(seqs))
+            rec.data.update(rng=rngs)
+            out_logits = torch.stack(step_logits, dim=1) if keep_logits else None
+            return rec.batch, out_logits
+        except BaseException:
+            self._pending.take(rec.batch)
+            self._pending.close(rec)
+            raise
+
+    def _forward(self, seqs: list[_Seq], inputs: list[list[int]], starts: list[int], entries: list[int]
+                 ) -> torch.Tensor:
+        """Run the model over one packed batch; rows write KV at [start, start + len) of their pages."""
+        for s, toks, st in zip(seqs, inputs, starts):
+            s.holding.table.ensure(st + len(toks))
+        width = max(len(s.holding.table.pages) for s in seqs)
+        dev = self.device
+        fb = ForwardBatch(
+            input_ids=torch.tensor([t for row in inputs for t in row], dtype=torch.long, device=dev),
+            positions=torch.cat([torch.arange(st, st + len(toks), dtype=torch.long)
+                                 for toks, st in zip(inputs, starts)]).to(dev),
+            seqlens=tuple(len(t) for t in inputs),
+            starts=tuple(starts),
+            state_entries=torch.tensor(entries, dtype=torch.long, device=dev),
+            block_tables=torch.stack([s.holding.table.as_tensor(width) for s in seqs]).to(dev),
+            page_size=self.config.page_size)
+        return self.model.forward(fb)
+
+    # ------------------------------------------------------------------------------------------
+    # Consuming a PendingBatch
+    # ------------------------------------------------------------------------------------------
+    def commit(self, batch: PendingBatch, accepted: Sequence[int]) -> None:
+        rec = self._pending.get(batch)
+        accepted = list(accepted)
+        if len(accepted) != batch.size:
+            raise InvariantError(f"commit of batch {batch.batch_id}: {len(accepted)} decisions for {batch.size} rows")
+        for row, a in zip(batch.rows, accepted):
+            if not (0 <= a <= row.produced_tokens):
+                raise InvariantError(f"commit of batch {batch.batch_id}: accepted {a} of {row.produced_tokens} "
+                                     f"produced tokens")
+        self._pending.take(batch)
+        try:
+            for r, (row, a) in enumerate(zip(batch.rows, accepted)):
+                if a == 0:
+                    continue
+                s = self._seq(row.sequence)
+                self._state.copy_entry(s.slot, self._state.scratch_entry(rec.scratch[r][a - 1]))
+                s.tokens.extend(row.tokens[:a])
+                if batch.kind is BatchKind.PREFILL:
+                    s.frontier = rec.data["end"]
+                else:
+                    s.frontier += a
+                if batch.kind is not BatchKind.CONTROL:
+                    s.rng_state = rec.data["rng"][r][a - 1]
+        finally:
+            self._pending.close(rec)
+
+    def abort_pending(self, batch: PendingBatch) -> None:
+        rec = self._pending.take(batch)
+        self._pending.close(rec)
+

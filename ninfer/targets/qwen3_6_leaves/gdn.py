@@ -1,0 +1,31 @@
+"""GDN projection/control leaf of the Gated DeltaNet layers (the conv and the delta rule on the
+sequence's state are run by the family schedule)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ninfer.ops.gated_delta import gdn_gates
+from ninfer.ops.norms import gated_rms_norm
+from ninfer.targets.qwen3_6.dims import Qwen36Dims
+from ninfer.targets.qwen3_6.runtime.model_view import GDNWeights
+
+
+class GDNProjection:
+    def __init__(self, dims: Qwen36Dims) -> None:
+        self.nv, self.dv = dims.linear_num_value_heads, dims.linear_value_head_dim
+        self.eps = dims.rms_norm_eps
+
+    def project(self, w: GDNWeights, h: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h [N, H] -> qkv [N, C] (pre-conv), z [N, nv, dv], g [N, nv] fp32, beta [N, nv]."""
+        N = h.shape[0]
+        qkv = F.linear(h, w.in_proj_qkv)
+        z = F.linear(h, w.in_proj_z).view(N, self.nv, self.dv)
+        g, beta = gdn_gates(F.linear(h, w.in_proj_a), F.linear(h, w.in_proj_b), w.A_log, w.dt_bias)
+        return qkv, z, g, beta
+
+    def output(self, w: GDNWeights, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """o [N, nv, dv], z [N, nv, dv] -> [N, H]."""
+        y = gated_rms_norm(o, z, w.norm, self.eps)
+        return F.linear(y.reshape(o.shape[0], self.nv * self.dv), w.out_proj)
