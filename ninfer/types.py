@@ -14,7 +14,8 @@ from ninfer.targets.qwen3_6.frontend.types import (FinishReason, OutputDelta, Ou
 __all__ = ["EngineConfig", "SamplingParams", "TokenLogprob", "FinishReason", "OutputOptions",
            "PreparedPrompt", "ToolCall", "ToolCallDelta", "OutputDelta", "Availability",
            "AvailabilityState", "GenerationStart", "GenerationDelta", "GenerationResult",
-           "GenerationError", "ErrorKind", "Usage", "Purpose"]
+           "GenerationError", "ErrorKind", "Usage", "Purpose", "EngineRequestError", "HistogramSnapshot",
+           "EngineMetrics", "GenerationEvent"]
 
 
 class Purpose(str, enum.Enum):
@@ -141,3 +142,63 @@ class GenerationError:
     kind: ErrorKind
     message: str
     usage: Usage | None = None
+
+
+GenerationEvent = GenerationStart | GenerationDelta | GenerationResult | GenerationError
+
+
+class EngineRequestError(RuntimeError):
+    """A request the Engine rejected or could not complete.
+
+    Raised by `Engine.submit` for OVERLOADED, NOT_READY and INVALID_REQUEST (nothing was queued), and
+    by `GenerationHandle.result()` / `Engine.generate` when the request ended with a GenerationError
+    (QUEUE_TIMEOUT, INVALID_REQUEST found at admission, ENGINE_FAILED). Gateways map `kind` to HTTP.
+    """
+
+    def __init__(self, kind: ErrorKind, message: str, request_id: str | None = None):
+        super().__init__(f"{kind.value}: {message}")
+        self.kind = kind
+        self.message = message
+        self.request_id = request_id
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSnapshot:
+    """Cumulative histogram (Prometheus style): counts[i] = observations <= bounds[i]; `count` is +Inf."""
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum: float
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    """A consistent snapshot published by the Engine worker (read from any thread; never calls Program)."""
+    availability: Availability
+    running: int                          # requests holding a lane (materializing, active, terminal pending)
+    waiting: int                          # accepted requests not yet admitted
+    max_concurrency: int
+    queue_size: int
+    outstanding: int                      # requests holding outstanding capacity
+    outstanding_capacity: int             # max_concurrency + queue_size
+    outstanding_capacity_free: int
+    pages_total: int
+    pages_free: int
+    slots_total: int
+    slots_free: int
+    page_size: int
+    num_requests_submitted: int           # accepted at submit
+    num_requests_rejected: dict[str, int]  # by ErrorKind value, raised at submit
+    num_prompt_tokens: int                # prompt tokens of admitted requests
+    num_reused_tokens: int
+    num_generation_tokens: int            # committed output tokens
+    num_finished: dict[str, int]          # by FinishReason value (results)
+    num_errors: dict[str, int]            # by ErrorKind value (GenerationError events)
+    num_prefill_units: int
+    num_decode_rounds: int
+    num_control_units: int
+    queue_time_s: HistogramSnapshot
+    ttft_s: HistogramSnapshot
+    inter_token_s: HistogramSnapshot
+    e2e_s: HistogramSnapshot
+    decode_batch_size: HistogramSnapshot

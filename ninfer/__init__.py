@@ -1,0 +1,25 @@
+"""NInfer: a single-GPU inference engine for the Qwen3.6 model family.
+
+Gateways use `ninfer.Engine`, the public types below and the Frontend types; nothing else.
+`Engine` and `GenerationHandle` are imported on first use (the engine pulls in the runtime).
+"""
+from ninfer.types import (Availability, AvailabilityState, EngineConfig, EngineMetrics, EngineRequestError,
+                          ErrorKind, FinishReason, GenerationDelta, GenerationError, GenerationEvent,
+                          GenerationResult, GenerationStart, HistogramSnapshot, OutputDelta, OutputOptions,
+                          PreparedPrompt, Purpose, SamplingParams, TokenLogprob, ToolCall, ToolCallDelta, Usage)
+
+__all__ = ["Engine", "GenerationHandle", "Availability", "AvailabilityState", "EngineConfig", "EngineMetrics",
+           "EngineRequestError", "ErrorKind", "FinishReason", "GenerationDelta", "GenerationError",
+           "GenerationEvent", "GenerationResult", "GenerationStart", "HistogramSnapshot", "OutputDelta",
+           "OutputOptions", "PreparedPrompt", "Purpose", "SamplingParams", "TokenLogprob", "ToolCall",
+           "ToolCallDelta", "Usage"]
+
+
+def __getattr__(name: str):
+    if name == "Engine":
+        from ninfer.engine import Engine
+        return Engine
+    if name == "GenerationHandle":
+        from ninfer.runtime.engine.handle import GenerationHandle
+        return GenerationHandle
+    raise AttributeError(f"module 'ninfer' has no attribute {name!r}")

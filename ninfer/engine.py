@@ -1,0 +1,182 @@
+"""The public NInfer Engine: one model, one worker thread, requests in FIFO order.
+
+    engine = Engine("model.ninfer", EngineConfig(max_concurrency=4))
+    engine.wait_ready()
+    prompt = engine.frontend.prepare_chat([{"role": "user", "content": "Hi"}])
+    for event in engine.submit(prompt, SamplingParams(temperature=0), max_tokens=64):
+        ...   # GenerationStart, GenerationDelta..., then GenerationResult | GenerationError
+    engine.close()
+
+Errors. `submit` raises EngineRequestError for the three rejections that happen before a request
+is accepted: OVERLOADED (outstanding capacity full: HTTP 429), NOT_READY (starting, failed or
+closing: 503), INVALID_REQUEST (empty prompt, max_tokens < 1, prompt + max_tokens > max_model_len,
+bad output options: 400). Everything after acceptance arrives as the request's final event:
+GenerationError(QUEUE_TIMEOUT) when its deadline passed in the queue, (INVALID_REQUEST) when Program
+finds it infeasible even on an empty engine, (ENGINE_FAILED) on engine-wide failure; a cancelled
+request ends with GenerationResult(finish_reason=CANCELLED) and its partial output.
+`handle.result()` and `generate()` raise EngineRequestError for a GenerationError.
+"""
+from __future__ import annotations
+
+import importlib
+import math
+import os
+import threading
+from typing import Any, Callable
+
+from ninfer.runtime.contract.types import Program, SamplingParams
+from ninfer.runtime.engine.engine_core import EngineCore, Trace
+from ninfer.runtime.engine.handle import GenerationHandle
+from ninfer.targets.qwen3_6.frontend.types import OutputOptions, PreparedPrompt
+from ninfer.types import (Availability, EngineConfig, EngineMetrics, EngineRequestError,
+                          GenerationResult, Purpose)
+
+__all__ = ["Engine", "GenerationHandle", "EngineRequestError"]
+
+
+class Engine:
+    """Construct from a `.ninfer` artifact path; the worker starts at once and loads the model.
+
+    `availability` is STARTING while Program loads, then READY (or FAILED with the reason).
+    Use `wait_ready()` to block until it is decided.
+    """
+
+    def __init__(self, artifact_path: str | os.PathLike, config: EngineConfig = EngineConfig(), *,
+                 trace: Trace | None = None):
+        if config.purpose is not Purpose.GENERATION:
+            raise ValueError(f"purpose {config.purpose.value!r} is not available in this Engine yet "
+                             f"(only {Purpose.GENERATION.value!r})")
+        import torch  # NOTE: only to resolve "auto" device/dtype; Engine itself holds no tensors
+
+        from ninfer.artifact import open_artifact
+        cfg = config.resolved(torch.cuda.is_available())
+        artifact = open_artifact(artifact_path)
+        package_module = importlib.import_module(artifact.package.module)
+        frontend = _create_frontend(package_module, artifact)
+        program_config = _program_config(package_module, cfg)
+
+        def load() -> Program:
+            return package_module.create_program(artifact, program_config)
+
+        self._start(frontend, cfg, artifact.identity, load, trace)
+
+    @classmethod
+    def from_program(cls, program: Program | Callable[[], Program], frontend: Any, config: EngineConfig, *,
+                     identity: str = "program", trace: Trace | None = None,
+                     clock: Callable[[], float] | None = None) -> "Engine":
+        """An Engine over an already built Program (or a loader of one) and Frontend: tests, benchmarks."""
+        self = cls.__new__(cls)
+        load = program if callable(program) and not hasattr(program, "decode") else (lambda: program)
+        self._start(frontend, config, identity, load, trace, clock)
+        return self
+
+    def _start(self, frontend: Any, config: EngineConfig, identity: str, load: Callable[[], Program],
+               trace: Trace | None, clock: Callable[[], float] | None = None) -> None:
+        self.config = config
+        self.identity = identity
+        self.frontend = frontend
+        kwargs = {} if clock is None else {"clock": clock}
+        self._core = EngineCore(frontend, max_concurrency=config.max_concurrency, queue_size=config.queue_size,
+                                request_timeout_s=config.request_timeout_s,
+                                prefill_chunk_tokens=config.prefill_chunk_tokens,
+                                max_model_len=config.max_model_len, trace=trace, **kwargs)
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._worker_main, args=(load,), name="ninfer-engine-worker",
+                                        daemon=True)
+        self._thread.start()
+
+    def _worker_main(self, load: Callable[[], Program]) -> None:
+        core = self._core
+        try:
+            try:
+                program = load()
+            except Exception as e:  # noqa: BLE001 - any load failure is a startup failure with its reason
+                core.fail_startup(f"loading the model failed: {type(e).__name__}: {e}")
+                return
+            core.attach_program(program)
+            self._ready.set()
+            core.run()
+        finally:
+            self._ready.set()
+
+    # ---- readiness -------------------------------------------------------------------------
+    @property
+    def availability(self) -> Availability:
+        return self._core.availability
+
+    def wait_ready(self, timeout: float | None = None) -> Availability:
+        """Block until the model is loaded (READY) or loading failed (FAILED); return availability."""
+        self._ready.wait(timeout)
+        return self._core.availability
+
+    @property
+    def max_model_len(self) -> int:
+        """prompt + max_tokens limit of one request."""
+        return self._core.max_model_len
+
+    # ---- requests ----------------------------------------------------------------------------
+    def submit(self, prompt: PreparedPrompt, sampling: SamplingParams, *, max_tokens: int,
+               output: OutputOptions = OutputOptions(), request_id: str | None = None,
+               deadline_s: float | None = None) -> GenerationHandle:
+        """Accept a request (see the module docstring for what raises and what arrives as an event).
+
+        deadline_s: how long the request may wait in the queue before it is admitted
+        (default `config.request_timeout_s`); it ends with GenerationError(QUEUE_TIMEOUT) after that.
+        """
+        return self._core.submit(prompt, sampling, max_tokens=max_tokens, output=output,
+                                 request_id=request_id, deadline_s=deadline_s)
+
+    def generate(self, prompt: PreparedPrompt, sampling: SamplingParams, *, max_tokens: int,
+                 output: OutputOptions = OutputOptions(), request_id: str | None = None,
+                 deadline_s: float | None = None, timeout: float | None = None) -> GenerationResult:
+        """Submit and wait for the final result; raises EngineRequestError for errors."""
+        with self.submit(prompt, sampling, max_tokens=max_tokens, output=output, request_id=request_id,
+                         deadline_s=deadline_s) as handle:
+            return handle.result(timeout)
+
+    def metrics(self) -> EngineMetrics:
+        return self._core.metrics()
+
+    # ---- shutdown ----------------------------------------------------------------------------
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop accepting; let outstanding requests finish for up to `timeout` seconds, cancel the
+        rest (they end with finish_reason CANCELLED), and join the worker."""
+        self._core.request_close(timeout)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout + 30.0)
+
+    @property
+    def closed(self) -> bool:
+        return not self._thread.is_alive()
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        a = self.availability
+        return f"Engine({self.identity!r}, {a.state.value}{': ' + a.reason if a.reason else ''})"
+
+
+def _create_frontend(package_module: Any, artifact: Any) -> Any:
+    resources = artifact.frontend_resources()
+    factory = getattr(package_module, "create_frontend", None)
+    if factory is not None:
+        return factory(resources)
+    from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
+    return Qwen36Frontend.from_resources(resources)
+
+
+def _program_config(package_module: Any, cfg: EngineConfig) -> Any:
+    program_config_cls = getattr(package_module, "ProgramConfig", None)
+    if program_config_cls is None:
+        from ninfer.targets.qwen3_6.runtime.config import ProgramConfig as program_config_cls
+    # NOTE: num_pages == 0 sizes the pool for every lane at full length (each Active request holds its
+    # complete growth reservation, so this is the most max_concurrency requests can ever need).
+    num_pages = cfg.num_pages or cfg.max_concurrency * math.ceil(cfg.max_model_len / cfg.page_size)
+    return program_config_cls(device=cfg.device, dtype=cfg.dtype, page_size=cfg.page_size, num_pages=num_pages,
+                              num_slots=cfg.max_concurrency, max_model_len=cfg.max_model_len,
+                              max_batch=cfg.max_concurrency)
+
