@@ -257,3 +257,16 @@ def test_full_disk_leaves_nothing(tiny_checkpoint_dir, tmp_path, monkeypatch):
     assert "no space left on device" in str(ei.value)
     assert out.read_bytes() == b"previous"  # the old file is untouched; no temp file remains
     assert [p.name for p in tmp_path.iterdir()] == ["m.ninfer"]
+
+
+@pytest.mark.parametrize("fname,identity", [("Qwen3.6-27B", "qwen3_6-27b"), ("Qwen3.6-35B-A3B", "qwen3_6-35b-a3b")])
+def test_official_configs_match_their_registered_identity(fname, identity):
+    from ninfer.convert.identify import config_facts, match_identity
+    from ninfer.targets.registry import REGISTRY
+
+    path = Path("/work/shared/data/configs") / f"{fname}.config.json"
+    if not path.exists():
+        pytest.skip("official configs not available")
+    facts = config_facts(json.loads(path.read_text()))
+    assert facts["mtp_num_hidden_layers"] == 1 and "vision.depth" in facts
+    assert match_identity(facts, REGISTRY).identity == identity
