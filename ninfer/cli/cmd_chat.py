@@ -1,0 +1,151 @@
+"""`ninfer chat [MODEL]`: an interactive terminal chat.
+
+Commands: /reset (forget the conversation), /system TEXT (set the system message and reset),
+/think on|off (thinking mode), /help, /exit. Reasoning is shown dimmed before the answer.
+Ctrl-C cancels the answer being generated (the turn is dropped) and returns to the prompt;
+Ctrl-D (end of input) exits.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ninfer.cli.common import (add_engine_args, add_model_arg, add_sampling_args, check_max_tokens, dim,
+                               engine_config, open_engine, resolve_model, sampling_params, use_color)
+
+HELP = ("commands: /reset  /system TEXT  /think on|off  /help  /exit    "
+        "(Ctrl-C cancels an answer, Ctrl-D exits)")
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    add_model_arg(p)
+    p.add_argument("--system", default=None, help="initial system message")
+    p.add_argument("--think", choices=("on", "off"), default="on", help="thinking mode (default: on)")
+    add_sampling_args(p, max_tokens=1024)
+    add_engine_args(p)
+
+
+class ChatSession:
+    def __init__(self, engine, args):
+        self.engine = engine
+        self.args = args
+        self.system: str | None = args.system
+        self.think = args.think == "on"
+        self.history: list[dict] = []
+        self.color = use_color(sys.stdout)
+
+    def messages(self) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.history
+
+    def command(self, line: str) -> bool:
+        """Handle a /command; False means exit."""
+        cmd, _, rest = line.partition(" ")
+        rest = rest.strip()
+        if cmd in ("/exit", "/quit"):
+            return False
+        if cmd == "/reset":
+            self.history.clear()
+            print("[conversation reset]")
+        elif cmd == "/system":
+            self.system = rest or None
+            self.history.clear()
+            print("[system message set; conversation reset]" if rest else "[system message cleared; conversation reset]")
+        elif cmd == "/think":
+            if rest not in ("on", "off"):
+                print("usage: /think on|off")
+            else:
+                self.think = rest == "on"
+                print(f"[thinking {rest}]")
+        elif cmd == "/help":
+            print(HELP)
+        else:
+            print(f"unknown command {cmd}; {HELP}")
+        return True
+
+    def answer(self, text: str) -> None:
+        from ninfer.types import (EngineRequestError, GenerationDelta, GenerationError, GenerationResult,
+                                  OutputOptions)
+
+        turn = self.history + [{"role": "user", "content": text}]
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        try:
+            prompt = self.engine.frontend.prepare_chat(head + turn,
+                                                       chat_template_kwargs={"enable_thinking": self.think})
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return
+        room = self.engine.max_model_len - prompt.num_prompt_tokens
+        if room < 1:
+            print(f"error: the conversation has {prompt.num_prompt_tokens} tokens, over max_model_len "
+                  f"{self.engine.max_model_len}; /reset to start over", file=sys.stderr)
+            return
+        try:
+            handle = self.engine.submit(prompt, sampling_params(self.args),
+                                        max_tokens=min(self.args.max_tokens, room), output=OutputOptions())
+        except EngineRequestError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return
+        out = sys.stdout
+        in_reasoning = False
+        result = None
+        try:
+            for ev in handle:
+                if isinstance(ev, GenerationDelta):
+                    if ev.delta.reasoning:
+                        out.write(dim(ev.delta.reasoning, self.color))
+                        in_reasoning = True
+                    if ev.delta.text:
+                        if in_reasoning:
+                            out.write("\n\n")
+                            in_reasoning = False
+                        out.write(ev.delta.text)
+                    out.flush()
+                elif isinstance(ev, GenerationResult):
+                    result = ev
+                elif isinstance(ev, GenerationError):
+                    print(f"\nerror ({ev.kind.value}): {ev.message}", file=sys.stderr)
+        except KeyboardInterrupt:
+            handle.cancel()
+            print("\n[cancelled]")
+            return
+        finally:
+            handle.close()
+        out.write("\n")
+        out.flush()
+        if result is None:
+            return
+        if result.finish_reason.value == "length":
+            print("[answer cut at --max-tokens]")
+        msg = {"role": "assistant", "content": result.text}
+        if result.reasoning:
+            msg["reasoning_content"] = result.reasoning
+        self.history = turn + [msg]
+
+
+def run(args: argparse.Namespace) -> int:
+    check_max_tokens(args.max_tokens)
+    path, name, _ = resolve_model(args.model)
+    engine = open_engine(path, engine_config(args))
+    try:
+        session = ChatSession(engine, args)
+        print(f"chatting with {name}. {HELP}")
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                print()
+                return 0
+            except KeyboardInterrupt:
+                print()
+                continue
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/"):
+                if not session.command(line):
+                    return 0
+                continue
+            session.answer(line)
+    finally:
+        engine.close()

@@ -1,0 +1,41 @@
+"""`ninfer serve [MODEL]`: the OpenAI-compatible HTTP server (see ninfer/serve/)."""
+from __future__ import annotations
+
+import argparse
+import os
+
+from ninfer.cli.common import add_engine_args, add_model_arg, engine_config, open_engine, resolve_model
+from ninfer.cli.main import CLIError
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    add_model_arg(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000)")
+    p.add_argument("--api-key", default=os.environ.get("NINFER_API_KEY"),
+                   help="require `Authorization: Bearer KEY` on the API routes (default: $NINFER_API_KEY)")
+    p.add_argument("--served-model-name", default=None,
+                   help="the model id clients use (default: the file name without .ninfer; ninfer-demo for the demo)")
+    p.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024,
+                   help="largest accepted request body (HTTP 413 above it)")
+    p.add_argument("--drain-timeout-s", type=float, default=30.0,
+                   help="on SIGTERM, how long in-flight requests may finish before they are cancelled")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    add_engine_args(p)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ninfer.serve.server import serve
+
+    if not (0 <= args.port <= 65535):
+        raise CLIError(f"--port must be in 0..65535, got {args.port}")
+    if args.max_body_bytes < 1024:
+        raise CLIError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
+    if args.drain_timeout_s < 0:
+        raise CLIError(f"--drain-timeout-s must be >= 0, got {args.drain_timeout_s}")
+    config = engine_config(args)
+    path, name, _ = resolve_model(args.model)
+    return serve(lambda: open_engine(path, config), model_name=args.served_model_name or name,
+                 host=args.host, port=args.port, api_key=args.api_key or None,
+                 max_body_bytes=args.max_body_bytes, drain_timeout_s=args.drain_timeout_s,
+                 log_level=args.log_level)

@@ -1,0 +1,133 @@
+"""The built-in demo model: what `ninfer generate|chat|serve` run when no model is given.
+
+It is the registered `qwen3_6-tiny-dense` identity with deterministic seeded random weights
+(normal, std 0.02, like Hugging Face's init; norm weights perturbed) and the real Qwen3.6
+tokenizer and chat template. Everything but the weights is real, so its text is meaningless.
+
+The artifact is built on first use into the user cache directory
+(`$NINFER_CACHE_DIR`, else `$XDG_CACHE_HOME/ninfer`, else `~/.cache/ninfer`), written atomically
+with `ninfer.artifact.write_artifact`, reused later, and rebuilt when it no longer opens.
+No `transformers` is needed: the weights come from a seeded `torch.Generator`.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+
+DEMO_IDENTITY = "qwen3_6-tiny-dense"
+DEMO_MODEL_NAME = "ninfer-demo"
+DEMO_SEED = 1234
+INIT_STD = 0.02
+# NOTE: bump when the produced weights or resources change, so a stale cache file is not reused.
+DEMO_VERSION = 1
+DEMO_NOTICE = ("note: using the built-in demo model (qwen3_6-tiny-dense with random weights): "
+               "its text is meaningless; pass a .ninfer file to use a real model")
+EOS_TOKEN_IDS = (248046, 248044)        # <|im_end|>, <|endoftext|>
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("NINFER_CACHE_DIR")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return Path(xdg) / "ninfer" if xdg else Path.home() / ".cache" / "ninfer"
+
+
+def demo_artifact_path() -> Path:
+    return cache_dir() / "demo" / f"{DEMO_IDENTITY}-seed{DEMO_SEED}-v{DEMO_VERSION}.ninfer"
+
+
+def demo_tensors(seed: int = DEMO_SEED, groups: tuple[str, ...] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(canonical name, tensor) of the demo weights, generated one at a time (deterministic)."""
+    from ninfer.targets.qwen3_6.schema import REQUIRED_GROUPS, tensor_specs
+    from ninfer.targets.registry import lookup
+
+    dims = lookup(DEMO_IDENTITY).dims
+    g = torch.Generator().manual_seed(seed)
+    for spec in tensor_specs(dims, groups or REQUIRED_GROUPS + ("mtp",)):
+        name, shape = spec.name, spec.shape
+        if name.endswith("linear_attn.A_log"):
+            t = torch.empty(shape).uniform_(1.0, 16.0, generator=g).log_()
+        elif name.endswith("linear_attn.dt_bias"):
+            t = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        elif name.endswith("linear_attn.norm.weight"):         # gated RMSNorm: weight used as is
+            t = 1.0 + 0.1 * torch.randn(shape, generator=g)
+        elif name.endswith("norm.weight") or name.endswith("layernorm.weight"):   # (1 + weight) norms
+            t = 0.1 * torch.randn(shape, generator=g)
+        else:
+            t = INIT_STD * torch.randn(shape, generator=g)
+        yield name, t
+
+
+def demo_resources() -> dict[str, bytes]:
+    """The real Qwen3.6 tokenizer files and chat template, plus a generation config."""
+    from ninfer.targets.qwen3_6.frontend.vocab import write_tokenizer_files
+
+    with tempfile.TemporaryDirectory(prefix="ninfer-demo-") as d:
+        write_tokenizer_files(d)
+        res = {name: (Path(d) / name).read_bytes()
+               for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")}
+    res["generation_config.json"] = json.dumps(
+        {"bos_token_id": 248044, "eos_token_id": list(EOS_TOKEN_IDS), "pad_token_id": 248044},
+        indent=2).encode()
+    return res
+
+
+def _opens(path: Path) -> bool:
+    from ninfer.artifact import open_artifact
+
+    try:
+        art = open_artifact(path)
+    except Exception:           # noqa: BLE001 - any failure to open means "rebuild"
+        return False
+    try:
+        return art.identity == DEMO_IDENTITY
+    finally:
+        art.close()
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path):
+    """Serialise concurrent first builds (several processes starting at once)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:                         # pragma: no cover - not POSIX
+        yield
+        return
+    with open(path.with_suffix(".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build_demo_artifact(path: str | os.PathLike, seed: int = DEMO_SEED,
+                        on_tensor: Callable[[str, int], None] | None = None) -> Path:
+    from ninfer.artifact import write_artifact
+
+    return write_artifact(path, DEMO_IDENTITY, demo_tensors(seed), demo_resources(), dtype="fp32",
+                          eos_token_ids=EOS_TOKEN_IDS,
+                          source={"kind": "ninfer-demo", "seed": seed, "init_std": INIT_STD,
+                                  "version": DEMO_VERSION}, on_tensor=on_tensor)
+
+
+def ensure_demo_artifact(on_build: Callable[[Path], None] | None = None) -> Path:
+    """The demo artifact's path, building it first if it is missing or does not open."""
+    path = demo_artifact_path()
+    if path.exists() and _opens(path):
+        return path
+    with _build_lock(path):
+        if path.exists() and _opens(path):      # another process built it meanwhile
+            return path
+        if on_build is not None:
+            on_build(path)
+        build_demo_artifact(path)
+    return path
