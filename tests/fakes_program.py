@@ -325,14 +325,16 @@ class FakeSession:
             stops.add(EOS)
         self.stops = stops
 
-    def preview(self, tokens: Sequence[int]) -> Preview:
+    def preview(self, tokens: Sequence[int], *, control: bool = False) -> Preview:
         assert not self.finished, "preview after finish"
+        if control:
+            assert tuple(tokens) == self.forced_control(), "control preview of tokens Frontend did not force"
         st = _State(**vars(self.state))
         text = reasoning = ""
         accepted, terminal, reason, boundary, n_reason = 0, False, None, None, 0
         for t in tokens:
             accepted += 1
-            if t in self.stops:
+            if t in self.stops and not control:
                 terminal, reason = True, FinishReason.STOP
                 break
             if st.thinking:
@@ -371,3 +373,99 @@ class FakeSession:
         self.finished = True
         st = self.state
         return OutputDelta(), FinalOutput(st.text, st.reasoning, (), reason, st.tokens, st.num_reasoning)
+
+
+# ============================================================================================
+# Harness: a step-driven EngineCore over the fakes, with a trace that checks publication order.
+# ============================================================================================
+class FakeClock:
+    def __init__(self, start: float = 1000.0):
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, dt: float) -> None:
+        self.now += dt
+
+
+class Trace:
+    """Shared trace of Engine and FakeProgram events; checks invariant 7 on every publication.
+
+    A delta's tokens must already be committed by Program (a "program.commit" of that sequence)
+    and by the request's OutputSession ("session_commit"), in that order, before "publish".
+    """
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, dict]] = []
+        self.seq_of: dict[str, SequenceHandle] = {}
+        self.program_committed: dict[SequenceHandle, list[int]] = {}
+        self.session_committed: dict[str, list[int]] = {}
+        self.published: dict[str, list[int]] = {}
+        self.finals: dict[str, int] = {}
+        self.violations: list[str] = []
+        self.extra: list[Callable[[str, dict], None]] = []
+
+    def __call__(self, what: str, info: dict) -> None:
+        from ninfer.types import GenerationDelta, GenerationError, GenerationResult
+        self.events.append((what, info))
+        rid = info.get("request_id")
+        if what == "active":
+            self.seq_of[rid] = info["sequence"]
+        elif what == "program.commit":
+            for seq, toks in info["rows"].items():
+                self.program_committed.setdefault(seq, []).extend(toks)
+        elif what == "session_commit":
+            done = self.program_committed.get(self.seq_of.get(rid), [])
+            mine = self.session_committed.setdefault(rid, [])
+            mine.extend(info["tokens"])
+            if done[:len(mine)] != mine:
+                self.violations.append(f"{rid}: session committed {mine} before Program committed {done}")
+        elif what == "publish":
+            ev = info["event"]
+            if isinstance(ev, GenerationDelta) and ev.token_ids:
+                pub = self.published.setdefault(rid, [])
+                pub.extend(ev.token_ids)
+                done = self.program_committed.get(self.seq_of.get(rid), [])
+                if done[:len(pub)] != pub or self.session_committed.get(rid, [])[:len(pub)] != pub:
+                    self.violations.append(f"{rid}: published {pub} before commit (program {done})")
+            if isinstance(ev, (GenerationResult, GenerationError)):
+                self.finals[rid] = self.finals.get(rid, 0) + 1
+                if self.finals[rid] > 1:
+                    self.violations.append(f"{rid}: second final event")
+        for f in self.extra:
+            f(what, info)
+
+    def kinds(self, what: str) -> list[dict]:
+        return [i for w, i in self.events if w == what]
+
+
+def make_prompt(n: int, start: int = 11, *, thinking: bool = False):
+    from ninfer.targets.qwen3_6.frontend.types import PreparedPrompt
+    return PreparedPrompt(tuple(start + (i * 7) % 300 for i in range(n)), enable_thinking=thinking)
+
+
+def make_core(program: FakeProgram | None = None, *, max_concurrency: int = 4, queue_size: int = 8,
+              request_timeout_s: float = 60.0, prefill_chunk_tokens: int = 4, decode_steps: int = 1,
+              trace: Trace | None = None, clock: FakeClock | None = None, frontend=None, **program_kw):
+    from ninfer.runtime.engine.engine_core import EngineCore
+    trace = trace if trace is not None else Trace()
+    if program is None:
+        program = FakeProgram(trace=trace, **program_kw)
+    else:
+        program.trace = trace
+    clock = clock or FakeClock()
+    core = EngineCore(frontend or FakeFrontend(), max_concurrency=max_concurrency, queue_size=queue_size,
+                      request_timeout_s=request_timeout_s, prefill_chunk_tokens=prefill_chunk_tokens,
+                      max_model_len=program.max_model_len, decode_steps=decode_steps, clock=clock, trace=trace)
+    core.attach_program(program)
+    return core, program, trace, clock
+
+
+def run_until_idle(core, max_steps: int = 100000) -> int:
+    n = 0
+    while core.step():
+        n += 1
+        if n >= max_steps:
+            raise AssertionError("engine did not become idle")
+    return n

@@ -366,7 +366,12 @@ class EngineCore:
                 self._consume(stage.pending, unit)
         elif unit.kind is UnitKind.CONTROL:
             rec = unit.records[0]
-            self._pending = program.control(rec.sequence, rec.control_tokens[:rec.remaining_budget])
+            if len(rec.control_tokens) > rec.remaining_budget:
+                # NOTE: a forced suffix is committed whole or not at all; without the budget for it
+                # the request ends here, as it would at its next sampled token.
+                self._end_execution(rec, FinishReason.LENGTH)
+                return
+            self._pending = program.control(rec.sequence, rec.control_tokens)
             self._consume(self._pending, unit)
         else:
             self._pending = program.decode([r.sequence for r in unit.records], self.decode_steps)
@@ -375,13 +380,12 @@ class EngineCore:
     def _consume(self, batch: PendingBatch, unit: ExecutionUnit) -> None:
         recs = unit.records
         check_membership(batch, _BATCH_KIND[unit.kind], recs)
-        if unit.kind is UnitKind.CONTROL:
-            expect = recs[0].control_tokens[:recs[0].remaining_budget]
-            if tuple(batch.rows[0].tokens) != tuple(expect):
-                raise InvariantError(f"control batch {batch.batch_id} produced {batch.rows[0].tokens}, "
-                                     f"Frontend asked for {expect}")
+        control = unit.kind is UnitKind.CONTROL
+        if control and tuple(batch.rows[0].tokens) != recs[0].control_tokens:
+            raise InvariantError(f"control batch {batch.batch_id} produced {batch.rows[0].tokens}, "
+                                 f"Frontend asked for {recs[0].control_tokens}")
         # NOTE: the cancellation flags read here are this unit's linearisation point.
-        decisions = [decide_row(rec, row, rec.cancel_requested) for rec, row in zip(recs, batch.rows)]
+        decisions = [decide_row(rec, row, rec.cancel_requested, control) for rec, row in zip(recs, batch.rows)]
         accepted = [d.accepted for d in decisions]
         if any(accepted):
             self.program.commit(batch, accepted)

@@ -43,7 +43,8 @@ def check_membership(batch: PendingBatch, kind: BatchKind, recs: Sequence[Reques
                                  f"expected {rec.sequence} (request {rec.request_id})")
 
 
-def decide_row(rec: RequestRecord, row: PendingRow, cancelled: bool) -> RowDecision:
+def decide_row(rec: RequestRecord, row: PendingRow, cancelled: bool, control: bool = False) -> RowDecision:
+    """control: the row carries Frontend's forced-control tokens (previewed as control, never stops)."""
     if cancelled:
         return RowDecision(rec, row, 0, (), None, True, FinishReason.CANCELLED)
     produced = row.produced_tokens
@@ -55,7 +56,7 @@ def decide_row(rec: RequestRecord, row: PendingRow, cancelled: bool) -> RowDecis
     if budget < 1:
         raise InvariantError(f"request {rec.request_id} executed with no budget left")
     span = tuple(row.tokens[:budget])
-    preview = rec.session.preview(span)
+    preview = rec.session.preview(span, control=True) if control else rec.session.preview(span)
     accepted = preview.accepted_tokens
     if not (1 <= accepted <= len(span)):
         raise InvariantError(f"preview of request {rec.request_id} accepts {accepted} of {len(span)} tokens")
