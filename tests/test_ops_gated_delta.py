@@ -1,14 +1,21 @@
 import pytest
 import torch
-from transformers.models.qwen3_5.modeling_qwen3_5 import (
-    torch_chunk_gated_delta_rule,
-    torch_recurrent_gated_delta_rule,
-)
+from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta_rule as _hf_chunk
+from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule as _hf_recurrent
 
 from ninfer.ops.gated_delta import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, gdn_gates
 from _ops_util import DEVICES, ODD_LENGTHS, rel_rms
 
 HK, HV, DK, DV = 2, 4, 32, 16
+
+
+# NOTE: HF before 5.2x expects key heads already repeated to the value heads; repeating here works for both.
+def torch_chunk_gated_delta_rule(q, k, *args, **kw):
+    return _hf_chunk(q.repeat_interleave(HV // HK, 2), k.repeat_interleave(HV // HK, 2), *args, **kw)
+
+
+def torch_recurrent_gated_delta_rule(q, k, *args, **kw):
+    return _hf_recurrent(q.repeat_interleave(HV // HK, 2), k.repeat_interleave(HV // HK, 2), *args, **kw)
 
 
 def _inputs(T, B=1, seed=0, device="cpu", dtype=torch.float32):

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from ninfer.ops.sampling import SamplingTensors, apply_penalties, rng_state_from_seed, sample
+from _ops_util import DEVICES
 
 V = 50
 
@@ -141,3 +142,20 @@ def test_bad_inputs():
         _st(1, logit_bias=[[(V, 1.0)]])
     with pytest.raises(ValueError):
         sample(_logits(2), _st(1), [None])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_device_rng_states_reproduce(device):
+    logits = _logits(3, seed=7).to(device)
+    st = SamplingTensors.build(vocab_size=V, device=device, temperature=[0.0, 0.8, 1.0], top_k=[0, 10, 0],
+                               output_tokens=[[1], [2, 2], []], frequency_penalty=[0.0, 0.5, 0.0])
+    s0 = [None, rng_state_from_seed(1, device), rng_state_from_seed(2, device)]
+    runs = []
+    for _ in range(2):
+        states, toks = s0, []
+        for _ in range(10):
+            r = sample(logits, st, states, num_logprobs=2)
+            states, toks = r.rng_states, toks + [r.token_ids]
+        runs.append(torch.stack(toks))
+    assert runs[0].device.type == torch.device(device).type
+    assert torch.equal(runs[0], runs[1]) and (runs[0][:, 0] == logits[0].argmax()).all()

@@ -19,8 +19,12 @@ __all__ = ["rope_inv_freq", "mrope_axis_of_freq", "mrope_cos_sin", "apply_rotary
 
 
 def rope_inv_freq(rotary_dim: int, theta: float, device: torch.device | str | None = None) -> torch.Tensor:
-    """inv_freq[j] = theta^(-2j / rotary_dim), j < rotary_dim / 2. Returns [rotary_dim // 2] fp32."""
-    return 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float, device=device) / rotary_dim))
+    """inv_freq[j] = theta^(-2j / rotary_dim), j < rotary_dim / 2. Returns [rotary_dim // 2] fp32.
+
+    NOTE: computed on the CPU and then moved, as HF does, so every device gets the same bits.
+    """
+    inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float) / rotary_dim))
+    return inv.to(device) if device is not None else inv
 
 
 def mrope_axis_of_freq(num_freqs: int, mrope_section: Sequence[int], interleaved: bool = True) -> list[int]:
