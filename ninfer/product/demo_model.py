@@ -8,6 +8,11 @@ The artifact is built on first use into the user cache directory
 (`$NINFER_CACHE_DIR`, else `$XDG_CACHE_HOME/ninfer`, else `~/.cache/ninfer`), written atomically
 with `ninfer.artifact.write_artifact`, reused later, and rebuilt when it no longer opens.
 No `transformers` is needed: the weights come from a seeded `torch.Generator`.
+
+One deliberate tweak: the lm_head rows past the tokenizer's vocabulary (the 243 padding ids of
+the 248,320-row head) must never win, as in a trained checkpoint. Every embedding gets a constant
++0.3 in hidden dimension 0 (so the final hidden state points that way) and each padding row is
+-30 in that dimension and 0 elsewhere, which keeps their logits far below every real token's.
 """
 from __future__ import annotations
 
@@ -25,10 +30,13 @@ DEMO_MODEL_NAME = "ninfer-demo"
 DEMO_SEED = 1234
 INIT_STD = 0.02
 # NOTE: bump when the produced weights or resources change, so a stale cache file is not reused.
-DEMO_VERSION = 1
+DEMO_VERSION = 2
 DEMO_NOTICE = ("note: using the built-in demo model (qwen3_6-tiny-dense with random weights): "
                "its text is meaningless; pass a .ninfer file to use a real model")
 EOS_TOKEN_IDS = (248046, 248044)        # <|im_end|>, <|endoftext|>
+TOKENIZER_VOCAB_SIZE = 248077           # ids past this are lm_head padding
+EMBED_OFFSET = 0.3
+PAD_ROW_WEIGHT = -30.0
 
 
 def cache_dir() -> Path:
@@ -62,6 +70,11 @@ def demo_tensors(seed: int = DEMO_SEED, groups: tuple[str, ...] | None = None) -
             t = 0.1 * torch.randn(shape, generator=g)
         else:
             t = INIT_STD * torch.randn(shape, generator=g)
+        if name == "embed_tokens.weight":
+            t[:, 0] += EMBED_OFFSET
+        elif name == "lm_head.weight":
+            t[TOKENIZER_VOCAB_SIZE:] = 0.0
+            t[TOKENIZER_VOCAB_SIZE:, 0] = PAD_ROW_WEIGHT
         yield name, t
 
 
