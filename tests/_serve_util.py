@@ -85,8 +85,9 @@ class Server:
         return self.proc.returncode
 
 
-def metric(text: str, name: str, **labels: str) -> float:
-    """The value of one sample of a Prometheus text exposition (labels must match exactly)."""
+def metric(text: str, name: str, default: float | None = None, **labels: str) -> float:
+    """The value of one sample of a Prometheus text exposition (labels must match exactly);
+    `default` when the sample is absent (a labelled counter that never moved), else KeyError."""
     for line in text.splitlines():
         if line.startswith("#") or not line.startswith(name):
             continue
@@ -102,6 +103,8 @@ def metric(text: str, name: str, **labels: str) -> float:
         got.pop("model_name", None)
         if got == labels:
             return float(value)
+    if default is not None:
+        return default
     raise KeyError(f"no sample {name}{labels} in metrics")
 
 
