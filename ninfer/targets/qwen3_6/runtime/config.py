@@ -28,6 +28,9 @@ class ProgramConfig:
     max_model_len  prompt + output + lookahead limit of one sequence
     max_batch      rows of one decode unit (1..8)
     max_steps      provisional depth: tokens one decode/control unit may produce per row
+    purpose        "generation" | "causal_scoring": only the latter allocates the scoring staging
+                   (temporary window State/KV and lm_head buffers, see scoring.py)
+    scoring_window longest scoring window in tokens (0 = max_model_len); causal_scoring only
     """
     device: str | torch.device = "cpu"
     dtype: str | torch.dtype = "fp32"
@@ -37,6 +40,8 @@ class ProgramConfig:
     max_model_len: int = 4096
     max_batch: int = 8
     max_steps: int = 8
+    purpose: str = "generation"
+    scoring_window: int = 0
 
     def __post_init__(self) -> None:
         resolve_dtype(self.dtype)
@@ -53,6 +58,11 @@ class ProgramConfig:
             raise ValueError(f"max_batch must be in 1..8, got {self.max_batch}")
         if not (1 <= self.max_steps <= 64):
             raise ValueError(f"max_steps must be in 1..64, got {self.max_steps}")
+        if self.purpose not in ("generation", "causal_scoring"):
+            raise ValueError(f"purpose must be 'generation' or 'causal_scoring', got {self.purpose!r}")
+        if self.scoring_window < 0 or (self.scoring_window and self.purpose != "causal_scoring"):
+            raise ValueError(f"scoring_window must be >= 0 and is only for purpose 'causal_scoring', "
+                             f"got {self.scoring_window}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

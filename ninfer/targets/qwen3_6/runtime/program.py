@@ -38,6 +38,7 @@ import torch
 from ninfer.core.ledger import Holding, ResourceLedger
 from ninfer.core.stores import PagedKVStore, StateImageStore
 from ninfer.core.transactions import PendingLedger, Provisional
+from ninfer.runtime.contract.scoring import ScoringWindow, WindowScores
 from ninfer.runtime.contract.types import (
     BatchKind, CapacitySummary, InvariantError, PendingBatch, PendingRow, PrefillStep, Refusal, RefusalKind,
     ResourcePlan, ResourceResult, SequenceHandle, SequenceRequest, StalePlanError, TokenLogprob)
@@ -47,6 +48,7 @@ from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
 from ninfer.targets.qwen3_6.runtime.model import ForwardBatch, Qwen36Model
 from ninfer.targets.qwen3_6.runtime.model_view import load_model_view
 from ninfer.targets.qwen3_6.runtime.sampling import RowSampling, Sampler, prompt_token_logprobs
+from ninfer.targets.qwen3_6.runtime.scoring import WindowScorer
 
 
 @dataclass(eq=False)
@@ -91,6 +93,9 @@ class Qwen36Program:
              "recurrent": ((dims.linear_num_value_heads, dims.linear_key_head_dim,
                             dims.linear_value_head_dim), torch.float32)}, dev)
         self.model = Qwen36Model(view, leaves, self._kv, self._state)
+        # NOTE: CausalScoring windows run over their own temporary State/KV and lm_head staging
+        # (scoring.py); a Generation Program allocates none of it.
+        self.scoring = WindowScorer(view, leaves, config) if config.purpose == "causal_scoring" else None
         self._sampler = Sampler(dims.vocab_size, dev)
         self._seqs: dict[int, _Seq] = {}
         self._seq_ids = itertools.count(1)
@@ -324,6 +329,18 @@ class Qwen36Program:
             block_tables=torch.stack([s.holding.table.as_tensor(width) for s in seqs]).to(dev),
             page_size=self.config.page_size)
         return self.model.forward(fb)
+
+    # ------------------------------------------------------------------------------------------
+    # CausalScoring (contract: ninfer.runtime.contract.scoring; only for purpose "causal_scoring")
+    # ------------------------------------------------------------------------------------------
+    @property
+    def scoring_window(self) -> int:
+        return self.scoring.window if self.scoring is not None else 0
+
+    def score_window(self, window: ScoringWindow) -> WindowScores:
+        if self.scoring is None:
+            raise InvariantError("score_window on a Generation Program (it has no scoring staging)")
+        return self.scoring.score(window)
 
     # ------------------------------------------------------------------------------------------
     # Consuming a PendingBatch
