@@ -25,11 +25,12 @@ import threading
 from typing import Any, Callable
 
 from ninfer.runtime.contract.types import Program, SamplingParams
+from ninfer.runtime.engine.causal_score_core import CausalScoreCore
 from ninfer.runtime.engine.engine_core import EngineCore, Trace
 from ninfer.runtime.engine.handle import GenerationHandle
 from ninfer.targets.qwen3_6.frontend.types import OutputOptions, PreparedPrompt
-from ninfer.types import (Availability, EngineConfig, EngineMetrics, EngineRequestError,
-                          GenerationResult, Purpose)
+from ninfer.types import (Availability, EngineConfig, EngineMetrics, EngineRequestError, ErrorKind,
+                          GenerationResult, Purpose, ScoreInput, ScoreResult)
 
 __all__ = ["Engine", "GenerationHandle", "EngineRequestError"]
 
@@ -43,9 +44,6 @@ class Engine:
 
     def __init__(self, artifact_path: str | os.PathLike, config: EngineConfig = EngineConfig(), *,
                  trace: Trace | None = None):
-        if config.purpose is not Purpose.GENERATION:
-            raise ValueError(f"purpose {config.purpose.value!r} is not available in this Engine yet "
-                             f"(only {Purpose.GENERATION.value!r})")
         import torch  # NOTE: only to resolve "auto" device/dtype; Engine itself holds no tensors
 
         from ninfer.artifact import open_artifact
@@ -76,10 +74,13 @@ class Engine:
         self.identity = identity
         self.frontend = frontend
         kwargs = {} if clock is None else {"clock": clock}
-        self._core = EngineCore(frontend, max_concurrency=config.max_concurrency, queue_size=config.queue_size,
-                                request_timeout_s=config.request_timeout_s,
-                                prefill_chunk_tokens=config.prefill_chunk_tokens,
-                                max_model_len=config.max_model_len, trace=trace, **kwargs)
+        if config.purpose is Purpose.CAUSAL_SCORING:
+            self._core = CausalScoreCore(frontend, max_model_len=config.max_model_len)
+        else:
+            self._core = EngineCore(frontend, max_concurrency=config.max_concurrency,
+                                    queue_size=config.queue_size, request_timeout_s=config.request_timeout_s,
+                                    prefill_chunk_tokens=config.prefill_chunk_tokens,
+                                    max_model_len=config.max_model_len, trace=trace, **kwargs)
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._worker_main, args=(load,), name="ninfer-engine-worker",
                                         daemon=True)
@@ -117,21 +118,47 @@ class Engine:
     # ---- requests ----------------------------------------------------------------------------
     def submit(self, prompt: PreparedPrompt, sampling: SamplingParams, *, max_tokens: int,
                output: OutputOptions = OutputOptions(), request_id: str | None = None,
-               deadline_s: float | None = None) -> GenerationHandle:
+               deadline_s: float | None = None, prompt_logprobs: int | None = None) -> GenerationHandle:
         """Accept a request (see the module docstring for what raises and what arrives as an event).
 
         deadline_s: how long the request may wait in the queue before it is admitted
         (default `config.request_timeout_s`); it ends with GenerationError(QUEUE_TIMEOUT) after that.
+        prompt_logprobs: None, or k in 0..20: the result carries the log-prob (and top-k) of every
+        prompt token (`GenerationResult.prompt_logprobs`, first entry None); the prompt is then always
+        computed, never taken from a reused prefix.
+        A CausalScoring engine refuses every submit (INVALID_REQUEST): use `score`.
         """
+        kw = {} if prompt_logprobs is None else {"prompt_logprobs": prompt_logprobs}
         return self._core.submit(prompt, sampling, max_tokens=max_tokens, output=output,
-                                 request_id=request_id, deadline_s=deadline_s)
+                                 request_id=request_id, deadline_s=deadline_s, **kw)
+
+    def score(self, inputs: str | ScoreInput | list, *, window: int | None = None, stride: int | None = None,
+              per_token: bool = False, top_k: int = 0, add_bos: bool = False,
+              progress: Callable[[int], None] | None = None) -> list[ScoreResult]:
+        """CausalScoring engines only: log-likelihood and perplexity of texts (blocking; serial).
+
+        inputs: a text, a list of token ids, a ScoreInput (with `context` for continuation scoring)
+        or a list of these; returns one ScoreResult per input. Long inputs are scored over windows
+        of `window` tokens (default and maximum: max_model_len) moved by `stride` (default: window),
+        the standard sliding-window perplexity recipe (see runtime/engine/causal_score_core.py).
+        per_token: also each token's log-prob (and `top_k` alternatives, 0..20). add_bos: prepend
+        <|endoftext|> so the first token is scored too (off by default: the family has no BOS).
+        progress: called with the number of tokens the recipe moved past, after every window.
+        """
+        if self.config.purpose is not Purpose.CAUSAL_SCORING:
+            raise EngineRequestError(ErrorKind.INVALID_REQUEST,
+                                     "score needs an engine started for purpose 'causal_scoring' "
+                                     "(EngineConfig(purpose='causal_scoring')); this one is for generation")
+        return self._core.score(_score_inputs(inputs), window=window, stride=stride, per_token=per_token,
+                                top_k=top_k, add_bos=add_bos, progress=progress)
 
     def generate(self, prompt: PreparedPrompt, sampling: SamplingParams, *, max_tokens: int,
                  output: OutputOptions = OutputOptions(), request_id: str | None = None,
-                 deadline_s: float | None = None, timeout: float | None = None) -> GenerationResult:
+                 deadline_s: float | None = None, timeout: float | None = None,
+                 prompt_logprobs: int | None = None) -> GenerationResult:
         """Submit and wait for the final result; raises EngineRequestError for errors."""
         with self.submit(prompt, sampling, max_tokens=max_tokens, output=output, request_id=request_id,
-                         deadline_s=deadline_s) as handle:
+                         deadline_s=deadline_s, prompt_logprobs=prompt_logprobs) as handle:
             return handle.result(timeout)
 
     def metrics(self) -> EngineMetrics:
@@ -160,6 +187,23 @@ class Engine:
         return f"Engine({self.identity!r}, {a.state.value}{': ' + a.reason if a.reason else ''})"
 
 
+def _score_inputs(inputs: Any) -> list[ScoreInput]:
+    def one(x: Any) -> ScoreInput:
+        if isinstance(x, ScoreInput):
+            return x
+        if isinstance(x, str):
+            return ScoreInput(text=x)
+        if isinstance(x, (list, tuple)) and all(isinstance(t, int) for t in x):
+            return ScoreInput(token_ids=tuple(x))
+        raise EngineRequestError(ErrorKind.INVALID_REQUEST,
+                                 f"score inputs must be texts, token-id lists or ScoreInputs, got {type(x).__name__}")
+    if isinstance(inputs, (str, ScoreInput)):
+        return [one(inputs)]
+    if isinstance(inputs, (list, tuple)) and inputs and all(isinstance(t, int) for t in inputs):
+        return [one(inputs)]
+    return [one(x) for x in inputs]
+
+
 def _create_frontend(package_module: Any, artifact: Any) -> Any:
     resources = artifact.frontend_resources()
     factory = getattr(package_module, "create_frontend", None)
@@ -175,6 +219,11 @@ def _program_config(package_module: Any, cfg: EngineConfig) -> Any:
         from ninfer.targets.qwen3_6.runtime.config import ProgramConfig as program_config_cls
     # NOTE: num_pages == 0 sizes the pool for every lane at full length (each Active request holds its
     # complete growth reservation, so this is the most max_concurrency requests can ever need).
+    if cfg.purpose is Purpose.CAUSAL_SCORING:
+        # NOTE: scoring uses only its own window staging; the Generation pools are left at their minimum.
+        return program_config_cls(device=cfg.device, dtype=cfg.dtype, page_size=cfg.page_size, num_pages=1,
+                                  num_slots=1, max_model_len=cfg.max_model_len, max_batch=1, max_steps=1,
+                                  purpose="causal_scoring", scoring_window=cfg.max_model_len)
     num_pages = cfg.num_pages or cfg.max_concurrency * math.ceil(cfg.max_model_len / cfg.page_size)
     return program_config_cls(device=cfg.device, dtype=cfg.dtype, page_size=cfg.page_size, num_pages=num_pages,
                               num_slots=cfg.max_concurrency, max_model_len=cfg.max_model_len,

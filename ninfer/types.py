@@ -15,7 +15,7 @@ __all__ = ["EngineConfig", "SamplingParams", "TokenLogprob", "FinishReason", "Ou
            "PreparedPrompt", "ToolCall", "ToolCallDelta", "OutputDelta", "Availability",
            "AvailabilityState", "GenerationStart", "GenerationDelta", "GenerationResult",
            "GenerationError", "ErrorKind", "Usage", "Purpose", "EngineRequestError", "HistogramSnapshot",
-           "EngineMetrics", "GenerationEvent"]
+           "EngineMetrics", "GenerationEvent", "ScoreInput", "ScoreResult"]
 
 
 class Purpose(str, enum.Enum):
@@ -134,6 +134,8 @@ class GenerationResult:
     usage: Usage
     logprobs: tuple[TokenLogprob, ...] | None = None
     extra: dict = field(default_factory=dict)
+    # one entry per prompt token when submitted with prompt_logprobs (the first is None: no context)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,3 +204,45 @@ class EngineMetrics:
     inter_token_s: HistogramSnapshot
     e2e_s: HistogramSnapshot
     decode_batch_size: HistogramSnapshot
+
+
+# ---------------------------------------------------------------------------------------------
+# CausalScoring (Engine.score on an engine started with purpose=CAUSAL_SCORING)
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ScoreInput:
+    """One text to score: `text` or `token_ids`. With a `context` (text or ids) only the text's
+    tokens are scored, each given the context and the text before it (continuation scoring)."""
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    context: str | None = None
+    context_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.token_ids is None):
+            raise ValueError("ScoreInput needs exactly one of text or token_ids")
+        if self.context is not None and self.context_ids is not None:
+            raise ValueError("ScoreInput takes at most one of context or context_ids")
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreResult:
+    """Scores of one ScoreInput. Tokens are context + text (+ a leading BOS with add_bos).
+
+    num_scored_tokens: tokens with a log-prob (the text's, except the very first token of the
+    sequence, which has no context). logprob: their summed log-likelihood (natural log).
+    perplexity: exp(-logprob / num_scored_tokens); None when nothing was scored.
+    is_greedy: every scored token is the model's argmax (evaluation harnesses' "is_greedy").
+    token_logprobs: with per_token, one entry per token of `token_ids`, None where unscored.
+    """
+    token_ids: tuple[int, ...]
+    num_context_tokens: int
+    num_scored_tokens: int
+    logprob: float
+    perplexity: float | None
+    is_greedy: bool
+    token_logprobs: tuple[TokenLogprob | None, ...] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)

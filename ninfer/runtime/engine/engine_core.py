@@ -96,12 +96,15 @@ class EngineCore:
 
     def submit(self, prompt: PreparedPrompt, sampling: SamplingParams, *, max_tokens: int,
                output: OutputOptions = OutputOptions(), request_id: str | None = None,
-               deadline_s: float | None = None) -> GenerationHandle:
+               deadline_s: float | None = None, prompt_logprobs: int | None = None) -> GenerationHandle:
         """Accept one request or raise EngineRequestError(OVERLOADED | NOT_READY | INVALID_REQUEST)."""
         if not self._availability.ready:
             raise self._reject(ErrorKind.NOT_READY, f"engine is {self._availability.state.value}"
                                + (f": {self._availability.reason}" if self._availability.reason else ""))
         self._validate(prompt, sampling, max_tokens, output, deadline_s)
+        if prompt_logprobs is not None and (isinstance(prompt_logprobs, bool) or not isinstance(prompt_logprobs, int)
+                                            or not 0 <= prompt_logprobs <= 20):
+            raise self._reject(ErrorKind.INVALID_REQUEST, f"prompt_logprobs must be in 0..20, got {prompt_logprobs!r}")
         try:
             session = self.frontend.new_session(prompt, output)
         except (ValueError, TypeError) as e:
@@ -122,6 +125,8 @@ class EngineCore:
                                 ticket=ticket, submit_time=now, deadline=now + timeout)
             if sampling.logprobs is not None:
                 rec.logprobs = []
+            if prompt_logprobs is not None:
+                rec.prompt_logprobs, rec.prompt_logprob_entries = prompt_logprobs, []
             self._inbox.append(rec)
             self._wake = True
             self._cv.notify_all()
@@ -334,6 +339,9 @@ class EngineCore:
                              f"with no other transition in between")
 
     def _activate(self, rec: RequestRecord, result: ResourceResult, now: float) -> None:
+        if rec.prompt_logprobs is not None and result.num_reused_tokens:
+            raise InvariantError(f"request {rec.request_id} asked for prompt log-probs but reuses "
+                                 f"{result.num_reused_tokens} prompt tokens without computing them")
         rec.move(S.PREFILL)
         rec.num_computed_tokens = result.num_reused_tokens
         rec.admit_time = now
@@ -362,6 +370,12 @@ class EngineCore:
                 raise InvariantError(f"prefill stage of request {rec.request_id} at {done}/{rec.num_prompt_tokens} "
                                      f"{'lacks' if stage.pending is None else 'has'} the first-token batch")
             rec.num_computed_tokens = done
+            if rec.prompt_logprob_entries is not None:
+                rec.prompt_logprob_entries.extend(stage.prompt_logprobs)
+                got = len(rec.prompt_logprob_entries)
+                if stage.pending is not None and got != rec.num_prompt_tokens:
+                    raise InvariantError(f"prefill of request {rec.request_id} returned prompt log-probs for "
+                                         f"{got} of {rec.num_prompt_tokens} prompt tokens")
             if stage.pending is not None:
                 self._consume(stage.pending, unit)
         elif unit.kind is UnitKind.CONTROL:
@@ -456,7 +470,9 @@ class EngineCore:
         result = GenerationResult(
             request_id=rec.request_id, text=final.text, reasoning=final.reasoning, tool_calls=final.tool_calls,
             token_ids=tuple(rec.output_token_ids), finish_reason=final.finish_reason, usage=self._usage(rec),
-            logprobs=tuple(rec.logprobs) if rec.logprobs is not None else None, extra=dict(final.extra))
+            logprobs=tuple(rec.logprobs) if rec.logprobs is not None else None, extra=dict(final.extra),
+            prompt_logprobs=(tuple(rec.prompt_logprob_entries)
+                             if rec.prompt_logprob_entries is not None else None))
         self.metrics_collector.ended(reason=final.finish_reason.value, e2e=self.clock() - rec.submit_time)
         self._finish(rec, result)
 

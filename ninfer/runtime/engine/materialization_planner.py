@@ -24,8 +24,11 @@ class MaterializationPlanner:
         self.lookahead = lookahead
 
     def sequence_request(self, rec: RequestRecord) -> SequenceRequest:
+        # NOTE: a request with prompt_logprobs must compute every prompt position: its source is
+        # always root, never a reused checkpoint (Program returns the log-probs from prefill).
         return SequenceRequest(prompt_token_ids=rec.prompt.token_ids, max_output_tokens=rec.max_tokens,
-                               sampling=rec.sampling, lookahead=self.lookahead)
+                               sampling=rec.sampling, lookahead=self.lookahead,
+                               prompt_logprobs=rec.prompt_logprobs)
 
     def plan(self, rec: RequestRecord) -> ResourcePlan | Refusal:
         request = self.sequence_request(rec)

@@ -73,6 +73,8 @@ class RequestRecord:
     num_reasoning_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: int | None = None           # asked top-k of prompt log-probs (None = off)
+    prompt_logprob_entries: list[TokenLogprob | None] | None = None   # collected from prefill stages
     terminal_reason: FinishReason | None = None   # set when execution ends (entering TerminalPending)
     control_tokens: tuple[int, ...] = ()          # the forced-control suffix asked by Frontend (ControlReady)
     last_boundary: int | None = None              # absolute output position of the last reconstruction boundary
