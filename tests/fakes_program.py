@@ -452,7 +452,7 @@ def make_core(program: FakeProgram | None = None, *, max_concurrency: int = 4, q
     trace = trace if trace is not None else Trace()
     if program is None:
         program = FakeProgram(trace=trace, **program_kw)
-    else:
+    elif isinstance(program, FakeProgram):
         program.trace = trace
     clock = clock or FakeClock()
     core = EngineCore(frontend or FakeFrontend(), max_concurrency=max_concurrency, queue_size=queue_size,
@@ -469,3 +469,79 @@ def run_until_idle(core, max_steps: int = 100000) -> int:
         if n >= max_steps:
             raise AssertionError("engine did not become idle")
     return n
+
+
+class ProgramProxy:
+    """Wraps any Program (fake or real): traces commits/materializations, counts opened and consumed
+    PendingBatches, and calls `on_call(name)` before each method (fault and cancellation injection)."""
+
+    def __init__(self, program, trace: Callable[[str, dict], None]):
+        self._p = program
+        self._trace = trace
+        self.on_call: Callable[[str], None] | None = None
+        self.opened: set[int] = set()
+        self.consumed: list[int] = []
+        self.decode_sizes: list[int] = []
+
+    def __getattr__(self, name):
+        return getattr(self._p, name)
+
+    @property
+    def resource_revision(self) -> int:
+        return self._p.resource_revision
+
+    @property
+    def max_model_len(self) -> int:
+        return self._p.max_model_len
+
+    def _hook(self, name: str) -> None:
+        if self.on_call is not None:
+            self.on_call(name)
+
+    def start_materialize(self, plan):
+        self._hook("start_materialize")
+        res = self._p.start_materialize(plan)
+        self._trace("program.materialized", {"sequence": res.sequence})
+        return res
+
+    def release(self, seq):
+        self._hook("release")
+        res = self._p.release(seq)
+        self._trace("program.released", {"sequence": seq})
+        return res
+
+    def prefill(self, seq, max_tokens):
+        self._hook("prefill")
+        step = self._p.prefill(seq, max_tokens)
+        if step.pending is not None:
+            self.opened.add(step.pending.batch_id)
+        return step
+
+    def decode(self, seqs, num_steps=1):
+        self._hook("decode")
+        self.decode_sizes.append(len(seqs))
+        b = self._p.decode(seqs, num_steps)
+        self.opened.add(b.batch_id)
+        return b
+
+    def control(self, seq, tokens):
+        self._hook("control")
+        b = self._p.control(seq, tokens)
+        self.opened.add(b.batch_id)
+        return b
+
+    def commit(self, batch, accepted):
+        self._hook("commit")
+        self._p.commit(batch, accepted)
+        self.consumed.append(batch.batch_id)
+        self._trace("program.commit", {"batch": batch.batch_id,
+                                       "rows": {r.sequence: tuple(r.tokens[:a]) for r, a in zip(batch.rows, accepted)}})
+
+    def abort_pending(self, batch):
+        self._hook("abort_pending")
+        self._p.abort_pending(batch)
+        self.consumed.append(batch.batch_id)
+
+    @property
+    def num_open_batches(self) -> int:
+        return len(self.opened) - len(set(self.consumed))
