@@ -22,10 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.core.stores import PagedKVStore, StateImageStore
-from ninfer.ops.attention import chunk_paged_attention, decode_paged_attention, write_kv_paged
-from ninfer.ops.conv import causal_conv1d_update, chunk_causal_conv1d
-from ninfer.ops.gated_delta import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
-from ninfer.ops.norms import rms_norm
+from ninfer.ops.fast import OpSet, select_ops
 from ninfer.ops.rope import mrope_cos_sin
 from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
 from ninfer.targets.qwen3_6.runtime.model_view import LayerView, ModelView
@@ -38,14 +35,16 @@ class ForwardBatch(NamedTuple):
     starts: tuple[int, ...]            # [B] position of each row's first new token (its frontier)
     state_entries: torch.Tensor        # [B] int64 StateImageStore entries, read and updated in place
     block_tables: torch.Tensor         # [B, W] int32 physical page ids
-    page_size: int
     rope_positions: torch.Tensor | None = None   # [3, N] MRoPE positions; None = text (all axes = positions)
 
 
 class Qwen36Model:
-    def __init__(self, view: ModelView, leaves: LeafSet, kv: PagedKVStore, state: StateImageStore) -> None:
+    def __init__(self, view: ModelView, leaves: LeafSet, kv: PagedKVStore, state: StateImageStore,
+                 ops: OpSet | None = None) -> None:
         d = view.dims
         self.view, self.leaves, self.kv, self.state = view, leaves, kv, state
+        # NOTE: the state-touching ops: fast (Triton / fla) on CUDA, the PyTorch references elsewhere.
+        self.ops = ops if ops is not None else select_ops(view.embed_tokens.device)
         self.dims = d
         self.eps = d.rms_norm_eps
         self._attn_index = {li: n for n, li in enumerate(d.attention_layers)}
@@ -62,6 +61,7 @@ class Qwen36Model:
                                  mrope_section=d.mrope_section, rope_theta=d.rope_theta,
                                  interleaved=d.mrope_interleaved)
         meta = _RowMeta.of(fb, x.device)
+        rms_norm = self.ops.rms_norm
         for layer in self.view.layers:
             h = rms_norm(x, layer.input_norm, self.eps)
             if layer.kind == "full_attention":
@@ -81,11 +81,12 @@ class Qwen36Model:
         w = layer.mixer
         q, k, v, gate = self.leaves.attention.project(w, h, cos, sin)
         k_cache, v_cache = self.kv.layer(self._attn_index[layer.index])
-        write_kv_paged(k_cache, v_cache, k, v, fb.block_tables, fb.positions, meta.rows)
+        ops = self.ops
+        ops.write_kv_paged(k_cache, v_cache, k, v, fb.block_tables, fb.positions, meta.rows)
         if meta.decode:
-            o = decode_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens)
+            o = ops.decode_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens)
         else:
-            o = chunk_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens, meta.cu_seqlens)
+            o = ops.chunk_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens, meta.cu_seqlens)
         return self.leaves.attention.output(w, o, gate)
 
     def _gdn(self, layer: LayerView, h: torch.Tensor, fb: ForwardBatch, meta: "_RowMeta") -> torch.Tensor:
@@ -96,13 +97,14 @@ class Qwen36Model:
         conv_pool = self.state.planes["conv"][n]            # [entries, C, K-1]
         rec_pool = self.state.planes["recurrent"][n]        # [entries, nv, dk, dv] fp32
         idx = fb.state_entries
+        ops = self.ops
         if meta.decode:
-            u, _ = causal_conv1d_update(qkv, w.conv1d, conv_pool, state_indices=idx)      # [B, C]
+            u, _ = ops.causal_conv1d_update(qkv, w.conv1d, conv_pool, state_indices=idx)      # [B, C]
             u = u.unsqueeze(1)                                                           # [B, 1, C]
             g, beta = g.unsqueeze(1), beta.unsqueeze(1)
             cu = None
         else:
-            u, _ = chunk_causal_conv1d(qkv.unsqueeze(0), w.conv1d, conv_pool, cu_seqlens=meta.cu_seqlens,
+            u, _ = ops.chunk_causal_conv1d(qkv.unsqueeze(0), w.conv1d, conv_pool, cu_seqlens=meta.cu_seqlens,
                                        state_indices=idx)                                # [1, N, C]
             g, beta = g.unsqueeze(0), beta.unsqueeze(0)
             cu = meta.cu_seqlens
@@ -111,7 +113,7 @@ class Qwen36Model:
         q = q.reshape(Bq, T, d.linear_num_key_heads, d.linear_key_head_dim)
         k = k.reshape(Bq, T, d.linear_num_key_heads, d.linear_key_head_dim)
         v = v.reshape(Bq, T, d.linear_num_value_heads, d.linear_value_head_dim)
-        rule = fused_recurrent_gated_delta_rule if meta.decode else chunk_gated_delta_rule
+        rule = ops.fused_recurrent_gated_delta_rule if meta.decode else ops.chunk_gated_delta_rule
         o, _ = rule(q, k, v, g, beta, initial_state=rec_pool, state_indices=idx,
                     use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
         o = o.reshape(-1, d.linear_num_value_heads, d.linear_value_head_dim)          # [N, nv, dv]

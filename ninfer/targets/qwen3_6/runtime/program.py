@@ -26,6 +26,17 @@ writes scratch entry [r][i]; KV of produced positions is written beyond the fron
 committed reader looks. `commit(accepted)` copies scratch entry [r][accepted-1] into the slot and
 moves the frontier by the accepted tokens and stores the sampler's generator state after the
 last accepted draw, so an unaccepted draw is never seen again. Abort copies nothing.
+
+Semantics the Engine relies on:
+  prefill(seq, n)       stages of any size; a non-final stage commits at once (pending None); the
+                        final stage returns num_computed_tokens == num_prompt_tokens, effective
+                        when its PREFILL batch (1 row, the first sampled token) commits.
+  decode(seqs, k)       exact B = len(seqs) rows, k <= max_steps tokens per row; row input is the
+                        row's last committed token that is not yet in the state.
+  control(seq, tokens)  forced tokens (len <= max_steps), no sampler, no RNG advance.
+  commit(b, accepted)   0 <= accepted[r] <= produced; 0 is a cancelled row (nothing committed).
+An exception inside a unit leaves no open batch; one inside a non-final prefill stage leaves the
+sequence's slot undefined (the Engine fails as a whole on any execution error).
 """
 from __future__ import annotations
 
@@ -326,8 +337,7 @@ class Qwen36Program:
             seqlens=tuple(len(t) for t in inputs),
             starts=tuple(starts),
             state_entries=torch.tensor(entries, dtype=torch.long, device=dev),
-            block_tables=torch.stack([s.holding.table.as_tensor(width) for s in seqs]).to(dev),
-            page_size=self.config.page_size)
+            block_tables=torch.stack([s.holding.table.as_tensor(width) for s in seqs]).to(dev))
         return self.model.forward(fb)
 
     # ------------------------------------------------------------------------------------------
