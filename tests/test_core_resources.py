@@ -179,3 +179,50 @@ def test_ledger_check_detects_leak():
     led.pages.share([h.table.pages[0]])     # a reference nobody explains
     with pytest.raises(InvariantError, match="refcount 2, mapped 1"):
         led.check()
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["acquire", "grow", "release", "share"]),
+                          st.integers(0, 5), st.integers(1, 40)), max_size=40))
+def test_ledger_invariants_under_random_operations(ops):
+    led = ResourceLedger(num_pages=16, page_size=4, num_slots=4, max_model_len=64)
+    shared: list[int] = []                                   # extra references held by the test
+    for op, who, n in ops:
+        held = who in led._holdings
+        if op == "acquire" and not held:
+            why = led.refusal(n)
+            if why is None:
+                before = led.pages.num_available
+                h = led.acquire(who, n)
+                assert led.pages.num_available == before - pages_for(n, 4)
+                assert h.pages_held == pages_for(n, 4)
+            else:
+                with pytest.raises(InvariantError):
+                    led.acquire(who, n)
+        elif op == "grow" and held:
+            h = led.holding(who)
+            h.table.ensure(min(n, h.reserved_tokens))
+        elif op == "share" and held and led.holding(who).table.pages:
+            p = led.holding(who).table.pages[0]
+            led.pages.share([p])
+            shared.append(p)
+        elif op == "release" and held:
+            mine = set(led.holding(who).table.pages)
+            led.pages.unref([p for p in shared if p in mine])   # a checkpoint drops its references first
+            shared = [p for p in shared if p not in mine]
+            freed, _ = led.release(who)
+            assert sorted(freed) == sorted(mine)
+        # the ledger's own check counts holdings' mappings; the test's extra references on top
+        led.pages.unref(shared)
+        led.check()
+        led.pages.share(shared)
+        assert led.pages.num_free + led.pages.num_owned == led.pages.total
+        assert led.slots.num_free + led.slots.num_owned == led.slots.total
+    led.pages.unref(shared)
+    for who in list(led._holdings):
+        led.release(who)
+    led.check()
+    assert led.pages.num_free == 16 and led.pages.num_reserved == 0 and led.slots.num_free == 4
