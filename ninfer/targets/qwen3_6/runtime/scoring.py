@@ -99,8 +99,7 @@ class WindowScorer:
             e = min(s + FORWARD_CHUNK, n)
             fb = ForwardBatch(input_ids=torch.tensor(ids[s:e], dtype=torch.long, device=dev),
                               positions=torch.arange(s, e, dtype=torch.long, device=dev), seqlens=(e - s,),
-                              starts=(s,), state_entries=entries, block_tables=st.block_table,
-                              page_size=self.config.page_size)
+                              starts=(s,), state_entries=entries, block_tables=st.block_table)
             hidden = self.model.forward(fb)                     # [e - s, H]
             # NOTE: position j predicts token j + 1; scored tokens first .. n-1 come from positions first-1 .. n-2.
             lo, hi = max(s, first - 1), min(e, n - 1)
