@@ -1,0 +1,142 @@
+"""The Engine over the real pieces: `.ninfer` artifact -> registry -> Frontend + Program (tiny
+identities, fp32 on CPU). Greedy output of a request is the same alone, with up to 8 others
+joining and leaving at random moments, and as the Program-level reference."""
+from __future__ import annotations
+
+import importlib
+import random
+
+import pytest
+
+from fakes_program import ProgramProxy, Trace, make_core, run_until_idle
+from ninfer import Engine, EngineConfig
+from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+from ninfer.runtime.engine.request_record import RequestState
+from ninfer.targets.qwen3_6.frontend.types import FinishReason, OutputOptions, PreparedPrompt
+from ninfer.types import AvailabilityState, GenerationDelta, GenerationStart
+
+GREEDY = SamplingParams(temperature=0.0)
+NO_EOS = OutputOptions(ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def parts(tiny_artifact_path):
+    from ninfer.artifact import open_artifact
+    from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
+    from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+
+    cache = {}
+
+    def get(kind: str):
+        if kind not in cache:
+            art = open_artifact(tiny_artifact_path(kind))
+            module = importlib.import_module(art.package.module)
+            frontend = Qwen36Frontend.from_resources(art.frontend_resources())
+
+            def program(**kw):
+                cfg = dict(device="cpu", dtype="fp32", page_size=16, num_pages=96, num_slots=8, max_model_len=160,
+                           max_batch=8)
+                cfg.update(kw)
+                return module.create_program(art, ProgramConfig(**cfg))
+            cache[kind] = (art, frontend, program)
+        return cache[kind]
+    return get
+
+
+def program_reference(program, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """Greedy tokens driven on Program directly: one-shot prefill, then single-row decode steps."""
+    plan = program.plan_materialize(SequenceRequest(prompt, n, GREEDY))
+    seq = program.start_materialize(plan).sequence
+    step = program.prefill(seq, len(prompt))
+    out = list(step.pending.rows[0].tokens)
+    program.commit(step.pending, [1])
+    while len(out) < n:
+        batch = program.decode([seq])
+        out.extend(batch.rows[0].tokens)
+        program.commit(batch, [1])
+    program.release(seq)
+    program.check_integrity()
+    return tuple(out)
+
+
+def random_prompt(rng: random.Random, n: int) -> PreparedPrompt:
+    return PreparedPrompt(tuple(rng.randrange(0, 248000) for _ in range(n)))
+
+
+def test_engine_from_artifact(tiny_artifact_path):
+    path = tiny_artifact_path("dense")
+    cfg = EngineConfig(max_concurrency=3, queue_size=4, max_model_len=128, page_size=16, prefill_chunk_tokens=8)
+    with Engine(path, cfg) as eng:
+        assert eng.availability.state in (AvailabilityState.STARTING, AvailabilityState.READY)
+        assert eng.wait_ready(60).ready, eng.availability.reason
+        assert eng.identity == "qwen3_6-tiny-dense" and eng.max_model_len == 128
+        prompt = eng.frontend.prepare_chat([{"role": "user", "content": "Hello there"}])
+        h = eng.submit(prompt, GREEDY, max_tokens=6, output=NO_EOS)
+        evs = list(h)
+        assert isinstance(evs[0], GenerationStart) and evs[0].num_prompt_tokens == prompt.num_prompt_tokens
+        r = evs[-1]
+        assert r.finish_reason is FinishReason.LENGTH and len(r.token_ids) == 6
+        assert "".join(e.delta.text for e in evs if isinstance(e, GenerationDelta)) == r.text
+        m = eng.metrics()
+        assert m.pages_total == 3 * 128 // 16 and m.slots_total == 3 and m.pages_free == m.pages_total
+        assert m.num_generation_tokens == 6
+    assert eng.closed
+
+
+def test_greedy_output_alone_joined_and_program_reference(parts):
+    art, frontend, make_program = parts("dense")
+    rng = random.Random(7)
+    target = random_prompt(rng, 9)
+    n = 10
+    reference = program_reference(make_program(), target.token_ids, n)
+
+    # alone, through the Engine (staged prefill of 5-token stages)
+    core, _, _, _ = make_core(make_program(), frontend=frontend, prefill_chunk_tokens=4, max_concurrency=8)
+    alone = core.submit(target, GREEDY, max_tokens=n, output=NO_EOS)
+    run_until_idle(core)
+    assert alone.result().token_ids == reference
+
+    # with up to 8 others joining and leaving at random moments (some cancelled, some short)
+    trace = Trace()
+    prog = ProgramProxy(make_program(), trace)
+    core, _, _, _ = make_core(prog, frontend=frontend, trace=trace, prefill_chunk_tokens=4, max_concurrency=8,
+                              queue_size=16)
+    ready_at_decode = []
+    trace.extra.append(lambda what, info: ready_at_decode.append(
+        (len(info["rows"]), sum(r.state is RequestState.DECODE_READY for r in core.records.values())))
+        if what == "unit" and info["kind"].value == "decode" else None)
+    others, mine, step = [], None, 0
+    while True:
+        step += 1
+        if len(others) < 9 and rng.random() < 0.5:
+            others.append(core.submit(random_prompt(rng, rng.randrange(1, 7)), GREEDY,
+                                      max_tokens=rng.randrange(1, 14), output=NO_EOS))
+        if mine is None and step == 6:
+            mine = core.submit(target, GREEDY, max_tokens=n, output=NO_EOS)
+        if others and rng.random() < 0.05:
+            rng.choice(others).cancel()
+        if not core.step() and mine is not None and len(others) >= 9:
+            break
+    assert mine.result().token_ids == reference
+    assert trace.violations == []
+    assert all(rows == ready for rows, ready in ready_at_decode)       # exact B = the decode-ready count
+    assert prog.decode_sizes == [rows for rows, _ in ready_at_decode]
+    assert max(prog.decode_sizes) >= 4
+    for h in others:
+        assert h.result().finish_reason in (FinishReason.LENGTH, FinishReason.CANCELLED)
+    prog.check_integrity()
+    cap = prog.capacity()
+    assert cap.pages_free == cap.pages_total and cap.slots_free == cap.slots_total
+
+
+def test_greedy_parity_through_the_threaded_engine(parts, tiny_artifact_path):
+    art, frontend, make_program = parts("dense")
+    rng = random.Random(11)
+    prompts = [random_prompt(rng, rng.randrange(2, 12)) for _ in range(5)]
+    program = make_program()
+    refs = [program_reference(program, p.token_ids, 6) for p in prompts]
+    cfg = EngineConfig(max_concurrency=8, queue_size=8, max_model_len=160, page_size=16, prefill_chunk_tokens=5)
+    with Engine(tiny_artifact_path("dense"), cfg) as eng:
+        assert eng.wait_ready(60).ready
+        hs = [eng.submit(p, GREEDY, max_tokens=6, output=NO_EOS) for p in prompts]
+        assert [h.result(60).token_ids for h in hs] == refs
