@@ -1,0 +1,81 @@
+"""Fast (CUDA) implementations of the stateful and bandwidth-bound ops, and the op selection.
+
+The PyTorch references in `ninfer.ops` stay the oracle and the CPU path. Each fast op has the
+reference's signature and results and is tested against it (tests/test_fast_ops_gpu.py):
+
+    gated_delta.chunk_gated_delta_rule            fla-core 0.6.0 chunk kernel, states via StateImage slots
+    gated_delta.fused_recurrent_gated_delta_rule  Triton, slot-indexed, state updated in place
+    conv.chunk_causal_conv1d / causal_conv1d_update   Triton, slot-indexed conv state
+    attention.decode_paged_attention              Triton split-K paged GQA decode
+    attention.chunk_paged_attention               paged gather + PyTorch SDPA (flash), no [L, C] matrix
+    norms.rms_norm / gated_rms_norm               Triton row kernels
+
+`select_ops(device)` returns the `OpSet` a model should use: the fast set on CUDA when Triton is
+importable, the reference set otherwise. Nothing here is imported on the CPU path (no Triton, no
+fla-core needed there).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, NamedTuple
+
+import torch
+
+__all__ = ["OpSet", "reference_ops", "fast_ops", "fast_available", "select_ops"]
+
+
+class OpSet(NamedTuple):
+    """The ops the family schedule calls, with the reference signatures. In the fast set the
+    stateful ops update slot pools in place and skip the gather of the returned state (None)."""
+    name: str
+    rms_norm: Callable
+    gated_rms_norm: Callable
+    chunk_causal_conv1d: Callable
+    causal_conv1d_update: Callable
+    chunk_gated_delta_rule: Callable
+    fused_recurrent_gated_delta_rule: Callable
+    write_kv_paged: Callable
+    chunk_paged_attention: Callable
+    decode_paged_attention: Callable
+
+
+@functools.cache
+def reference_ops() -> OpSet:
+    from ninfer.ops import attention, conv, gated_delta, norms
+    return OpSet("reference", norms.rms_norm, norms.gated_rms_norm, conv.chunk_causal_conv1d,
+                 conv.causal_conv1d_update, gated_delta.chunk_gated_delta_rule,
+                 gated_delta.fused_recurrent_gated_delta_rule, attention.write_kv_paged,
+                 attention.chunk_paged_attention, attention.decode_paged_attention)
+
+
+@functools.cache
+def fast_available() -> bool:
+    """True when CUDA is usable and Triton imports."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import triton  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+@functools.cache
+def fast_ops() -> OpSet:
+    """The fast set (needs Triton; fla-core is optional and imported at the first prefill call)."""
+    from ninfer.ops import attention as ref_attention
+    from ninfer.ops.fast import attention, conv, gated_delta, norms
+    nog = dict(gather_final_state=False)
+    return OpSet(
+        "fast", norms.rms_norm, norms.gated_rms_norm,
+        functools.partial(conv.chunk_causal_conv1d, **nog), functools.partial(conv.causal_conv1d_update, **nog),
+        functools.partial(gated_delta.chunk_gated_delta_rule, **nog),
+        functools.partial(gated_delta.fused_recurrent_gated_delta_rule, **nog),
+        ref_attention.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention)
+
+
+def select_ops(device: torch.device | str) -> OpSet:
+    """Fast ops on a CUDA device when available, the references otherwise (always on the CPU)."""
+    if torch.device(device).type == "cuda" and fast_available():
+        return fast_ops()
+    return reference_ops()

@@ -1,0 +1,167 @@
+"""Fast paged attention (CUDA).
+
+    decode_paged_attention   Triton, split-K (flash-decoding): grid (row, kv head, split); each program
+                             holds the REP = Hq / Hkv query heads of one kv head (GQA: K/V read once
+                             per kv head), walks its token range of the row's context through the block
+                             table with an online softmax and writes a partial (m, l, acc); a second
+                             launch merges the splits. The split count is derived from the block-table
+                             width (a host-known bound), never from context_lens, so there is no host
+                             sync and the launch is CUDA-graph safe.
+    chunk_paged_attention    per row: gather the paged prefix, then PyTorch SDPA (flash / memory-
+                             efficient kernels) with a bottom-right causal mask. No [L, C] matrix.
+Same arguments and results as `ninfer.ops.attention` (the oracle). Shapes: q [B, Hq, D];
+k_cache, v_cache [num_pages, page_size, Hkv, D]; block_table [B, max_pages]; context_lens [B].
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from ninfer.ops import attention as _ref
+from ninfer.ops.attention import gather_kv_paged
+
+__all__ = ["decode_paged_attention", "chunk_paged_attention", "decode_splits"]
+
+_TARGET_PROGRAMS = 264     # ~2 waves over the H200's 132 SMs
+
+
+@triton.jit
+def _paged_decode_kernel(
+    q, kc, vc, bt, lens, part_o, part_ml, scale, tok_per_split,
+    stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
+    HQ: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
+    BH: tl.constexpr, BN: tl.constexpr, NSPLIT: tl.constexpr,
+):
+    i_b = tl.program_id(0)
+    i_kv = tl.program_id(1)
+    i_s = tl.program_id(2)
+    ctx = tl.load(lens + i_b).to(tl.int32)
+    start = i_s * tok_per_split
+    end = tl.minimum(start + tok_per_split, ctx)
+    o_h = tl.arange(0, BH)
+    mh = o_h < REP
+    heads = i_kv * REP + o_h
+    o_d = tl.arange(0, D)
+    qb = tl.load(q + i_b * stride_qb + heads[:, None] * stride_qh + o_d[None, :], mask=mh[:, None], other=0.0)
+    m_i = tl.full([BH], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BH], dtype=tl.float32)
+    acc = tl.zeros([BH, D], dtype=tl.float32)
+    for n0 in range(start, end, BN):
+        pos = n0 + tl.arange(0, BN)
+        mn = pos < end
+        page = tl.load(bt + i_b.to(tl.int64) * stride_bt + pos // PAGE, mask=mn, other=0).to(tl.int64)
+        off = pos % PAGE
+        kb = tl.load(kc + page[:, None] * stride_kp + off[:, None] * stride_ks + i_kv * stride_kh + o_d[None, :],
+                     mask=mn[:, None], other=0.0)
+        s = tl.dot(qb, tl.trans(kb)) * scale
+        s = tl.where(mn[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m_i - m_new)
+        vb = tl.load(vc + page[:, None] * stride_vp + off[:, None] * stride_vs + i_kv * stride_vh + o_d[None, :],
+                     mask=mn[:, None], other=0.0)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+        m_i = m_new
+    row = (i_b * HQ + heads) * NSPLIT + i_s                                  # [BH]
+    tl.store(part_o + row[:, None] * D + o_d[None, :], acc, mask=mh[:, None])
+    tl.store(part_ml + row * 2, m_i, mask=mh)
+    tl.store(part_ml + row * 2 + 1, l_i, mask=mh)
+
+
+@triton.jit
+def _merge_kernel(part_o, part_ml, out, stride_ob, stride_oh, HQ: tl.constexpr, D: tl.constexpr,
+                  NSPLIT: tl.constexpr, BS: tl.constexpr):
+    i_b = tl.program_id(0)
+    i_h = tl.program_id(1)
+    o_s = tl.arange(0, BS)
+    ms = o_s < NSPLIT
+    row = (i_b * HQ + i_h) * NSPLIT + o_s
+    m = tl.load(part_ml + row * 2, mask=ms, other=float("-inf"))
+    l = tl.load(part_ml + row * 2 + 1, mask=ms, other=0.0)
+    m_max = tl.max(m, 0)
+    w = tl.where(m > float("-inf"), tl.exp(m - m_max), 0.0)
+    o_d = tl.arange(0, D)
+    acc = tl.load(part_o + row[:, None] * D + o_d[None, :], mask=ms[:, None], other=0.0)
+    o = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
+    tl.store(out + i_b * stride_ob + i_h * stride_oh + o_d, o.to(out.dtype.element_ty))
+
+
+def decode_splits(batch: int, kv_heads: int, max_tokens: int, block_n: int = 64) -> tuple[int, int]:
+    """(number of splits, tokens per split) for a decode launch over contexts of at most max_tokens."""
+    max_splits = max(1, triton.cdiv(max_tokens, block_n))
+    splits = min(max_splits, max(1, triton.cdiv(_TARGET_PROGRAMS, batch * kv_heads)))
+    per = triton.cdiv(triton.cdiv(max_tokens, splits), block_n) * block_n
+    return triton.cdiv(max_tokens, per), per
+
+
+def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale=None):
+    """Decode form; see `ninfer.ops.attention.decode_paged_attention`. q [B, Hq, D] -> [B, Hq, D]."""
+    B, Hq, D = q.shape
+    P, page, Hkv, _ = k_cache.shape
+    rep = Hq // Hkv
+    ok = (Hq % Hkv == 0 and D >= 16 and D & (D - 1) == 0 and D <= 256 and rep <= 64
+          and k_cache.stride(3) == 1 and v_cache.stride(3) == 1 and q.stride(2) == 1)
+    if not ok:
+        return _ref.decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale)
+    if scale is None:
+        scale = D ** -0.5
+    BN = 64 if D <= 128 else 32
+    nsplit, per = decode_splits(B, Hkv, block_table.shape[1] * page, BN)
+    bt = block_table.to(device=q.device, dtype=torch.int32)
+    lens = context_lens.to(device=q.device, dtype=torch.int32)
+    part_o = torch.empty(B * Hq * nsplit, D, dtype=torch.float32, device=q.device)
+    part_ml = torch.empty(B * Hq * nsplit, 2, dtype=torch.float32, device=q.device)
+    BH = max(16, triton.next_power_of_2(rep))
+    _paged_decode_kernel[(B, Hkv, nsplit)](
+        q, k_cache, v_cache, bt, lens, part_o, part_ml, float(scale), per,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), bt.stride(0),
+        HQ=Hq, REP=rep, D=D, PAGE=page, BH=BH, BN=BN, NSPLIT=nsplit, num_warps=4, num_stages=2)
+    out = torch.empty_like(q)
+    _merge_kernel[(B, Hq)](part_o, part_ml, out, out.stride(0), out.stride(1), HQ=Hq, D=D, NSPLIT=nsplit,
+                           BS=max(2, triton.next_power_of_2(nsplit)), num_warps=4)
+    return out
+
+
+def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seqlens_q=None, scale=None):
+    """Prompt-chunk form; see `ninfer.ops.attention.chunk_paged_attention`. q [T_total, Hq, D]."""
+    from torch.nn.attention.bias import causal_lower_right
+
+    Hq, D = q.shape[1], q.shape[2]
+    Hkv = k_cache.shape[2]
+    if Hq % Hkv != 0:
+        raise ValueError(f"query heads {Hq} must be a multiple of kv heads {Hkv}")
+    if scale is None:
+        scale = D ** -0.5
+    lens = [int(c) for c in torch.as_tensor(context_lens).tolist()]
+    if cu_seqlens_q is None:
+        if len(lens) != 1:
+            raise ValueError("cu_seqlens_q is required for more than one row")
+        cu = [0, q.shape[0]]
+    else:
+        cu = [int(c) for c in cu_seqlens_q.tolist()]
+    out = torch.empty_like(q)
+    rep = Hq // Hkv
+    for b, ctx in enumerate(lens):
+        s, e = cu[b], cu[b + 1]
+        L = e - s
+        if L > ctx:
+            raise ValueError(f"row {b}: {L} new tokens but context length {ctx}")
+        if L == 0:
+            continue
+        k = gather_kv_paged(k_cache, block_table[b], ctx).transpose(0, 1)          # [Hkv, C, D]
+        v = gather_kv_paged(v_cache, block_table[b], ctx).transpose(0, 1)
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=0)
+            v = v.repeat_interleave(rep, dim=0)
+        qh = q[s:e].transpose(0, 1).unsqueeze(0)                                    # [1, Hq, L, D]
+        k, v = k.unsqueeze(0).to(q.dtype), v.unsqueeze(0).to(q.dtype)
+        if L == ctx:
+            o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale)
+        else:
+            o = F.scaled_dot_product_attention(qh, k, v, attn_mask=causal_lower_right(L, ctx), scale=scale)
+        out[s:e] = o[0].transpose(0, 1)
+    return out

@@ -1,0 +1,190 @@
+"""Fast gated delta rule (CUDA): chunked prefill through fla-core, recurrent decode in Triton.
+
+Same arguments, state convention and results as `ninfer.ops.gated_delta` (the oracle), plus
+`gather_final_state`: with a slot pool (`state_indices` given) the final state is written in
+place, and the [N, Hv, K, V] copy returned by the reference is only gathered when asked for
+(the Program never reads it, and at decode the gather would cost as much as the kernel).
+
+    chunk_gated_delta_rule            q, k [B, T, Hk, K], v [B, T, Hv, V], g, beta [B, T, Hv]
+                                      (or B = 1 with cu_seqlens [N+1]); state [S|N, Hv, K, V] fp32
+    fused_recurrent_gated_delta_rule  same shapes; meant for T = 1 (or a few speculative tokens)
+
+NOTE: fla-core is imported lazily, on the first call, so the CPU install never needs it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.ops import gated_delta as _ref
+
+__all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "fla_available"]
+
+FLA_VERSION = "0.6.0"
+
+
+def fla_available() -> bool:
+    try:
+        import fla.ops.gated_delta_rule  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def _pool_and_indices(initial_state, state_indices, N, Hv, K, V, device):
+    """-> (fp32 pool the kernel reads and updates in place, int32 row indices, is_slot_pool)."""
+    if initial_state is None:
+        pool = torch.zeros(N, Hv, K, V, dtype=torch.float32, device=device)
+        return pool, torch.arange(N, dtype=torch.int32, device=device), False
+    if state_indices is None:
+        if tuple(initial_state.shape) != (N, Hv, K, V):
+            raise ValueError(f"state has shape {tuple(initial_state.shape)}, expected {(N, Hv, K, V)}")
+        pool = initial_state.to(torch.float32, copy=True).contiguous()
+        return pool, torch.arange(N, dtype=torch.int32, device=device), False
+    return initial_state, state_indices.to(device=device, dtype=torch.int32), True
+
+
+def _finish(initial_state, state_indices, pool, idx, is_slot, output_final_state, gather_final_state):
+    if not output_final_state:
+        return None
+    if is_slot:
+        return pool.index_select(0, idx.long()) if gather_final_state else None
+    return pool if initial_state is None or initial_state.dtype == torch.float32 else pool.to(initial_state.dtype)
+
+
+# ----------------------------------------------------------------------------------------------
+# Recurrent form (decode)
+# ----------------------------------------------------------------------------------------------
+@triton.jit
+def _fused_recurrent_gdn_kernel(
+    q, k, v, g, beta, o, state, idx, cu, scale, T,
+    stride_q, stride_k, stride_v,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr,
+    USE_L2: tl.constexpr, VARLEN: tl.constexpr, WRITE_STATE: tl.constexpr,
+):
+    i_n = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_v = tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    if VARLEN:
+        bos = tl.load(cu + i_n).to(tl.int64)
+        eos = tl.load(cu + i_n + 1).to(tl.int64)
+    else:
+        bos = i_n.to(tl.int64) * T
+        eos = bos + T
+    slot = tl.load(idx + i_n).to(tl.int64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mk = o_k < K
+    mv = o_v < V
+    ms = mk[:, None] & mv[None, :]
+    p_s = state + slot * (HV * K * V) + i_hv * (K * V) + o_k[:, None] * V + o_v[None, :]
+    S = tl.load(p_s, mask=ms, other=0.0).to(tl.float32)
+    for t in range(bos, eos):
+        bq = tl.load(q + t * stride_q + i_h * K + o_k, mask=mk, other=0.0).to(tl.float32)
+        bk = tl.load(k + t * stride_k + i_h * K + o_k, mask=mk, other=0.0).to(tl.float32)
+        bv = tl.load(v + t * stride_v + i_hv * V + o_v, mask=mv, other=0.0).to(tl.float32)
+        bg = tl.load(g + t * HV + i_hv).to(tl.float32)
+        bb = tl.load(beta + t * HV + i_hv).to(tl.float32)
+        if USE_L2:
+            bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6)
+            bk = bk * tl.rsqrt(tl.sum(bk * bk) + 1e-6)
+        bq = bq * scale
+        S = S * tl.exp(bg)
+        kv = tl.sum(S * bk[:, None], 0)
+        delta = (bv - kv) * bb
+        S = S + bk[:, None] * delta[None, :]
+        bo = tl.sum(S * bq[:, None], 0)
+        tl.store(o + t * (HV * V) + i_hv * V + o_v, bo.to(o.dtype.element_ty), mask=mv)
+    if WRITE_STATE:
+        tl.store(p_s, S.to(state.dtype.element_ty), mask=ms)
+
+
+def _token_stride(x: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """x [B, T, H, D] -> (x with contiguous heads, elements between consecutive flattened tokens)."""
+    B, T, H, D = x.shape
+    if x.stride(3) != 1 or x.stride(2) != D:
+        x = x.contiguous()
+    if T == 1:
+        return x, x.stride(0)
+    if B == 1 or x.stride(0) == T * x.stride(1):
+        return x, x.stride(1)
+    return x.contiguous(), H * D
+
+
+def fused_recurrent_gated_delta_rule(
+    q, k, v, g, beta, *, scale=None, initial_state=None, state_indices=None, output_final_state=True,
+    use_qk_l2norm_in_kernel=False, cu_seqlens=None, gather_final_state=True,
+):
+    """Decode form; see the module docstring and `ninfer.ops.gated_delta.fused_recurrent_gated_delta_rule`."""
+    B, T, Hk, K = k.shape
+    Hv, V = v.shape[2], v.shape[3]
+    pool_ok = initial_state is None or state_indices is None or (
+        initial_state.dtype == torch.float32 and initial_state.is_contiguous())
+    if Hv % Hk or q.shape[2] != Hk or K > 256 or not pool_ok:
+        return _ref.fused_recurrent_gated_delta_rule(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, state_indices=state_indices,
+            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            cu_seqlens=cu_seqlens)
+    if cu_seqlens is not None and B != 1:
+        raise ValueError(f"with cu_seqlens the batch dimension must be 1, got {B}")
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    pool, idx, is_slot = _pool_and_indices(initial_state, state_indices, N, Hv, K, V, q.device)
+    q, sq = _token_stride(q)
+    k, sk = _token_stride(k)
+    v, sv = _token_stride(v)
+    g = g.contiguous()
+    beta = beta.contiguous()
+    o = torch.empty(B, T, Hv, V, dtype=q.dtype, device=q.device)
+    BK = triton.next_power_of_2(K)
+    BV = min(32, triton.next_power_of_2(V))
+    grid = (N, Hv, triton.cdiv(V, BV))
+    _fused_recurrent_gdn_kernel[grid](
+        q, k, v, g, beta, o, pool, idx, cu_seqlens if cu_seqlens is not None else idx,
+        float(scale if scale is not None else K ** -0.5), T, sq, sk, sv,
+        H=Hk, HV=Hv, K=K, V=V, BK=BK, BV=BV, USE_L2=bool(use_qk_l2norm_in_kernel),
+        VARLEN=cu_seqlens is not None, WRITE_STATE=bool(output_final_state), num_warps=4)
+    return o, _finish(initial_state, state_indices, pool, idx, is_slot, output_final_state, gather_final_state)
+
+
+# ----------------------------------------------------------------------------------------------
+# Chunked form (prefill) through fla-core
+# ----------------------------------------------------------------------------------------------
+def chunk_gated_delta_rule(
+    q, k, v, g, beta, *, scale=None, initial_state=None, state_indices=None, output_final_state=True,
+    use_qk_l2norm_in_kernel=False, cu_seqlens=None, chunk_size=64, gather_final_state=True,
+):
+    """Prefill form via fla-core's `chunk_gated_delta_rule` (GVA: Hv a multiple of Hk, consecutive
+    grouping as the model). Initial states are gathered from the slots and final states scattered
+    back into them. Falls back to the reference when fla-core is missing."""
+    if not fla_available() or chunk_size not in (16, 32, 64):
+        return _ref.chunk_gated_delta_rule(
+            q, k, v, g, beta, scale=scale, initial_state=initial_state, state_indices=state_indices,
+            output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+            cu_seqlens=cu_seqlens, chunk_size=chunk_size)
+    from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
+
+    B, T, Hk, K = k.shape
+    Hv, V = v.shape[2], v.shape[3]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if initial_state is None:
+        h0 = None
+    elif state_indices is None:
+        h0 = initial_state.float()
+    else:
+        h0 = initial_state.index_select(0, state_indices.to(device=initial_state.device, dtype=torch.long)).float()
+    cu = None if cu_seqlens is None else cu_seqlens.to(device=q.device, dtype=torch.long)
+    o, ht = fla_chunk(q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(),
+                      beta.contiguous(), scale=scale, initial_state=h0, output_final_state=True,
+                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu)
+    if not output_final_state:
+        return o, None
+    if initial_state is None:
+        return o, ht
+    if state_indices is None:
+        return o, ht.to(initial_state.dtype)
+    initial_state.index_copy_(0, state_indices.to(device=initial_state.device, dtype=torch.long),
+                              ht.to(initial_state.dtype))
+    return o, (ht.to(initial_state.dtype) if gather_final_state else None)

@@ -1,0 +1,364 @@
+"""Fast (CUDA) ops vs their PyTorch references.
+
+Run on the GPU machine (`pytest -m gpu`); skipped without CUDA. With TRITON_INTERPRET=1 and
+NINFER_FAST_TEST_DEVICE=cpu the Triton kernels run through Triton's CPU interpreter instead
+(slow; for debugging kernels without a GPU; fla-core's prefill is then skipped).
+
+Checks: relative RMS error within the dtype's tolerance; odd lengths 1/63/64/65/500; packed
+variable-length batches vs a per-sequence loop; slot-indexed state vs dense state (other slots
+untouched, NaN-poisoned); outputs allocated from NaN-poisoned memory (every element written);
+KV pages outside a row's context NaN-poisoned (never read).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ninfer import ops as ref
+
+_DEV = os.environ.get("NINFER_FAST_TEST_DEVICE", "cuda")
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and _DEV == "cpu"
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not (torch.cuda.is_available() or _INTERPRET), reason="needs CUDA"),
+]
+
+TOL = {torch.float32: 2e-3, torch.bfloat16: 1e-2}
+# NOTE: Triton's interpreter rounds fp32 -> bf16 towards zero (the GPU rounds to nearest even), so
+#       the tighter element-wise bound only holds on the GPU.
+STRICT = 1 if _INTERPRET else 4
+LENS = [1, 63, 64, 65, 500] if not _INTERPRET else [1, 5, 64, 65]
+
+
+def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all(), "non-finite values in the fast output"
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def poison_allocator() -> None:
+    """Fill free cached memory with NaN so that outputs not fully written show up."""
+    if _DEV == "cuda":
+        t = torch.full((64 << 20,), float("nan"), dtype=torch.float32, device="cuda")
+        del t
+
+
+def gen(seed: int) -> torch.Generator:
+    g = torch.Generator(device=_DEV)
+    g.manual_seed(seed)
+    return g
+
+
+def randn(*shape, dtype=torch.float32, g=None, scale=1.0):
+    return (torch.randn(*shape, generator=g, device=_DEV, dtype=torch.float32) * scale).to(dtype)
+
+
+# ------------------------------------------------------------------------------------------------
+# norms
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 5120), (7, 2048), (33, 4, 256), (65, 64)])
+def test_rms_norm(dtype, shape):
+    from ninfer.ops.fast import norms
+    g = gen(0)
+    x = randn(*shape, dtype=dtype, g=g, scale=3.0)
+    w = randn(shape[-1], dtype=dtype, g=g, scale=0.1)
+    poison_allocator()
+    y = norms.rms_norm(x, w, 1e-6)
+    assert y.dtype == dtype and y.shape == x.shape
+    assert rel_rms(y, ref.rms_norm(x, w, 1e-6)) < TOL[dtype] / STRICT
+
+
+@pytest.mark.parametrize("dtype,wdtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.float32),
+                                          (torch.bfloat16, torch.bfloat16)])
+@pytest.mark.parametrize("rows", [1, 63, 65])
+def test_gated_rms_norm(dtype, wdtype, rows):
+    from ninfer.ops.fast import norms
+    g = gen(1)
+    o = randn(rows, 6, 128, dtype=dtype, g=g)
+    z = randn(rows, 6, 128, dtype=dtype, g=g, scale=2.0)
+    w = 1.0 + randn(128, dtype=wdtype, g=g, scale=0.1)
+    poison_allocator()
+    y = norms.gated_rms_norm(o, z, w, 1e-6)
+    assert y.dtype == dtype
+    assert rel_rms(y, ref.gated_rms_norm(o, z, w, 1e-6)) < TOL[dtype] / STRICT
+
+
+# ------------------------------------------------------------------------------------------------
+# causal conv1d
+# ------------------------------------------------------------------------------------------------
+def _nan_pool(S, *shape, dtype):
+    return torch.full((S, *shape), float("nan"), dtype=dtype, device=_DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", LENS)
+def test_conv_prefill_dense(dtype, T):
+    from ninfer.ops.fast import conv
+    g = gen(2)
+    B, C = 2, 320
+    x = randn(B, T, C, dtype=dtype, g=g)
+    w = randn(C, 4, dtype=dtype, g=g, scale=0.5)
+    st = randn(B, C, 3, dtype=dtype, g=g)
+    for state in (None, st):
+        poison_allocator()
+        y, ns = conv.chunk_causal_conv1d(x, w, state)
+        ry, rns = ref.chunk_causal_conv1d(x, w, state)
+        assert rel_rms(y, ry) < TOL[dtype] / STRICT
+        assert torch.equal(ns, rns)
+    assert torch.equal(st, st.clone())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv_prefill_varlen_slots(dtype):
+    """Packed variable lengths with slot-indexed state == per-sequence dense calls."""
+    from ninfer.ops.fast import conv
+    g = gen(3)
+    lens = LENS
+    C, S = 200, 9
+    slots = torch.tensor([7, 0, 3, 5, 2][:len(lens)], device=_DEV)
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0).tolist()), device=_DEV)
+    x = randn(1, sum(lens), C, dtype=dtype, g=g)
+    w = randn(C, 4, dtype=dtype, g=g, scale=0.5)
+    pool = _nan_pool(S, C, 3, dtype=dtype)
+    init = randn(len(lens), C, 3, dtype=dtype, g=g)
+    pool[slots] = init
+    before = pool.clone()
+    poison_allocator()
+    y, ret = conv.chunk_causal_conv1d(x, w, pool, cu_seqlens=cu, state_indices=slots)
+    for n, L in enumerate(lens):
+        s = int(cu[n])
+        ry, rns = ref.chunk_causal_conv1d(x[:, s:s + L], w, init[n:n + 1])
+        assert rel_rms(y[:, s:s + L], ry) < TOL[dtype] / STRICT
+        assert torch.equal(pool[slots[n]], rns[0])
+        assert torch.equal(ret[n], rns[0])
+    other = [i for i in range(S) if i not in slots.tolist()]
+    assert torch.isnan(pool[other]).all() and torch.isnan(before[other]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 3])
+def test_conv_update_slots_vs_dense(dtype, T):
+    from ninfer.ops.fast import conv
+    g = gen(4)
+    B, C, S = 5, 10240 if not _INTERPRET else 300, 12
+    slots = torch.tensor([11, 0, 4, 6, 9], device=_DEV)
+    x = randn(B, C, dtype=dtype, g=g) if T == 1 else randn(B, T, C, dtype=dtype, g=g)
+    w = randn(C, 4, dtype=dtype, g=g, scale=0.5)
+    init = randn(B, C, 3, dtype=dtype, g=g)
+    pool = _nan_pool(S, C, 3, dtype=dtype)
+    pool[slots] = init
+    poison_allocator()
+    y, _ = conv.causal_conv1d_update(x, w, pool, state_indices=slots, gather_final_state=False)
+    ry, rns = ref.causal_conv1d_update(x, w, init.clone())
+    assert rel_rms(y, ry) < TOL[dtype] / STRICT
+    assert torch.equal(pool[slots], rns)
+    yd, nsd = conv.causal_conv1d_update(x, w, init)
+    assert torch.equal(yd, y) and torch.equal(nsd, rns)
+    other = [i for i in range(S) if i not in slots.tolist()]
+    assert torch.isnan(pool[other]).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# gated delta rule
+# ------------------------------------------------------------------------------------------------
+def _gdn_inputs(B, T, Hk, Hv, K, V, dtype, g):
+    q = randn(B, T, Hk, K, dtype=dtype, g=g)
+    k = randn(B, T, Hk, K, dtype=dtype, g=g)
+    v = randn(B, T, Hv, V, dtype=dtype, g=g)
+    a = randn(B, T, Hv, g=g)
+    b = randn(B, T, Hv, dtype=dtype, g=g)
+    gg, beta = ref.gdn_gates(a, b, torch.log(torch.linspace(1, 16, Hv, device=_DEV)), torch.ones(Hv, device=_DEV))
+    return q, k, v, gg, beta
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 2, 4])
+def test_recurrent_gdn_slots_vs_dense(dtype, T):
+    from ninfer.ops.fast import gated_delta as fg
+    g = gen(5)
+    B, Hk, Hv, K, V, S = 5, 2, 6, 128, 128, 9
+    q, k, v, gg, beta = _gdn_inputs(B, T, Hk, Hv, K, V, dtype, g)
+    init = randn(B, Hv, K, V, g=g, scale=0.1)
+    slots = torch.tensor([8, 1, 4, 0, 6], device=_DEV)
+    pool = _nan_pool(S, Hv, K, V, dtype=torch.float32)
+    pool[slots] = init
+    poison_allocator()
+    o, ret = fg.fused_recurrent_gated_delta_rule(q, k, v, gg, beta, initial_state=pool, state_indices=slots,
+                                                 use_qk_l2norm_in_kernel=True)
+    ro, rS = ref.fused_recurrent_gated_delta_rule(q, k, v, gg, beta, initial_state=init,
+                                                  use_qk_l2norm_in_kernel=True)
+    assert o.dtype == dtype
+    assert rel_rms(o, ro) < TOL[dtype] / STRICT
+    assert rel_rms(pool[slots], rS) < 1e-5 and rel_rms(ret, rS) < 1e-5
+    od, Sd = fg.fused_recurrent_gated_delta_rule(q, k, v, gg, beta, initial_state=init, use_qk_l2norm_in_kernel=True)
+    assert torch.equal(od, o) and torch.equal(Sd, pool[slots])
+    other = [i for i in range(S) if i not in slots.tolist()]
+    assert torch.isnan(pool[other]).all()
+
+
+def test_recurrent_gdn_varlen_and_strided_inputs():
+    """Packed varlen rows and q/k/v as strided views of one conv output (as the model passes them)."""
+    from ninfer.ops.fast import gated_delta as fg
+    g = gen(6)
+    Hk, Hv, K, V = 2, 4, 64, 32
+    lens = [1, 3, 2]
+    T = sum(lens)
+    u = randn(1, T, 2 * Hk * K + Hv * V, g=g)
+    q, k, v = torch.split(u, [Hk * K, Hk * K, Hv * V], dim=-1)
+    q, k, v = q.reshape(1, T, Hk, K), k.reshape(1, T, Hk, K), v.reshape(1, T, Hv, V)
+    gg = -torch.rand(1, T, Hv, generator=g, device=_DEV)
+    beta = torch.rand(1, T, Hv, generator=g, device=_DEV)
+    cu = torch.tensor([0, 1, 4, 6], device=_DEV)
+    o, S = fg.fused_recurrent_gated_delta_rule(q, k, v, gg, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    ro, rS = ref.fused_recurrent_gated_delta_rule(q, k, v, gg, beta, cu_seqlens=cu, use_qk_l2norm_in_kernel=True)
+    assert rel_rms(o, ro) < 1e-5 and rel_rms(S, rS) < 1e-5
+
+
+def _need_fla():
+    from ninfer.ops.fast.gated_delta import fla_available
+    if _DEV != "cuda" or not fla_available():
+        pytest.skip("fla-core (CUDA) not available")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", LENS)
+def test_chunk_gdn_fla_dense(dtype, T):
+    _need_fla()
+    from ninfer.ops.fast import gated_delta as fg
+    g = gen(7)
+    B, Hk, Hv, K, V = 2, 2, 6, 128, 128
+    q, k, v, gg, beta = _gdn_inputs(B, T, Hk, Hv, K, V, dtype, g)
+    init = randn(B, Hv, K, V, g=g, scale=0.1)
+    for h0 in (None, init):
+        poison_allocator()
+        o, S = fg.chunk_gated_delta_rule(q, k, v, gg, beta, initial_state=h0, use_qk_l2norm_in_kernel=True)
+        ro, rS = ref.chunk_gated_delta_rule(q, k, v, gg, beta, initial_state=h0, use_qk_l2norm_in_kernel=True)
+        assert rel_rms(o, ro) < TOL[dtype]
+        assert rel_rms(S, rS) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunk_gdn_fla_varlen_slots(dtype):
+    _need_fla()
+    from ninfer.ops.fast import gated_delta as fg
+    g = gen(8)
+    Hk, Hv, K, V, S = 2, 6, 128, 128, 8
+    lens = LENS
+    q, k, v, gg, beta = _gdn_inputs(1, sum(lens), Hk, Hv, K, V, dtype, g)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=_DEV)
+    slots = torch.tensor([5, 0, 7, 2, 3], device=_DEV)
+    init = randn(len(lens), Hv, K, V, g=g, scale=0.1)
+    pool = _nan_pool(S, Hv, K, V, dtype=torch.float32)
+    pool[slots] = init
+    poison_allocator()
+    o, _ = fg.chunk_gated_delta_rule(q, k, v, gg, beta, initial_state=pool, state_indices=slots, cu_seqlens=cu,
+                                     use_qk_l2norm_in_kernel=True, gather_final_state=False)
+    for n, L in enumerate(lens):
+        s = int(cu[n])
+        sl = (slice(None), slice(s, s + L))
+        ro, rS = ref.chunk_gated_delta_rule(q[sl], k[sl], v[sl], gg[sl], beta[sl], initial_state=init[n:n + 1],
+                                            use_qk_l2norm_in_kernel=True)
+        assert rel_rms(o[sl], ro) < TOL[dtype]
+        assert rel_rms(pool[slots[n]], rS[0]) < TOL[dtype]
+    other = [i for i in range(S) if i not in slots.tolist()]
+    assert torch.isnan(pool[other]).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# paged attention
+# ------------------------------------------------------------------------------------------------
+def _paged_kv(lens, Hkv, D, page, dtype, g, extra_pages=3):
+    """NaN pools; each row's tokens written to a random permutation of pages; rest stays NaN."""
+    need = [(L + page - 1) // page for L in lens]
+    P = sum(need) + extra_pages
+    perm = torch.randperm(P, generator=torch.Generator().manual_seed(0)).tolist()
+    width = max(need) + 1
+    bt = torch.zeros(len(lens), width, dtype=torch.int32)
+    kc = torch.full((P, page, Hkv, D), float("nan"), dtype=dtype, device=_DEV)
+    vc = torch.full_like(kc, float("nan"))
+    i = 0
+    for b, L in enumerate(lens):
+        pages = perm[i:i + need[b]]
+        i += need[b]
+        bt[b, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        bt[b, len(pages):] = perm[-1]                 # padding entries point at a NaN page
+        k = randn(L, Hkv, D, dtype=dtype, g=g)
+        v = randn(L, Hkv, D, dtype=dtype, g=g)
+        ref.write_kv_paged(kc, vc, k, v, bt[b:b + 1].to(_DEV), torch.arange(L, device=_DEV))
+    return kc, vc, bt.to(_DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("Hq,Hkv,D", [(24, 4, 256), (4, 2, 64), (16, 2, 256)])
+def test_decode_paged_attention(dtype, page, Hq, Hkv, D):
+    if _INTERPRET and dtype == torch.bfloat16:
+        pytest.skip("Triton's interpreter computes bf16 tl.dot wrongly")
+    from ninfer.ops.fast import attention as fa
+    g = gen(9)
+    lens = LENS + ([2000] if not _INTERPRET else [])
+    kc, vc, bt = _paged_kv(lens, Hkv, D, page, dtype, g)
+    q = randn(len(lens), Hq, D, dtype=dtype, g=g)
+    ctx = torch.tensor(lens, device=_DEV)
+    poison_allocator()
+    o = fa.decode_paged_attention(q, kc, vc, bt, ctx)
+    ro = ref.decode_paged_attention(q, kc, vc, bt, ctx)
+    tol = TOL[dtype] if dtype == torch.bfloat16 else 2e-3          # tf32 dots for fp32 inputs
+    for b in range(len(lens)):
+        assert rel_rms(o[b], ro[b]) < tol, f"row {b} (context {lens[b]})"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunk_paged_attention(dtype):
+    from ninfer.ops.fast import attention as fa
+    g = gen(10)
+    Hq, Hkv, D, page = 8, 2, 128, 16
+    ctx_lens = [1, 63, 65, 500]
+    new = [1, 63, 17, 500]                         # rows 2: a chunk over a prefix; others whole prompts
+    kc, vc, bt = _paged_kv(ctx_lens, Hkv, D, page, dtype, g)
+    cu = torch.tensor([0] + torch.tensor(new).cumsum(0).tolist(), device=_DEV)
+    q = randn(sum(new), Hq, D, dtype=dtype, g=g)
+    ctx = torch.tensor(ctx_lens, device=_DEV)
+    o = fa.chunk_paged_attention(q, kc, vc, bt, ctx, cu)
+    ro = ref.chunk_paged_attention(q, kc, vc, bt, ctx, cu)
+    assert rel_rms(o, ro) < TOL[dtype]
+
+
+# ------------------------------------------------------------------------------------------------
+# the Program with fast ops == the Program with reference ops (tiny identities, synthetic weights)
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.skipif(_DEV != "cuda", reason="Program parity runs on CUDA only")
+@pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
+def test_program_fast_vs_reference_logits(identity):
+    import importlib
+
+    from ninfer.ops.fast import fast_ops, reference_ops
+    from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+    from ninfer.targets.dummy_weights import DummyWeights
+    from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+
+    w = DummyWeights(identity, device="cuda", dtype=torch.float32, seed=3, std=0.2)
+    pkg = importlib.import_module(w.package.module)
+    logits = {}
+    for name, ops in (("fast", fast_ops()), ("reference", reference_ops())):
+        prog = pkg.create_program(w, ProgramConfig(device="cuda", dtype="fp32", page_size=16, num_pages=64))
+        prog.model.ops = ops
+        prompt = [int(t) for t in torch.randint(0, w.dims.vocab_size, (70,), generator=torch.Generator().manual_seed(1))]
+        req = SequenceRequest(prompt_token_ids=tuple(prompt), sampling=SamplingParams(temperature=0.0),
+                              max_output_tokens=8)
+        h = prog.start_materialize(prog.plan_materialize(req)).sequence
+        step, pl = prog.prefill_with_logits(h, 40)
+        step, pl2 = prog.prefill_with_logits(h, 100)
+        prog.commit(step.pending, [1])
+        outs = [pl, pl2]
+        for _ in range(3):
+            batch, dl = prog.decode_with_logits([h], 1)
+            prog.commit(batch, [1])
+            outs.append(dl[:, 0])
+        logits[name] = torch.cat(outs)
+    assert rel_rms(logits["fast"], logits["reference"]) < 5e-3
