@@ -273,6 +273,17 @@ def test_disconnect_mid_stream_cancels(server):
     assert metric(after, "ninfer:generation_tokens_total") - metric(before, "ninfer:generation_tokens_total") < 500
 
 
+def test_disconnect_non_streaming_cancels(server):
+    before = wait_idle(server)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.base + "/v1/completions", json={"prompt": "x", "max_tokens": 500, "ignore_eos": True},
+                   headers=server.headers, timeout=httpx.Timeout(10, read=1.0))
+    after = wait_idle(server)
+    assert metric(after, "ninfer:request_success_total", finished_reason="abort") == \
+        metric(before, "ninfer:request_success_total", 0.0, finished_reason="abort") + 1
+    assert "client disconnected; cancelled" in server.log_text()
+
+
 def test_load_32_streaming_clients_with_disconnects(server):
     before = wait_idle(server)
     n = 32

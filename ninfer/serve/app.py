@@ -146,6 +146,7 @@ class Run:
         self.num_output_tokens = 0
         self.final: GenerationResult | GenerationError | None = None
         self.text_offset = 0                  # legacy logprobs text_offset in streamed text
+        self.logged = False
 
     def observe(self, ev) -> None:
         if isinstance(ev, GenerationStart):
@@ -163,11 +164,14 @@ class Run:
             self.log_line()
 
     def log_line(self) -> None:
+        self.logged = True
         end = time.monotonic()
         ttft = f"{self.t_first - self.t_submit:.3f}s" if self.t_first is not None else "-"
         elapsed = end - self.t_submit
         rate = self.num_output_tokens / elapsed if elapsed > 0 else 0.0
-        if isinstance(self.final, GenerationError):
+        if self.final is None:
+            outcome = "finish=abort (client gone)"
+        elif isinstance(self.final, GenerationError):
             outcome = f"error={self.final.kind.value}"
         else:
             outcome = f"finish={R.FINISH.get(self.final.finish_reason, self.final.finish_reason.value)}"
@@ -186,16 +190,18 @@ def submit_all(state: GatewayState, engine, calls: tuple[EngineCall, ...], rid: 
             state.inflight.add(handle)
             runs.append(Run(c, handle, request_id))
     except EngineRequestError as e:
-        close_runs(state, runs)
+        close_runs(state, runs, log_unfinished=False)
         log.info("request %s refused: %s", rid, e)
         raise from_engine_error(GenerationError(rid, e.kind, e.message)) from None
     return runs
 
 
-def close_runs(state: GatewayState, runs: list[Run]) -> None:
+def close_runs(state: GatewayState, runs: list[Run], log_unfinished: bool = True) -> None:
     for r in runs:
         r.handle.close()            # cancels a request that has not ended; releases the consumer side
         state.inflight.discard(r.handle)
+        if log_unfinished and r.final is None and not r.logged:
+            r.log_line()
 
 
 async def merged_events(runs: list[Run]) -> AsyncIterator[tuple[Run, object]]:
@@ -251,6 +257,52 @@ class SSEResponse(StreamingResponse):
                 await aclose()
 
 
+class GuardMiddleware:
+    """API key check, and any unexpected exception -> 500 without a stack trace in the body.
+
+    NOTE: a plain ASGI middleware (not `@app.middleware("http")`): Starlette's BaseHTTPMiddleware
+    wraps `receive`, and `Request.is_disconnected()` then never sees the client go away.
+    """
+
+    OPEN_PATHS = ("/health", "/metrics")
+
+    def __init__(self, app, state: GatewayState):
+        self.app = app
+        self.state = state
+
+    def _authorized(self, scope) -> bool:
+        if not self.state.api_key or scope["path"] in self.OPEN_PATHS:
+            return True
+        header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
+        scheme, _, token = header.partition(" ")
+        return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(),
+                                                                     self.state.api_key.encode())
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if not self._authorized(scope):
+            err = unauthorized()
+            await JSONResponse(err.body(), status_code=err.status)(scope, receive, send)
+            return
+        started = False
+
+        async def send_tracking(message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_tracking)
+        except Exception:  # noqa: BLE001 - the HTTP boundary: log it, answer 500
+            log.exception("internal error while serving %s %s", scope.get("method"), scope["path"])
+            if not started:
+                err = internal_error()
+                await JSONResponse(err.body(), status_code=err.status)(scope, receive, send)
+
+
 # ---------------------------------------------------------------------------------------------
 # The app
 # ---------------------------------------------------------------------------------------------
@@ -280,23 +332,7 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
         return JSONResponse(APIError(exc.status_code, str(exc.detail), code=code).body(),
                             status_code=exc.status_code)
 
-    @app.middleware("http")
-    async def _guard(request: Request, call_next):
-        """API key check; any unexpected exception becomes a 500 without a stack trace in the body."""
-        path = request.url.path
-        if state.api_key and path not in ("/health", "/metrics"):
-            header = request.headers.get("authorization", "")
-            scheme, _, token = header.partition(" ")
-            if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(),
-                                                                        state.api_key.encode()):
-                err = unauthorized()
-                return JSONResponse(err.body(), status_code=err.status)
-        try:
-            return await call_next(request)
-        except Exception:  # noqa: BLE001 - the HTTP boundary: log it, answer 500
-            log.exception("internal error while serving %s %s", request.method, path)
-            err = internal_error()
-            return JSONResponse(err.body(), status_code=err.status)
+    app.add_middleware(GuardMiddleware, state=state)
 
     def check_model(name: str | None) -> None:
         if name is not None and name != state.model_name:
