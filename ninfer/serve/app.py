@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ninfer.serve import responses as R
 from ninfer.serve.convert import EngineCall, ModelLimits, plan_chat, plan_completion, frontend_messages
+from ninfer.serve.echo import echo_choice, echo_usage
 from ninfer.serve.errors import (APIError, bad_request, body_too_large, from_engine_error,
                                  from_validation_error, internal_error, model_not_found, not_ready,
                                  unauthorized)
@@ -185,8 +186,9 @@ def submit_all(state: GatewayState, engine, calls: tuple[EngineCall, ...], rid: 
     try:
         for c in calls:
             request_id = rid if len(calls) == 1 else f"{rid}-{c.index}"
+            kw = {} if c.prompt_logprobs is None else {"prompt_logprobs": c.prompt_logprobs}
             handle = engine.submit(c.prompt, c.sampling, max_tokens=c.max_tokens, output=c.output,
-                                   request_id=request_id)
+                                   request_id=request_id, **kw)
             state.inflight.add(handle)
             runs.append(Run(c, handle, request_id))
     except EngineRequestError as e:
@@ -464,9 +466,14 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
         choices = []
         for r in ordered:
             echo = plan.echo_texts[r.call.prompt_index]
-            choices.append(R.completion_choice(r.call.index, echo + r.final.text, r.final, state.pieces,
-                                               want_logprobs))
-        usage = R.merge_usage([(r.call.prompt_index, r.final.usage) for r in ordered])
+            if r.call.prompt_logprobs is not None or r.call.discard_output:
+                choices.append(echo_choice(r.call.index, echo, r.call.prompt.token_ids, r.final, state.pieces,
+                                           r.call.discard_output))
+            else:
+                choices.append(R.completion_choice(r.call.index, echo + r.final.text, r.final, state.pieces,
+                                                   want_logprobs))
+        usage = R.merge_usage([(r.call.prompt_index, echo_usage(r.final, r.call.discard_output))
+                               for r in ordered])
         return R.completion_response(rid, model_name, created, choices, usage)
 
     return app

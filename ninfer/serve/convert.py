@@ -33,6 +33,8 @@ class EngineCall:
     sampling: SamplingParams
     output: OutputOptions
     max_tokens: int
+    prompt_logprobs: int | None = None    # echo + logprobs: log-probs of the prompt tokens (serve/echo.py)
+    discard_output: bool = False          # max_tokens 0 with echo: one token is run, none is returned
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,8 +210,11 @@ def plan_completion(frontend, req: CompletionRequest, limits: ModelLimits) -> Co
         raise bad_request("suffix is not supported", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request("best_of other than n is not supported", param="best_of")
-    if req.echo and req.logprobs is not None:
-        raise bad_request("echo with logprobs (prompt log-probs) is not supported yet", param="echo")
+    if req.max_tokens == 0 and not req.echo:
+        raise bad_request("max_tokens 0 is only allowed with echo", param="max_tokens")
+    prompt_logprobs = req.logprobs if req.echo else None
+    if prompt_logprobs is not None and req.stream:
+        raise bad_request("echo with logprobs is not supported with stream", param="stream")
     p = req.prompt
     if isinstance(p, str):
         raw: list = [p]
@@ -231,8 +236,11 @@ def plan_completion(frontend, req: CompletionRequest, limits: ModelLimits) -> Co
     output = _output_options(req, limits, parse_tool_calls=False, parse_reasoning=False)
     calls = []
     for k, prompt in enumerate(prompts):
-        max_tokens = _max_tokens(req.max_tokens, prompt, limits, "prompt" if len(raw) == 1 else f"prompt[{k}]")
+        discard = req.max_tokens == 0
+        max_tokens = _max_tokens(1 if discard else req.max_tokens, prompt, limits,
+                                 "prompt" if len(raw) == 1 else f"prompt[{k}]")
         for i in range(req.n):
             calls.append(EngineCall(k * req.n + i, k, prompt,
-                                    sampling_params(req, limits, req.logprobs, i), output, max_tokens))
+                                    sampling_params(req, limits, req.logprobs, i), output, max_tokens,
+                                    prompt_logprobs, discard))
     return CompletionPlan(tuple(calls), tuple(echo))
