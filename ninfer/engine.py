@@ -91,12 +91,17 @@ class Engine:
         try:
             try:
                 program = load()
+                core.attach_program(program)
             except Exception as e:  # noqa: BLE001 - any load failure is a startup failure with its reason
                 core.fail_startup(f"loading the model failed: {type(e).__name__}: {e}")
                 return
-            core.attach_program(program)
             self._ready.set()
-            core.run()
+            try:
+                core.run()
+            except BaseException as e:  # noqa: BLE001 - the worker never dies silently
+                fail = getattr(core, "fail", None) or core.fail_startup
+                fail(f"engine worker crashed: {type(e).__name__}: {e}")
+                raise
         finally:
             self._ready.set()
 

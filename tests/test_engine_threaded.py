@@ -222,3 +222,14 @@ def test_many_threads_submit_concurrently():
         assert r.token_ids == prog.reference(make_prompt(r.usage.num_prompt_tokens).token_ids,
                                              r.usage.num_output_tokens)
     prog.check_integrity()
+
+
+def test_a_program_that_fails_while_attaching_fails_startup():
+    class NoCapacity(FakeProgram):
+        def capacity(self):
+            raise RuntimeError("device lost")
+    eng = Engine.from_program(NoCapacity(), FakeFrontend(), EngineConfig())
+    a = eng.wait_ready(5)
+    assert a.state is AvailabilityState.FAILED and "device lost" in a.reason
+    eng.close()
+    assert eng.closed
