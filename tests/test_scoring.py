@@ -253,3 +253,22 @@ def test_generation_engine_refuses_score_and_has_no_scoring_staging(tiny_artifac
         assert e.value.kind is ErrorKind.INVALID_REQUEST and "causal_scoring" in e.value.message
     finally:
         engine.close()
+
+
+def test_scoring_engine_over_a_generation_program_does_not_start(tiny_artifact_path):
+    from _program_util import tiny_program
+    from ninfer.artifact import open_artifact
+    from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
+
+    path = tiny_artifact_path("dense", layout="text")
+    frontend = Qwen36Frontend.from_resources(open_artifact(path).frontend_resources())
+    engine = Engine.from_program(tiny_program(tiny_artifact_path, "dense"), frontend,
+                                 EngineConfig(purpose="causal_scoring", device="cpu"))
+    try:
+        a = engine.wait_ready(30)
+        assert a.state.value == "failed" and "causal_scoring" in a.reason
+        with pytest.raises(EngineRequestError) as e:
+            engine.score("some text")
+        assert e.value.kind is ErrorKind.NOT_READY
+    finally:
+        engine.close()

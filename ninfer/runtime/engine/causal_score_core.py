@@ -87,7 +87,8 @@ class CausalScoreCore:
     def attach_program(self, program: CausalScoringProgram) -> None:
         window = getattr(program, "scoring_window", 0)
         if not window:
-            raise TypeError("a CausalScoring engine needs a Program built for purpose 'causal_scoring'")
+            self.fail_startup("a CausalScoring engine needs a Program built for purpose 'causal_scoring'")
+            return
         self.program = program
         self.max_model_len = min(self.max_model_len, window)
         if self._availability.state is AvailabilityState.STARTING:
@@ -120,6 +121,7 @@ class CausalScoreCore:
     def score(self, inputs: Sequence[ScoreInput], *, window: int | None = None, stride: int | None = None,
               per_token: bool = False, top_k: int = 0, add_bos: bool = False,
               progress: Callable[[int], None] | None = None) -> list[ScoreResult]:
+        self._require_ready()
         window = self.max_model_len if window is None else window
         stride = window if stride is None else stride
         if not (2 <= window <= self.max_model_len):
@@ -130,12 +132,14 @@ class CausalScoreCore:
             raise _invalid(f"top_k must be in 0..{MAX_TOP_K}, got {top_k}")
         prepared = [self._tokens(x, add_bos, i) for i, x in enumerate(inputs)]
         with self._lock:
-            if not self._availability.ready:
-                a = self._availability
-                raise EngineRequestError(ErrorKind.NOT_READY, f"engine is {a.state.value}"
-                                         + (f": {a.reason}" if a.reason else ""))
+            self._require_ready()
             return [self._score_one(ids, first, window, stride, per_token, top_k, progress)
                     for ids, first in prepared]
+
+    def _require_ready(self) -> None:
+        a = self._availability
+        if not a.ready:
+            raise EngineRequestError(ErrorKind.NOT_READY, f"engine is {a.state.value}" + (f": {a.reason}" if a.reason else ""))
 
     def _tokens(self, x: ScoreInput, add_bos: bool, i: int) -> tuple[tuple[int, ...], int]:
         """(token ids, number of context tokens incl. BOS) of one input."""
