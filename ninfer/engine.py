@@ -51,7 +51,7 @@ class Engine:
         artifact = open_artifact(artifact_path)
         package_module = importlib.import_module(artifact.package.module)
         frontend = _create_frontend(package_module, artifact)
-        program_config = _program_config(package_module, cfg)
+        program_config = _program_config(package_module, cfg, frontend.vocab_size)
 
         def load() -> Program:
             return package_module.create_program(artifact, program_config)
@@ -218,7 +218,7 @@ def _create_frontend(package_module: Any, artifact: Any) -> Any:
     return Qwen36Frontend.from_resources(resources)
 
 
-def _program_config(package_module: Any, cfg: EngineConfig) -> Any:
+def _program_config(package_module: Any, cfg: EngineConfig, sampleable_vocab_size: int) -> Any:
     program_config_cls = getattr(package_module, "ProgramConfig", None)
     if program_config_cls is None:
         from ninfer.targets.qwen3_6.runtime.config import ProgramConfig as program_config_cls
@@ -232,5 +232,5 @@ def _program_config(package_module: Any, cfg: EngineConfig) -> Any:
     num_pages = cfg.num_pages or cfg.max_concurrency * math.ceil(cfg.max_model_len / cfg.page_size)
     return program_config_cls(device=cfg.device, dtype=cfg.dtype, page_size=cfg.page_size, num_pages=num_pages,
                               num_slots=cfg.max_concurrency, max_model_len=cfg.max_model_len,
-                              max_batch=cfg.max_concurrency)
+                              max_batch=cfg.max_concurrency, sampleable_vocab_size=sampleable_vocab_size)
 

@@ -31,6 +31,8 @@ class ProgramConfig:
     purpose        "generation" | "causal_scoring": only the latter allocates the scoring staging
                    (temporary window State/KV and lm_head buffers, see scoring.py)
     scoring_window longest scoring window in tokens (0 = max_model_len); causal_scoring only
+    sampleable_vocab_size  ids >= this are never sampled (0 = every lm_head row): the lm_head has
+                   padding rows past the tokenizer's vocabulary (248,077 of 248,320) that name no token
     """
     device: str | torch.device = "cpu"
     dtype: str | torch.dtype = "fp32"
@@ -42,6 +44,7 @@ class ProgramConfig:
     max_steps: int = 8
     purpose: str = "generation"
     scoring_window: int = 0
+    sampleable_vocab_size: int = 0
 
     def __post_init__(self) -> None:
         resolve_dtype(self.dtype)
@@ -63,6 +66,9 @@ class ProgramConfig:
         if self.scoring_window < 0 or (self.scoring_window and self.purpose != "causal_scoring"):
             raise ValueError(f"scoring_window must be >= 0 and is only for purpose 'causal_scoring', "
                              f"got {self.scoring_window}")
+
+        if self.sampleable_vocab_size < 0:
+            raise ValueError(f"sampleable_vocab_size must be >= 0, got {self.sampleable_vocab_size}")
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -107,7 +107,7 @@ class Qwen36Program:
         # NOTE: CausalScoring windows run over their own temporary State/KV and lm_head staging
         # (scoring.py); a Generation Program allocates none of it.
         self.scoring = WindowScorer(view, leaves, config) if config.purpose == "causal_scoring" else None
-        self._sampler = Sampler(dims.vocab_size, dev)
+        self._sampler = Sampler(dims.vocab_size, dev, config.sampleable_vocab_size)
         self._seqs: dict[int, _Seq] = {}
         self._seq_ids = itertools.count(1)
         self._plan_ids = itertools.count(1)

@@ -38,9 +38,12 @@ def _records(tokens: torch.Tensor, lps: torch.Tensor, top_ids: torch.Tensor, top
 
 
 class Sampler:
-    def __init__(self, vocab_size: int, device: torch.device) -> None:
+    def __init__(self, vocab_size: int, device: torch.device, sampleable_vocab_size: int = 0) -> None:
         self.vocab_size = vocab_size
         self.device = device
+        # NOTE: lm_head rows past the tokenizer's vocabulary name no token; they are masked out of
+        # sampling and of the reported distribution so a padding id can never reach the Frontend.
+        self.sampleable = sampleable_vocab_size if 0 < sampleable_vocab_size < vocab_size else vocab_size
 
     def new_rng_state(self, seed: int) -> torch.Tensor:
         return rng_state_from_seed(seed, self.device)
@@ -49,6 +52,9 @@ class Sampler:
                ) -> tuple[list[int], list[TokenLogprob | None], list[torch.Tensor | None]]:
         """logits [B, V] fp32 -> (token per row, TokenLogprob per row or None, advanced rng state per row)."""
         ps = [r.params for r in rows]
+        if self.sampleable < self.vocab_size:
+            logits = logits.clone()
+            logits[:, self.sampleable:] = float("-inf")
         st = SamplingTensors.build(
             vocab_size=self.vocab_size, device=logits.device,
             temperature=[p.temperature for p in ps], top_k=[p.top_k for p in ps], top_p=[p.top_p for p in ps],
