@@ -2,7 +2,8 @@
 
 A slot holds the complete recurrent state image of one sequence (or one immutable checkpoint) at
 one frontier. Slots are never shared: copy-on-write copies a checkpoint's slot into the
-continuation's own slot, so each slot has exactly one owner. Slots are handed out lowest id first.
+continuation's own slot, so each slot has exactly one owner (a sequence, its publication slot, or
+a checkpoint). Slots are handed out lowest id first.
 
     slot ids   0 ............................... total-1
               +----------------------+----------------+
@@ -40,6 +41,15 @@ class SlotPool:
         if not self._free:
             raise InvariantError("no free StateImage slot")
         slot = heapq.heappop(self._free)
+        self._owner[slot] = owner
+        return slot
+
+    def alloc_id(self, slot: int, owner: object) -> int:
+        """Take a specific free slot (an ownership hand-over: free by one owner, take by the next)."""
+        if slot in self._owner or slot not in self._free:
+            raise InvariantError(f"slot {slot} is not free")
+        self._free.remove(slot)
+        heapq.heapify(self._free)
         self._owner[slot] = owner
         return slot
 

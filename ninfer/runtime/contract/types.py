@@ -13,7 +13,9 @@ Engine holds only these host values (ints, tuples, enums). Tensors exist only in
 """
 from __future__ import annotations
 
+import array
 import enum
+import hashlib
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol, Sequence
 
@@ -84,6 +86,12 @@ class SequenceRequest:
     sampling: SamplingParams = SamplingParams()
     lookahead: int = 0
     prompt_logprobs: int | None = None     # None = off; k = log-prob of every prompt token + top-k
+    # Context cache (architecture.md §6, §10). publication: hold a publication slot from activation
+    # so that the terminal step can publish one complete checkpoint. reconstruction_prefix: a prompt
+    # frontier whose state is kept in that slot (the Frontend's reconstruction boundary of the prompt);
+    # an output boundary committed later replaces it.
+    publication: bool = False
+    reconstruction_prefix: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,15 +111,63 @@ class Refusal(NamedTuple):
     reason: str                        # names the resource and the numbers
 
 
+def prefix_digest(token_ids: Sequence[int]) -> str:
+    """The token digest of a prefix: what a checkpoint proves and what the prefix index matches."""
+    return hashlib.blake2b(array.array("q", token_ids).tobytes(), digest_size=16).hexdigest()
+
+
+class Placement(enum.Enum):
+    DEVICE = "device"                  # StateImage slot + shared KV pages, reusable at once
+    HOST = "host"                      # host-memory replica; materializing copies it back
+
+
+@dataclass(frozen=True, slots=True)
+class Provenance:
+    """Committed execution provenance of a checkpoint (Program's fact; Engine only carries it)."""
+    kind: str                          # "prompt" | "stride" | "reconstruction" | "terminal"
+    producer: int                      # seq_id of the sequence whose state it is
+    source: int | None                 # checkpoint the producer materialized from (None: root)
+    resource_revision: int             # revision at publication
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointInfo:
+    """The stable summary of one published, immutable checkpoint."""
+    checkpoint_id: int
+    frontier: int                      # tokens whose effect the checkpoint proves
+    digest: str                        # prefix_digest of exactly those tokens
+    placement: Placement
+    nbytes: int                        # StateImage + KV bytes of the prefix (device or host copy)
+    provenance: Provenance
+
+
+class CacheUsage(NamedTuple):
+    """Program's summary of inactive checkpoints (ResourceManager keeps no mirror of it)."""
+    num_device: int
+    num_host: int
+    device_bytes: int                  # slots + pages that no active sequence maps
+    host_bytes: int
+
+
 @dataclass(frozen=True, slots=True)
 class ResourcePlan:
-    """A sealed, opaque plan bound to Program's resource_revision. Stale plans are re-planned."""
+    """A sealed, opaque plan bound to Program's resource_revision. Stale plans are re-planned.
+
+    kind "materialize": a waiting request from `source` (a checkpoint id, None = root);
+    kind "capture": publish a checkpoint of the active `sequence` at its frontier.
+    victims: inactive checkpoints the plan evicts (or moves to host memory) to fit; fixed once started.
+    """
     plan_id: int
     resource_revision: int
     request: SequenceRequest
     pages: int                         # pages of the complete growth reservation
     slots: int                         # StateImage slots
     num_reused_tokens: int = 0
+    kind: str = "materialize"
+    source: int | None = None
+    victims: tuple[int, ...] = ()
+    offload: tuple[int, ...] = ()      # the victims moved to host memory instead of deleted
+    sequence: SequenceHandle | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +180,9 @@ class ResourceResult:
     pages_held: int = 0
     slots_held: int = 0
     reason: str = ""
+    checkpoint: CheckpointInfo | None = None     # published by this transition
+    evicted: tuple[int, ...] = ()                # checkpoints deleted by this transition
+    offloaded: tuple[int, ...] = ()              # checkpoints moved to host memory by this transition
 
 
 class CapacitySummary(NamedTuple):
@@ -206,3 +265,30 @@ class Program(Protocol):
     def abort_pending(self, batch: PendingBatch) -> None: ...
     def release(self, seq: SequenceHandle) -> ResourceResult: ...
     def check_integrity(self) -> None: ...        # raises InvariantError on `free + owned != total`
+
+
+class CheckpointProgram(Program, Protocol):
+    """A Program that also publishes and reuses immutable checkpoints (`supports_checkpoints`).
+
+    plan_materialize(request, source=None, evictable=())  source: checkpoint id whose proven prefix
+        the prompt starts with (frontier <= num_prompt_tokens - 1); evictable: inactive checkpoints
+        in the order ResourceManager would give them up (least valuable first); the plan names the
+        victims it needs. The continuation copies the source's StateImage, shares its full KV pages
+        and copies the partial last page: it never writes into a checkpoint's pages or slot.
+    plan_capture / start_capture: publish the active sequence's state at its frontier.
+    commit(batch, accepted, boundaries): boundaries[r] is the Frontend's reconstruction boundary
+        relative to row r's accepted span (None: none); Program keeps that frontier's state in the
+        sequence's publication slot.
+    retain(seq): the terminal step: publish one complete checkpoint at the publication frontier and
+        release the rest, or release everything when no complete state exists (result.checkpoint None).
+    delete_checkpoint / offload_checkpoint: placement or deletion of an inactive checkpoint.
+    """
+    supports_checkpoints: bool
+
+    def plan_capture(self, seq: SequenceHandle, evictable: Sequence[int] = ()) -> ResourcePlan | Refusal: ...
+    def start_capture(self, plan: ResourcePlan) -> ResourceResult: ...
+    def retain(self, seq: SequenceHandle) -> ResourceResult: ...
+    def delete_checkpoint(self, checkpoint_id: int) -> ResourceResult: ...
+    def offload_checkpoint(self, checkpoint_id: int) -> ResourceResult: ...
+    def cache_usage(self) -> CacheUsage: ...
+    def checkpoint_info(self, checkpoint_id: int) -> CheckpointInfo: ...

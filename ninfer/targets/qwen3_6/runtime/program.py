@@ -54,6 +54,7 @@ from ninfer.runtime.contract.types import (
     BatchKind, CapacitySummary, InvariantError, PendingBatch, PendingRow, PrefillStep, Refusal, RefusalKind,
     ResourcePlan, ResourceResult, SequenceHandle, SequenceRequest, StalePlanError, TokenLogprob)
 from ninfer.targets.qwen3_6.dims import Qwen36Dims
+from ninfer.targets.qwen3_6.runtime.checkpoints import CheckpointOps
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
 from ninfer.targets.qwen3_6.runtime.model import ForwardBatch, Qwen36Model
@@ -70,6 +71,9 @@ class _Seq:
     tokens: list[int]              # prompt + committed output tokens
     rng_state: torch.Tensor        # sampler generator state after the last committed sampled token
     frontier: int = 0              # tokens whose effect is in committed KV and state
+    source: int | None = None      # the checkpoint it was materialized from (None: root)
+    pub_target: int | None = None  # publication target: the frontier to keep in the publication slot
+    pub_frontier: int | None = None  # the frontier whose state the publication slot holds
 
     @property
     def num_prompt(self) -> int:
@@ -80,8 +84,8 @@ class _Seq:
         return self.holding.slot
 
 
-class Qwen36Program:
-    """Implements `ninfer.runtime.contract.types.Program` for any package of the Qwen3.6 family."""
+class Qwen36Program(CheckpointOps):
+    """Implements `ninfer.runtime.contract.types.CheckpointProgram` for any package of the Qwen3.6 family."""
 
     def __init__(self, dims: Qwen36Dims, leaves: LeafSet, weights: Any, config: ProgramConfig) -> None:
         wd = getattr(weights, "dims", None)
@@ -112,6 +116,7 @@ class Qwen36Program:
         self._seq_ids = itertools.count(1)
         self._plan_ids = itertools.count(1)
         self._default_seeds = itertools.count(0x5EED)
+        self._init_checkpoints()
 
     # ------------------------------------------------------------------------------------------
     # Resources
@@ -144,35 +149,44 @@ class Qwen36Program:
             return Refusal(RefusalKind.INFEASIBLE, f"token id {bad[0]} outside the vocabulary 0..{self.dims.vocab_size - 1}")
         return None
 
-    def plan_materialize(self, request: SequenceRequest) -> ResourcePlan | Refusal:
-        why = self._validate_request(request) or self._ledger.refusal(self._growth(request))
+    def plan_materialize(self, request: SequenceRequest, source: int | None = None, evictable: Sequence[int] = (),
+                         host_bytes_free: int = 0) -> ResourcePlan | Refusal:
+        """source: a checkpoint proving a strict prefix of the prompt (None: root). evictable:
+        inactive checkpoints, least valuable first; the plan names those it must evict to fit
+        (moving to host memory those that fit in `host_bytes_free`)."""
+        why = self._validate_request(request)
         if why is not None:
             return why
-        need = self._ledger.need(self._growth(request))
-        return ResourcePlan(plan_id=next(self._plan_ids), resource_revision=self._ledger.revision,
-                            request=request, pages=need.pages, slots=need.slots)
+        return self._plan_from(request, source, evictable, host_bytes_free)
 
     def start_materialize(self, plan: ResourcePlan) -> ResourceResult:
         if plan.resource_revision != self._ledger.revision:
             raise StalePlanError(f"plan {plan.plan_id} sealed at revision {plan.resource_revision}, "
                                  f"now {self._ledger.revision}")
         seq_id = next(self._seq_ids)
-        holding = self._ledger.acquire(seq_id, self._growth(plan.request))
-        self._state.zero_entry(holding.slot)
+        holding, evicted, offloaded = self._start_from(plan, seq_id)
         handle = SequenceHandle(seq_id, self._ledger.revision)
         seed = plan.request.sampling.seed
         # NOTE: an unseeded sequence still gets its own stream, so rollback is exact for it too.
         rng = self._sampler.new_rng_state(seed if seed is not None else next(self._default_seeds))
-        self._seqs[seq_id] = _Seq(handle, plan.request, holding, list(plan.request.prompt_token_ids), rng)
+        s = _Seq(handle, plan.request, holding, list(plan.request.prompt_token_ids), rng,
+                 frontier=plan.num_reused_tokens, source=plan.source)
+        self._seqs[seq_id] = s
+        rp = plan.request.reconstruction_prefix
+        if rp is not None and rp >= s.frontier:
+            self._set_pub_target(s, rp)
+            self._pub_target_reached(s, lambda T: holding.slot if T == s.frontier else None)
         return ResourceResult(ok=True, resource_revision=self._ledger.revision, sequence=handle,
-                              pages_held=holding.pages_held, slots_held=1)
+                              num_reused_tokens=plan.num_reused_tokens, pages_held=holding.pages_held,
+                              slots_held=holding.num_slots, evicted=evicted, offloaded=offloaded)
 
     def prove_backfill(self, head: SequenceRequest, donors: Sequence[SequenceHandle],
                        borrower: SequenceRequest) -> bool:
         if self._validate_request(head) or self._validate_request(borrower):
             return False
         donor_ids = [self._seq(d).handle.seq_id for d in donors]
-        return self._ledger.prove_backfill(self._growth(head), donor_ids, self._growth(borrower))
+        return self._ledger.prove_backfill(self._growth(head), donor_ids, self._growth(borrower),
+                                           head.publication, borrower.publication)
 
     def release(self, seq: SequenceHandle) -> ResourceResult:
         s = self._seq(seq)
@@ -184,6 +198,7 @@ class Qwen36Program:
     def check_integrity(self) -> None:
         self._ledger.check()
         self._pending.check()
+        self._check_checkpoints()
         for s in self._seqs.values():
             if self._ledger.holding(s.handle.seq_id) is not s.holding:
                 raise InvariantError(f"sequence {s.handle.seq_id} lost its holding")
@@ -192,8 +207,11 @@ class Qwen36Program:
                                      f"{len(s.tokens)} tokens, reserved {s.holding.reserved_tokens}")
             if s.holding.table.capacity < s.frontier:
                 raise InvariantError(f"sequence {s.handle.seq_id}: frontier beyond its mapped pages")
-        if len(self._seqs) != self._ledger.slots.num_owned:
-            raise InvariantError(f"{len(self._seqs)} sequences, {self._ledger.slots.num_owned} slots owned")
+        owned = sum(s.holding.num_slots for s in self._seqs.values()) + sum(
+            c.holding.on_device for c in self._ckpts.values())
+        if owned != self._ledger.slots.num_owned:
+            raise InvariantError(f"sequences and checkpoints own {owned} slots, "
+                                 f"{self._ledger.slots.num_owned} slots owned")
 
     def _seq(self, handle: SequenceHandle) -> _Seq:
         s = self._seqs.get(handle.seq_id)
@@ -242,6 +260,7 @@ class Qwen36Program:
                                                   s.request.prompt_logprobs)
             if not final:
                 s.frontier = end
+                self._pub_target_reached(s, lambda T: s.slot if T == end else None)
                 return PrefillStep(end, None, prompt_lp), logits
             last = logits[-1:] if logits is not None else self.model.logits(hidden[-1:])
             toks, lps, rngs = self._sampler.sample(last, [self._row_sampling(s, [])])
@@ -355,7 +374,9 @@ class Qwen36Program:
     # ------------------------------------------------------------------------------------------
     # Consuming a PendingBatch
     # ------------------------------------------------------------------------------------------
-    def commit(self, batch: PendingBatch, accepted: Sequence[int]) -> None:
+    def commit(self, batch: PendingBatch, accepted: Sequence[int],
+               boundaries: Sequence[int | None] | None = None) -> None:
+        """boundaries[r]: the Frontend's reconstruction boundary inside row r's accepted span."""
         rec = self._pending.get(batch)
         accepted = list(accepted)
         if len(accepted) != batch.size:
@@ -370,6 +391,7 @@ class Qwen36Program:
                 if a == 0:
                     continue
                 s = self._seq(row.sequence)
+                f0 = s.frontier
                 self._state.copy_entry(s.slot, self._state.scratch_entry(rec.scratch[r][a - 1]))
                 s.tokens.extend(row.tokens[:a])
                 if batch.kind is BatchKind.PREFILL:
@@ -378,6 +400,8 @@ class Qwen36Program:
                     s.frontier += a
                 if batch.kind is not BatchKind.CONTROL:
                     s.rng_state = rec.data["rng"][r][a - 1]
+                self._note_commit(s, rec, r, a, f0, batch.kind is BatchKind.PREFILL,
+                                  boundaries[r] if boundaries is not None else None)
         finally:
             self._pending.close(rec)
 
