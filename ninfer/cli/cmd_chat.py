@@ -81,7 +81,7 @@ class ChatSession:
                   f"{self.engine.max_model_len}; /reset to start over", file=sys.stderr)
             return
         try:
-            handle = self.engine.submit(prompt, sampling_params(self.args),
+            handle = self.engine.submit(prompt, sampling_params(self.args, self.engine.frontend.sampling_defaults),
                                         max_tokens=min(self.args.max_tokens, room), output=OutputOptions())
         except EngineRequestError as e:
             print(f"error: {e}", file=sys.stderr)

@@ -60,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         if limit < 1:
             raise CLIError(f"the prompt has {prompt.num_prompt_tokens} tokens; max_model_len is {engine.max_model_len}")
         t0 = time.monotonic()
-        handle = engine.submit(prompt, sampling_params(args), max_tokens=min(max_tokens, limit),
+        handle = engine.submit(prompt, sampling_params(args, engine.frontend.sampling_defaults), max_tokens=min(max_tokens, limit),
                                output=output)
         color = use_color(sys.stderr)
         ttft = None

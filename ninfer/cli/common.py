@@ -58,7 +58,7 @@ def engine_config(args: argparse.Namespace, purpose: Purpose = Purpose.GENERATIO
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g = p.add_argument_group("sampling")
     g.add_argument("--max-tokens", type=int, default=max_tokens, help=f"output token limit (default: {max_tokens})")
-    g.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: 1.0)")
+    g.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the model's generation_config, else 1.0)")
     g.add_argument("--top-p", type=float, default=None)
     g.add_argument("--top-k", type=int, default=None, help="0 = off")
     g.add_argument("--min-p", type=float, default=None)
@@ -68,10 +68,11 @@ def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
     g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
 
 
-def sampling_params(args: argparse.Namespace):
+def sampling_params(args: argparse.Namespace, defaults: dict | None = None):
+    """Flags given on the command line, else the model's generation_config defaults, else ours."""
     from ninfer.types import SamplingParams
 
-    kw = {}
+    kw = dict(defaults or {})
     for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                  "frequency_penalty"):
         value = getattr(args, name, None)

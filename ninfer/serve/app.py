@@ -64,8 +64,10 @@ class GatewayState:
         # NOTE: read each time: the Engine lowers max_model_len to Program's limit once it is ready.
         if self.engine is None:
             return None
+        frontend = self.engine.frontend
         return ModelLimits(max_model_len=int(self.engine.max_model_len),
-                           vocab_size=int(self.engine.frontend.tokenizer.vocab_size))
+                           vocab_size=int(frontend.tokenizer.vocab_size),
+                           sampling_defaults=getattr(frontend, "sampling_defaults", {}))
 
     def availability(self) -> tuple[str, bool, str]:
         """(state, ready, reason) as the Gateway reports it."""

@@ -7,7 +7,8 @@ sampling fields become `SamplingParams`, stop/tool/reasoning semantics become `O
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from ninfer.serve.errors import APIError, bad_request
 from ninfer.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _Sampling
@@ -22,6 +23,7 @@ class ModelLimits:
     """Facts of the served model the Gateway validates against."""
     max_model_len: int
     vocab_size: int
+    sampling_defaults: Mapping[str, float] = field(default_factory=dict)   # generation_config.json
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,7 +125,9 @@ def _token_ids(ids: list[int], limits: ModelLimits, param: str) -> None:
 def sampling_params(req: _Sampling, limits: ModelLimits, logprobs: int | None, index: int) -> SamplingParams:
     def pick(name: str, fallback):
         value = getattr(req, name)
-        return value if value is not None else fallback
+        if value is not None:
+            return value
+        return limits.sampling_defaults.get(name, fallback)
 
     bias = []
     for key, value in (req.logit_bias or {}).items():

@@ -48,6 +48,20 @@ def _template_source(resources: Mapping[str, bytes], config: dict) -> str | None
     return tpl if isinstance(tpl, str) else None
 
 
+_SAMPLING_DEFAULT_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def _sampling_defaults(gen: Mapping[str, Any]) -> dict[str, float]:
+    """The model's own sampling defaults from generation_config.json (for fields a request omits).
+
+    `do_sample: false` means greedy. Only numeric values of the known fields are taken.
+    """
+    if gen.get("do_sample") is False:
+        return {"temperature": 0.0}
+    return {k: gen[k] for k in _SAMPLING_DEFAULT_KEYS
+            if isinstance(gen.get(k), (int, float)) and not isinstance(gen.get(k), bool)}
+
+
 def _ids(value: Any) -> tuple[int, ...]:
     if value is None:
         return ()
@@ -100,10 +114,12 @@ def _tool_call_arguments_as_objects(messages: list[dict]) -> list[dict]:
 
 class Qwen36Frontend:
     def __init__(self, tokenizer: Qwen36Tokenizer, chat_template: ChatTemplate | None,
-                 eos_token_ids: Sequence[int]):
+                 eos_token_ids: Sequence[int], sampling_defaults: Mapping[str, float] | None = None):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos_token_ids))
+        # NOTE: generation_config.json's sampling fields; Gateways use them for fields a request omits.
+        self.sampling_defaults: dict[str, float] = dict(sampling_defaults or {})
 
     @classmethod
     def from_resources(cls, resources: Mapping[str, bytes]) -> "Qwen36Frontend":
@@ -121,7 +137,7 @@ class Qwen36Frontend:
             tid = tokenizer.token_to_id(config["eos_token"])
             if tid is not None and tid not in eos:
                 eos.insert(0, tid)
-        return cls(tokenizer, template, eos or DEFAULT_EOS)
+        return cls(tokenizer, template, eos or DEFAULT_EOS, _sampling_defaults(gen))
 
     @classmethod
     @functools.cache
