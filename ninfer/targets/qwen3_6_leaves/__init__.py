@@ -5,3 +5,15 @@ gdn.GDNProjection                    GDN projection/control leaf (qkv/z/a/b proj
 dense_mlp.DenseMLP                   post-mixer leaf: SwiGLU MLP (27B and the tiny dense identity)
 moe.SparseMoE                        post-mixer leaf: routed experts + gated shared expert (35B-A3B, tiny MoE)
 """
+
+
+def build_program(dims, post_mixer, weights, config):
+    """The family Program over a package's dims with the shared attention and GDN leaves and the
+    package's post-mixer leaf (DenseMLP or SparseMoE)."""
+    from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
+    from ninfer.targets.qwen3_6.runtime.program import Qwen36Program
+    from ninfer.targets.qwen3_6_leaves.attention import GatedAttentionProjection
+    from ninfer.targets.qwen3_6_leaves.gdn import GDNProjection
+
+    leaves = LeafSet(attention=GatedAttentionProjection(dims), gdn=GDNProjection(dims), post_mixer=post_mixer)
+    return Qwen36Program(dims, leaves, weights, config)

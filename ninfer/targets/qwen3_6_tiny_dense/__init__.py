@@ -27,11 +27,7 @@ def create_program(weights, config):
     weights: an opened `.ninfer` Artifact or a Mapping[str, Tensor] of canonical names;
     config: `ninfer.targets.qwen3_6.runtime.config.ProgramConfig`.
     """
-    from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
-    from ninfer.targets.qwen3_6.runtime.program import Qwen36Program
-    from ninfer.targets.qwen3_6_leaves.attention import GatedAttentionProjection
-    from ninfer.targets.qwen3_6_leaves.gdn import GDNProjection
+    from ninfer.targets.qwen3_6_leaves import build_program
     from ninfer.targets.qwen3_6_leaves.dense_mlp import DenseMLP
 
-    leaves = LeafSet(attention=GatedAttentionProjection(DIMS), gdn=GDNProjection(DIMS), post_mixer=DenseMLP())
-    return Qwen36Program(DIMS, leaves, weights, config)
+    return build_program(DIMS, DenseMLP(), weights, config)
