@@ -6,6 +6,7 @@ bandwidth (bytes read + written), a 52k x 5120 bf16 GEMV at batch 1, an 8192^3 b
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -27,6 +28,8 @@ def env_record() -> dict:
                                     text=True, timeout=10).stdout.strip())
     except Exception:
         commit, dirty = "unknown", False
+    if commit == "unknown":                    # NOTE: the device copy of the tree has no .git
+        commit, dirty = os.environ.get("NINFER_COMMIT", "unknown"), False
     try:
         import triton
         tv = triton.__version__

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device session: GPU tests, kernel bench, decode bench; logs under $OUT (device tool) or ./out.
-# Usage (repo root, on the GPU machine): bash bench/gpu_session.sh [tests] [kernels] [decode]
+# Usage (repo root, on the GPU machine): NINFER_COMMIT=<sha> bash bench/gpu_session.sh [tests] [kernels] [decode]
 set -o pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
