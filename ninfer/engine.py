@@ -80,7 +80,8 @@ class Engine:
             self._core = EngineCore(frontend, max_concurrency=config.max_concurrency,
                                     queue_size=config.queue_size, request_timeout_s=config.request_timeout_s,
                                     prefill_chunk_tokens=config.prefill_chunk_tokens,
-                                    max_model_len=config.max_model_len, trace=trace, **kwargs)
+                                    max_model_len=config.max_model_len, trace=trace,
+                                    cache=_cache_config(config), **kwargs)
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._worker_main, args=(load,), name="ninfer-engine-worker",
                                         daemon=True)
@@ -123,7 +124,8 @@ class Engine:
     # ---- requests ----------------------------------------------------------------------------
     def submit(self, prompt: PreparedPrompt, sampling: SamplingParams, *, max_tokens: int,
                output: OutputOptions = OutputOptions(), request_id: str | None = None,
-               deadline_s: float | None = None, prompt_logprobs: int | None = None) -> GenerationHandle:
+               deadline_s: float | None = None, prompt_logprobs: int | None = None,
+               session_id: str | None = None, context_cache: bool = True) -> GenerationHandle:
         """Accept a request (see the module docstring for what raises and what arrives as an event).
 
         deadline_s: how long the request may wait in the queue before it is admitted
@@ -131,9 +133,17 @@ class Engine:
         prompt_logprobs: None, or k in 0..20: the result carries the log-prob (and top-k) of every
         prompt token (`GenerationResult.prompt_logprobs`, first entry None); the prompt is then always
         computed, never taken from a reused prefix.
+        session_id: the conversation this request continues (a context-cache lookup hint; the cache
+        also finds shared prefixes without it). context_cache=False: the request neither reuses nor
+        publishes checkpoints (serve warmup). GenerationStart.num_reused_tokens and
+        usage.cached_tokens report the prompt tokens taken from a checkpoint.
         A CausalScoring engine refuses every submit (INVALID_REQUEST): use `score`.
         """
         kw = {} if prompt_logprobs is None else {"prompt_logprobs": prompt_logprobs}
+        if session_id is not None:
+            kw["session_id"] = session_id
+        if not context_cache:
+            kw["context_cache"] = False
         return self._core.submit(prompt, sampling, max_tokens=max_tokens, output=output,
                                  request_id=request_id, deadline_s=deadline_s, **kw)
 
@@ -160,10 +170,12 @@ class Engine:
     def generate(self, prompt: PreparedPrompt, sampling: SamplingParams, *, max_tokens: int,
                  output: OutputOptions = OutputOptions(), request_id: str | None = None,
                  deadline_s: float | None = None, timeout: float | None = None,
-                 prompt_logprobs: int | None = None) -> GenerationResult:
+                 prompt_logprobs: int | None = None, session_id: str | None = None,
+                 context_cache: bool = True) -> GenerationResult:
         """Submit and wait for the final result; raises EngineRequestError for errors."""
         with self.submit(prompt, sampling, max_tokens=max_tokens, output=output, request_id=request_id,
-                         deadline_s=deadline_s, prompt_logprobs=prompt_logprobs) as handle:
+                         deadline_s=deadline_s, prompt_logprobs=prompt_logprobs, session_id=session_id,
+                         context_cache=context_cache) as handle:
             return handle.result(timeout)
 
     def metrics(self) -> EngineMetrics:
@@ -218,6 +230,20 @@ def _create_frontend(package_module: Any, artifact: Any) -> Any:
     return Qwen36Frontend.from_resources(resources)
 
 
+def _num_slots(cfg: EngineConfig) -> int:
+    """One StateImage slot per lane; with the context cache one more per lane (its publication
+    slot, held from activation) and the slots of inactive checkpoints."""
+    if not cfg.prefix_cache:
+        return cfg.max_concurrency
+    return 2 * cfg.max_concurrency + cfg.num_cache_slots
+
+
+def _cache_config(cfg: EngineConfig):
+    from ninfer.runtime.engine.context_cache import CacheConfig
+    return CacheConfig(enabled=cfg.prefix_cache, device_bytes=cfg.cache_device_bytes, host_bytes=cfg.cache_host_bytes,
+                       capture_stride=cfg.cache_capture_stride)
+
+
 def _program_config(package_module: Any, cfg: EngineConfig, sampleable_vocab_size: int) -> Any:
     program_config_cls = getattr(package_module, "ProgramConfig", None)
     if program_config_cls is None:
@@ -231,6 +257,6 @@ def _program_config(package_module: Any, cfg: EngineConfig, sampleable_vocab_siz
                                   purpose="causal_scoring", scoring_window=cfg.max_model_len)
     num_pages = cfg.num_pages or cfg.max_concurrency * math.ceil(cfg.max_model_len / cfg.page_size)
     return program_config_cls(device=cfg.device, dtype=cfg.dtype, page_size=cfg.page_size, num_pages=num_pages,
-                              num_slots=cfg.max_concurrency, max_model_len=cfg.max_model_len,
+                              num_slots=_num_slots(cfg), max_model_len=cfg.max_model_len,
                               max_batch=cfg.max_concurrency, sampleable_vocab_size=sampleable_vocab_size)
 

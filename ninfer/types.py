@@ -39,6 +39,12 @@ class EngineConfig:
     max_model_len: int = 8192             # prompt + output limit of one request
     enforce_eager: bool = False           # no CUDA graphs
     seed: int = 0                         # default seed for requests without one
+    # context cache (prefix reuse across requests and conversation turns)
+    prefix_cache: bool = True             # reuse and publish checkpoints of hybrid state
+    cache_slots: int = -1                 # StateImage slots for inactive checkpoints (-1 = 2 x max_concurrency)
+    cache_device_bytes: int = 0           # device budget of inactive checkpoints (0 = bounded by the pools)
+    cache_host_bytes: int = 0             # host-memory replica budget (0 = no host replicas)
+    cache_capture_stride: int = 0         # also capture every N prompt tokens (0 = off; any N >= 1)
 
     def __post_init__(self) -> None:
         if not isinstance(self.purpose, Purpose):
@@ -63,6 +69,17 @@ class EngineConfig:
             raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction}")
         if not (2 <= self.max_model_len <= 262144):
             raise ValueError(f"max_model_len must be in 2..262144, got {self.max_model_len}")
+        if not (-1 <= self.cache_slots <= 1024):
+            raise ValueError(f"cache_slots must be in -1..1024 (-1 = auto), got {self.cache_slots}")
+        for name in ("cache_device_bytes", "cache_host_bytes", "cache_capture_stride"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+
+    @property
+    def num_cache_slots(self) -> int:
+        if not self.prefix_cache:
+            return 0
+        return 2 * self.max_concurrency if self.cache_slots < 0 else self.cache_slots
 
     def resolved(self, cuda_available: bool) -> "EngineConfig":
         """Resolve "auto" values (never mutates)."""
@@ -106,6 +123,11 @@ class Usage:
     num_output_tokens: int
     num_reused_tokens: int = 0
     num_reasoning_tokens: int = 0
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens taken from the context cache (OpenAI's usage.prompt_tokens_details.cached_tokens)."""
+        return self.num_reused_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +226,19 @@ class EngineMetrics:
     inter_token_s: HistogramSnapshot
     e2e_s: HistogramSnapshot
     decode_batch_size: HistogramSnapshot
+    # context cache (prefix reuse): admissions that looked for a source, those that reused one,
+    # the prompt tokens reused, checkpoints captured while running, evicted, moved to host memory;
+    # inactive checkpoints now and their bytes
+    num_cache_queries: int = 0
+    num_cache_hits: int = 0
+    num_cache_hit_tokens: int = 0
+    num_cache_captures: int = 0
+    num_cache_evictions: int = 0
+    num_cache_offloads: int = 0
+    num_checkpoints_device: int = 0
+    num_checkpoints_host: int = 0
+    checkpoint_device_bytes: int = 0
+    checkpoint_host_bytes: int = 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from typing import Any, Callable
 from ninfer.runtime.contract.types import (BatchKind, InvariantError, PendingBatch, Program, Refusal, RefusalKind,
                                            ResourceResult, SamplingParams, StalePlanError)
 from ninfer.runtime.engine.admission_policy import AdmissionEvent, OutstandingCapacity
+from ninfer.runtime.engine.context_cache import CacheConfig, ContextCache
 from ninfer.runtime.engine.handle import GenerationHandle, RequestTicket
 from ninfer.runtime.engine.metrics import MetricsCollector
 from ninfer.runtime.engine.model_transaction import RowDecision, check_membership, decide_row
@@ -56,7 +57,8 @@ Trace = Callable[[str, dict], None]
 class EngineCore:
     def __init__(self, frontend: Any, *, max_concurrency: int, queue_size: int, request_timeout_s: float,
                  prefill_chunk_tokens: int, max_model_len: int, decode_steps: int = 1,
-                 clock: Callable[[], float] = time.monotonic, trace: Trace | None = None):
+                 clock: Callable[[], float] = time.monotonic, trace: Trace | None = None,
+                 cache: CacheConfig | None = None):
         self.frontend = frontend
         self.max_concurrency = max_concurrency
         self.queue_size = queue_size
@@ -64,6 +66,8 @@ class EngineCore:
         self.prefill_chunk_tokens = prefill_chunk_tokens
         self.max_model_len = max_model_len
         self.decode_steps = decode_steps
+        self.cache_config = cache
+        self._cache_on = False                              # set once the Program is attached
         self.clock = clock
         self._trace = trace
         self._cv = threading.Condition(threading.RLock())   # NOTE: re-entrant, handle finalizers wake us
@@ -96,12 +100,19 @@ class EngineCore:
 
     def submit(self, prompt: PreparedPrompt, sampling: SamplingParams, *, max_tokens: int,
                output: OutputOptions = OutputOptions(), request_id: str | None = None,
-               deadline_s: float | None = None, prompt_logprobs: int | None = None) -> GenerationHandle:
-        """Accept one request or raise EngineRequestError(OVERLOADED | NOT_READY | INVALID_REQUEST)."""
+               deadline_s: float | None = None, prompt_logprobs: int | None = None,
+               session_id: str | None = None, context_cache: bool = True) -> GenerationHandle:
+        """Accept one request or raise EngineRequestError(OVERLOADED | NOT_READY | INVALID_REQUEST).
+
+        session_id: a context-cache lookup hint (the conversation); context_cache=False: this
+        request neither reuses nor publishes checkpoints (serve warmup)."""
         if not self._availability.ready:
             raise self._reject(ErrorKind.NOT_READY, f"engine is {self._availability.state.value}"
                                + (f": {self._availability.reason}" if self._availability.reason else ""))
         self._validate(prompt, sampling, max_tokens, output, deadline_s)
+        if session_id is not None and (not isinstance(session_id, str) or not session_id or len(session_id) > 256):
+            raise self._reject(ErrorKind.INVALID_REQUEST, "session_id must be a non-empty string of at most 256 "
+                               "characters")
         if prompt_logprobs is not None and (isinstance(prompt_logprobs, bool) or not isinstance(prompt_logprobs, int)
                                             or not 0 <= prompt_logprobs <= 20):
             raise self._reject(ErrorKind.INVALID_REQUEST, f"prompt_logprobs must be in 0..20, got {prompt_logprobs!r}")
@@ -122,7 +133,8 @@ class EngineCore:
                 raise self._reject(ErrorKind.NOT_READY, f"engine is {self._availability.state.value}")
             rec = RequestRecord(request_id=rid, publication_order=next(self._order), prompt=prompt,
                                 sampling=sampling, max_tokens=max_tokens, options=output, session=session,
-                                ticket=ticket, submit_time=now, deadline=now + timeout)
+                                ticket=ticket, submit_time=now, deadline=now + timeout,
+                                session_key=session_id, use_cache=bool(context_cache) and self._cache_on)
             if sampling.logprobs is not None:
                 rec.logprobs = []
             if prompt_logprobs is not None:
@@ -173,7 +185,10 @@ class EngineCore:
     # ================================ worker ============================================
     def attach_program(self, program: Program) -> None:
         self.program = program
-        self.rm = ResourceManager(program, self.max_concurrency)
+        cfg = self.cache_config
+        self.rm = ResourceManager(program, self.max_concurrency,
+                                  cache=ContextCache(cfg) if cfg is not None and cfg.enabled else None)
+        self._cache_on = self.rm.cache is not None
         self.max_model_len = min(self.max_model_len, program.max_model_len)
         self._publish_gauges()
         with self._cv:
@@ -360,7 +375,11 @@ class EngineCore:
         if unit.kind is UnitKind.PREFILL:
             rec = unit.records[0]
             remaining = rec.num_prompt_tokens - rec.num_computed_tokens
-            stage = program.prefill(rec.sequence, min(self.prefill_chunk_tokens, remaining))
+            size = min(self.prefill_chunk_tokens, remaining)
+            stop = self.rm.prefill_stop(rec)
+            if stop is not None:
+                size = min(size, stop - rec.num_computed_tokens)
+            stage = program.prefill(rec.sequence, size)
             self._pending = stage.pending
             done = stage.num_computed_tokens
             if not (rec.num_computed_tokens < done <= rec.num_prompt_tokens):
@@ -378,6 +397,8 @@ class EngineCore:
                                          f"{got} of {rec.num_prompt_tokens} prompt tokens")
             if stage.pending is not None:
                 self._consume(stage.pending, unit)
+            elif done in rec.capture_points and not rec.cancel_requested:
+                self.rm.capture(rec)
         elif unit.kind is UnitKind.CONTROL:
             rec = unit.records[0]
             if len(rec.control_tokens) > rec.remaining_budget:
@@ -401,7 +422,11 @@ class EngineCore:
         # NOTE: the cancellation flags read here are this unit's linearisation point.
         decisions = [decide_row(rec, row, rec.cancel_requested, control) for rec, row in zip(recs, batch.rows)]
         accepted = [d.accepted for d in decisions]
-        if any(accepted):
+        if any(accepted) and self.rm.cache is not None:
+            # NOTE: the Frontend's reconstruction boundaries ride with their rows into Program's commit.
+            self.program.commit(batch, accepted, [d.preview.boundary if d.preview is not None else None
+                                                  for d in decisions])
+        elif any(accepted):
             self.program.commit(batch, accepted)
         else:
             self.program.abort_pending(batch)
@@ -503,6 +528,8 @@ class EngineCore:
         if revision != self._capacity_revision:
             capacity = self.program.capacity()
             self._capacity_revision = revision
+            if self.rm.cache is not None:
+                self.metrics_collector.cache(self.rm.cache.stats, self.program.cache_usage())
         with self._cv:
             waiting = self.scheduler.num_waiting + len(self._inbox)
         self.metrics_collector.gauges(self.rm.num_busy_lanes, waiting, capacity)

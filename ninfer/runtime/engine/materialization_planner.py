@@ -6,10 +6,9 @@ The logical choice is the source of the request's continuation and its growth re
 (prompt + max output + Program's speculative lookahead). Program alone computes occupancy and
 feasibility and seals the plan against its current `resource_revision`.
 
-NOTE (context-cache seam, architecture.md §10): the candidate sources are, in order, the
-published checkpoints whose token digest is a prefix of the prompt (best first, from
-ResourceManager's catalog), then root. Until the context cache lands the catalog is empty and
-every request materializes from root.
+The candidate sources (architecture.md §10) are the longest published checkpoint whose token
+digest is a strict prefix of the prompt (from ResourceManager's catalog), then root; the plan
+may name inactive checkpoints (offered least valuable first) that Program evicts to fit.
 """
 from __future__ import annotations
 
@@ -28,11 +27,16 @@ class MaterializationPlanner:
         # always root, never a reused checkpoint (Program returns the log-probs from prefill).
         return SequenceRequest(prompt_token_ids=rec.prompt.token_ids, max_output_tokens=rec.max_tokens,
                                sampling=rec.sampling, lookahead=self.lookahead,
-                               prompt_logprobs=rec.prompt_logprobs)
+                               prompt_logprobs=rec.prompt_logprobs, publication=rec.use_cache,
+                               reconstruction_prefix=rec.prompt.reconstruction_prefix if rec.use_cache else None)
 
-    def plan(self, rec: RequestRecord) -> ResourcePlan | Refusal:
+    def plan(self, rec: RequestRecord, source: int | None = None, evictable: tuple[int, ...] = (),
+             host_bytes_free: int = 0) -> ResourcePlan | Refusal:
         request = self.sequence_request(rec)
-        outcome = self.program.plan_materialize(request)
+        if source is None and not evictable:
+            outcome = self.program.plan_materialize(request)
+        else:
+            outcome = self.program.plan_materialize(request, source, evictable, host_bytes_free)
         if isinstance(outcome, Refusal):
             return outcome
         if not isinstance(outcome, ResourcePlan):

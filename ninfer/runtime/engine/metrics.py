@@ -9,7 +9,7 @@ import bisect
 import threading
 from collections import Counter
 
-from ninfer.runtime.contract.types import CapacitySummary
+from ninfer.runtime.contract.types import CacheUsage, CapacitySummary
 from ninfer.types import Availability, EngineMetrics, HistogramSnapshot
 
 LATENCY_BOUNDS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -61,6 +61,8 @@ class MetricsCollector:
         self.inter_token = Histogram(LATENCY_BOUNDS)
         self.e2e = Histogram(LATENCY_BOUNDS)
         self.batch_size = Histogram(BATCH_BOUNDS)
+        self.cache_counts = (0, 0, 0, 0, 0, 0)          # queries, hits, hit tokens, captures, evictions, offloads
+        self.cache_usage = CacheUsage(0, 0, 0, 0)
 
     # ---- recording (worker, except `submitted`/`rejected` from submit threads) ---------------
     def submitted(self) -> None:
@@ -100,6 +102,12 @@ class MetricsCollector:
             if e2e is not None:
                 self.e2e.observe(e2e)
 
+    def cache(self, stats, usage: CacheUsage) -> None:
+        with self._lock:
+            self.cache_counts = (stats.queries, stats.hits, stats.hit_tokens, stats.captures, stats.evictions,
+                                 stats.offloads)
+            self.cache_usage = usage
+
     def gauges(self, running: int, waiting: int, capacity: CapacitySummary | None) -> None:
         with self._lock:
             self.running, self.waiting = running, waiting
@@ -123,4 +131,10 @@ class MetricsCollector:
                 num_decode_rounds=self.units["decode"], num_control_units=self.units["control"],
                 queue_time_s=self.queue_time.snapshot(), ttft_s=self.ttft.snapshot(),
                 inter_token_s=self.inter_token.snapshot(), e2e_s=self.e2e.snapshot(),
-                decode_batch_size=self.batch_size.snapshot())
+                decode_batch_size=self.batch_size.snapshot(),
+                num_cache_queries=self.cache_counts[0], num_cache_hits=self.cache_counts[1],
+                num_cache_hit_tokens=self.cache_counts[2], num_cache_captures=self.cache_counts[3],
+                num_cache_evictions=self.cache_counts[4], num_cache_offloads=self.cache_counts[5],
+                num_checkpoints_device=self.cache_usage.num_device, num_checkpoints_host=self.cache_usage.num_host,
+                checkpoint_device_bytes=self.cache_usage.device_bytes,
+                checkpoint_host_bytes=self.cache_usage.host_bytes)

@@ -4,7 +4,7 @@ Token vocabulary (see `ninfer.runtime.contract.types`):
   num_prompt_tokens    tokens of the prepared prompt
   num_computed_tokens  prompt tokens whose effect is committed in Program (prefill progress)
   num_output_tokens    committed generated tokens (sampled and forced-control tokens)
-  num_reused_tokens    prompt tokens taken from a reused checkpoint (0 until the context cache lands)
+  num_reused_tokens    prompt tokens taken from a reused checkpoint (the context cache)
   frontier             num_computed_tokens + num_output_tokens
   produced_tokens      tokens one model execution produced for a row (provisional)
   accepted_tokens      the prefix of produced_tokens that Engine commits
@@ -14,7 +14,7 @@ Request lifecycle (architecture.md §4):
     Waiting -> Materializing -> Prefill -> DecodeReady | ControlReady -> TerminalPending -> Finished
 
 `publication_order` is a monotonic number taken when the request enters the Engine; the FIFO
-queue is ordered by it and a future SessionIndex update uses it to decide which completion wins.
+queue is ordered by it and a SessionIndex update uses it to decide which completion wins.
 """
 from __future__ import annotations
 
@@ -78,6 +78,9 @@ class RequestRecord:
     terminal_reason: FinishReason | None = None   # set when execution ends (entering TerminalPending)
     control_tokens: tuple[int, ...] = ()          # the forced-control suffix asked by Frontend (ControlReady)
     last_boundary: int | None = None              # absolute output position of the last reconstruction boundary
+    session_key: str | None = None                # a lookup hint for the context cache (never ownership)
+    use_cache: bool = False                       # may reuse and publish checkpoints (context cache on)
+    capture_points: tuple[int, ...] = ()          # prompt frontiers where prefill stops to capture
     admit_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

@@ -1,4 +1,4 @@
-"""ResourceManager: logical lanes and (later) the context-cache catalog; adopts Program's results.
+"""ResourceManager: logical lanes and the context-cache catalog; adopts Program's results.
 
 Lane states (architecture.md §4):
 
@@ -13,8 +13,14 @@ Lane states (architecture.md §4):
 A lane is Engine's long-lived active position; it is not a StateImage slot, a KV row or a batch
 row, and none of those is derived from it. ResourceManager keeps no mirror of pages, slots or
 free space: it asks Program (plan, proof, summary) and adopts the ResourceResult Program returns.
-Every resource transition (materialization, terminal release) runs through here, at most one
-at a time (invariant 5).
+Every resource transition (materialization, capture, terminal retain or release, placement or
+deletion of an inactive checkpoint) runs through here, at most one at a time (invariant 5).
+
+Context cache (architecture.md §10, catalog in context_cache.py): admission picks the longest
+published prefix as the source and offers inactive checkpoints, least valuable first, as victims;
+Program's plan names those it needs. A terminal request that ended normally is retained (Program
+publishes one complete checkpoint at its publication frontier), the SessionIndex is updated when
+its publication_order is newer, then the device/host budgets are enforced.
 """
 from __future__ import annotations
 
@@ -22,8 +28,9 @@ import enum
 from dataclasses import dataclass
 from typing import Sequence
 
-from ninfer.runtime.contract.types import (InvariantError, Program, Refusal, ResourcePlan, ResourceResult,
-                                           SequenceHandle, StalePlanError)
+from ninfer.runtime.contract.types import (InvariantError, Placement, Program, Refusal, RefusalKind, ResourcePlan,
+                                           ResourceResult, SequenceHandle, StalePlanError, prefix_digest)
+from ninfer.runtime.engine.context_cache import ContextCache, RetentionClass
 from ninfer.runtime.engine.materialization_planner import MaterializationPlanner
 from ninfer.runtime.engine.request_record import RequestRecord
 
@@ -37,7 +44,10 @@ class LaneState(enum.Enum):
 
 class Retention(enum.Enum):
     RELEASE = "release"
-    RETAIN = "retain"          # publish a checkpoint (context cache, a later issue)
+    RETAIN = "retain"          # publish one complete checkpoint (context cache)
+
+
+_RETAINED_ENDS = frozenset({"stop", "length", "tool_calls"})
 
 
 @dataclass
@@ -49,10 +59,13 @@ class Lane:
 
 
 class ResourceManager:
-    def __init__(self, program: Program, num_lanes: int, planner: MaterializationPlanner | None = None):
+    def __init__(self, program: Program, num_lanes: int, planner: MaterializationPlanner | None = None,
+                 cache: ContextCache | None = None):
         self.program = program
         self.planner = planner or MaterializationPlanner(program)
         self.lanes = [Lane(i) for i in range(num_lanes)]
+        # NOTE: the cache needs a Program that publishes checkpoints (CheckpointProgram).
+        self.cache = cache if cache is not None and getattr(program, "supports_checkpoints", False) else None
         self._transition: str | None = None       # the one global resource transition in flight
         self.num_transitions = 0
 
@@ -73,7 +86,23 @@ class ResourceManager:
 
     # ---- planning (pure: no Program mutation) --------------------------------------------
     def plan_admission(self, rec: RequestRecord) -> ResourcePlan | Refusal:
-        return self.planner.plan(rec)
+        cache = self.cache
+        if cache is None:
+            return self.planner.plan(rec)
+        source = None
+        if rec.use_cache and rec.prompt_logprobs is None:
+            hit = cache.find_source(rec.prompt.token_ids)
+            source = hit.checkpoint_id if hit is not None else None
+        host_free = self._host_bytes_free()
+        plan = self.planner.plan(rec, source, tuple(cache.eviction_order(exclude=(source,) if source else ())),
+                                 host_free)
+        if isinstance(plan, Refusal) and plan.kind is RefusalKind.SHORT_NOW and source is not None:
+            plan = self.planner.plan(rec, None, tuple(cache.eviction_order()), host_free)
+        return plan
+
+    def _host_bytes_free(self) -> int:
+        budget = self.cache.config.host_bytes
+        return max(0, budget - self.program.cache_usage().host_bytes) if budget else 0
 
     def prove_backfill(self, head: RequestRecord, donors: Sequence[RequestRecord], borrower: RequestRecord) -> bool:
         handles = [d.sequence for d in donors if d.sequence is not None]
@@ -134,32 +163,150 @@ class ResourceManager:
         lane.state, lane.sequence = LaneState.ACTIVE, result.sequence
         rec.sequence = result.sequence
         rec.num_reused_tokens = result.num_reused_tokens
+        if self.cache is not None:
+            self.cache.adopt_evictions(result.evicted, result.offloaded)
+            if rec.use_cache and rec.prompt_logprobs is None:
+                hit = None
+                if result.num_reused_tokens:
+                    hit = self.cache.find_source(rec.prompt.token_ids)
+                    if hit is None or hit.frontier != result.num_reused_tokens:
+                        raise InvariantError(f"request {rec.request_id} reused {result.num_reused_tokens} tokens "
+                                             f"that no catalog entry proves")
+                self.cache.observe_query(hit)
+            rec.capture_points = tuple(self.cache.capture_points(rec.num_prompt_tokens, rec.num_reused_tokens)
+                                       ) if rec.use_cache else ()
 
     def begin_terminal(self, rec: RequestRecord) -> None:
         lane = self._lane_of(rec, LaneState.ACTIVE)
         lane.state = LaneState.TERMINAL_PENDING
 
     def choose_retention(self, rec: RequestRecord) -> Retention:
-        # NOTE (context-cache seam): retain publishes a complete checkpoint at the final frontier
-        # and updates the SessionIndex if rec.publication_order is newer than the binding. Until
-        # the catalog exists every terminal request releases.
+        # NOTE: cancellation (or an error) never publishes from unfinished active state.
+        reason = rec.terminal_reason.value if rec.terminal_reason is not None else None
+        if self.cache is not None and rec.use_cache and reason in _RETAINED_ENDS:
+            return Retention.RETAIN
         return Retention.RELEASE
 
     def settle_terminal(self, rec: RequestRecord) -> ResourceResult:
-        """TerminalPending -> (retain | release) -> adopt -> lane Free."""
+        """TerminalPending -> (retain | release) -> adopt -> optional SessionIndex update -> lane Free."""
         lane = self._lane_of(rec, LaneState.TERMINAL_PENDING)
         retention = self.choose_retention(rec)
-        assert retention is Retention.RELEASE
-        self._begin(f"release request {rec.request_id}")
+        self._begin(f"{retention.value} request {rec.request_id}")
         try:
-            result = self.program.release(lane.sequence)
+            if retention is Retention.RETAIN:
+                result = self.program.retain(lane.sequence)
+            else:
+                result = self.program.release(lane.sequence)
         finally:
             self._end()
         if not isinstance(result, ResourceResult) or not result.ok or result.pages_held or result.slots_held:
-            raise InvariantError(f"release of {lane.sequence} did not end in a clean state: {result}")
+            raise InvariantError(f"{retention.value} of {lane.sequence} did not end in a clean state: {result}")
+        if result.checkpoint is not None:
+            if retention is not Retention.RETAIN:
+                raise InvariantError(f"release of {lane.sequence} published a checkpoint")
+            self._adopt_terminal_checkpoint(rec, result)
         self._unclaim(lane, rec)
         rec.sequence = None
+        if self.cache is not None and retention is Retention.RETAIN:
+            self.trim()
         return result
+
+    # ---- context cache transitions -------------------------------------------------------
+    def prefill_stop(self, rec: RequestRecord) -> int | None:
+        """The next prompt frontier where the current prefill stage must end: a capture point, or
+        the prompt's reconstruction prefix (Program keeps that state in the publication slot)."""
+        if self.cache is None or not rec.use_cache:
+            return None
+        done = rec.num_computed_tokens
+        points = [p for p in rec.capture_points if p > done]
+        rp = rec.prompt.reconstruction_prefix
+        if rp is not None and done < rp < rec.num_prompt_tokens:
+            points.append(rp)
+        return min(points) if points else None
+
+    def _adopt_terminal_checkpoint(self, rec: RequestRecord, result: ResourceResult) -> None:
+        info = result.checkpoint
+        expected = tuple(rec.prompt.token_ids) + tuple(rec.output_token_ids)
+        if info.frontier > len(expected) or prefix_digest(expected[:info.frontier]) != info.digest:
+            raise InvariantError(f"terminal checkpoint of request {rec.request_id} proves a prefix that is not "
+                                 f"its prompt + output")
+        cid = info.checkpoint_id
+        same = self.cache.has_digest(info.digest)
+        self.cache.add(info, RetentionClass.TERMINAL)
+        if same is not None:
+            # NOTE: the same prefix is already published: keep the older entry, drop this copy.
+            self._delete(cid)
+            cid = same
+        if rec.session_key is not None:
+            self.cache.bind_session(rec.session_key, cid, rec.publication_order)
+
+    def capture(self, rec: RequestRecord) -> ResourceResult | None:
+        """Publish the live request's state at its current prompt frontier (a capture point)."""
+        cache = self.cache
+        if cache is None or not rec.use_cache or rec.sequence is None:
+            return None
+        f = rec.num_computed_tokens
+        digest = prefix_digest(rec.prompt.token_ids[:f])
+        if cache.has_digest(digest) is not None:
+            return None
+        retention = RetentionClass.PROMPT if f == rec.num_prompt_tokens - 1 else RetentionClass.STRIDE
+        offered = tuple(c for c in cache.eviction_order() if cache.entries[c].retention <= retention)
+        plan = self.program.plan_capture(rec.sequence, offered)
+        if isinstance(plan, Refusal):
+            return None
+        self._begin(f"capture request {rec.request_id} at {f}")
+        try:
+            result = self.program.start_capture(plan)
+        finally:
+            self._end()
+        if not result.ok or result.checkpoint is None or result.checkpoint.digest != digest:
+            raise InvariantError(f"capture of request {rec.request_id} at {f} returned {result}")
+        cache.adopt_evictions(result.evicted, result.offloaded)
+        cache.add(result.checkpoint, retention)
+        cache.stats.captures += 1
+        return result
+
+    def _delete(self, checkpoint_id: int) -> None:
+        self._begin(f"delete checkpoint {checkpoint_id}")
+        try:
+            result = self.program.delete_checkpoint(checkpoint_id)
+        finally:
+            self._end()
+        if not result.ok or tuple(result.evicted) != (checkpoint_id,):
+            raise InvariantError(f"delete of checkpoint {checkpoint_id} returned {result}")
+        self.cache.adopt_evictions(result.evicted, ())
+
+    def _offload(self, checkpoint_id: int) -> None:
+        self._begin(f"offload checkpoint {checkpoint_id}")
+        try:
+            result = self.program.offload_checkpoint(checkpoint_id)
+        finally:
+            self._end()
+        if not result.ok or tuple(result.offloaded) != (checkpoint_id,):
+            raise InvariantError(f"offload of checkpoint {checkpoint_id} returned {result}")
+        self.cache.adopt_evictions((), result.offloaded)
+
+    def trim(self) -> None:
+        """Enforce the device budget of inactive checkpoints (moving the least valuable to host
+        memory while the host budget allows, deleting otherwise), then the host budget."""
+        cache, cfg = self.cache, self.cache.config
+        if cfg.device_bytes:
+            while self.program.cache_usage().device_bytes > cfg.device_bytes:
+                order = cache.eviction_order()
+                if not order:
+                    break
+                victim = order[0]
+                nbytes = cache.entries[victim].info.nbytes
+                if cfg.host_bytes and self.program.cache_usage().host_bytes + nbytes <= cfg.host_bytes:
+                    self._offload(victim)
+                else:
+                    self._delete(victim)
+        if cfg.host_bytes:
+            while self.program.cache_usage().host_bytes > cfg.host_bytes:
+                order = cache.eviction_order(placement=Placement.HOST)
+                if not order:
+                    break
+                self._delete(order[0])
 
     def _lane_of(self, rec: RequestRecord, expect: LaneState) -> Lane:
         if rec.lane is None:
@@ -175,3 +322,5 @@ class ResourceManager:
         self._transition = None
         for lane in self.lanes:
             lane.state, lane.publication_order, lane.sequence = LaneState.FREE, None, None
+        if self.cache is not None:
+            self.cache.clear()
