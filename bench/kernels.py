@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._common import bench_ms, env_record, json_line, measure_ceilings, print_ceilings, print_table  # noqa: E402
 from ninfer import ops as ref  # noqa: E402
-from ninfer.ops.fast import attention as fa, conv as fc, gated_delta as fg, norms as fn  # noqa: E402
+from ninfer.ops.fast import attention as fa, conv as fc, gated_delta as fg, moe as fm, norms as fn  # noqa: E402
 
 DEV = "cuda"
 BF = torch.bfloat16
@@ -109,6 +109,17 @@ def cases(quick: bool):
     lens = torch.tensor([T], device=DEV)
     out.append((f"prefill_attn T={T}", lambda: fa.chunk_paged_attention(qp, kc, vc, bt, lens),
                 lambda: ref.chunk_paged_attention(qp, kc, vc, bt, lens), 4 * T * HQ * D * 2, 2 * T * T * HQ * D, 1e-2))
+    # --- routed experts (35B-A3B shapes: E=256, top-8, H=2048, I=512) ---------------------------
+    E, TOPK, HM, IM = 256, 8, 2048, 512
+    gu, dn = rn(E, 2 * IM, HM, scale=0.02), rn(E, HM, IM, scale=0.02)
+    for B in (1, 8):
+        xm = rn(B, HM)
+        routing = ref.route_topk(rn(B, E), TOPK)
+        distinct = int(routing.ids.unique().numel())
+        out.append((f"moe_experts B={B} ({distinct} experts)",
+                    lambda xm=xm, routing=routing: fm.moe_experts(xm, routing, gu, dn),
+                    lambda xm=xm, routing=routing: ref.moe_experts(xm, routing, gu, dn),
+                    distinct * 3 * IM * HM * 2, 0, 1e-2))
     return out
 
 

@@ -362,3 +362,22 @@ def test_program_fast_vs_reference_logits(identity):
             outs.append(dl[:, 0])
         logits[name] = torch.cat(outs)
     assert rel_rms(logits["fast"], logits["reference"]) < 5e-3
+
+
+# ------------------------------------------------------------------------------------------------
+# routed experts (decode sizes)
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 3, 8, 20])
+def test_moe_experts_decode(dtype, T):
+    from ninfer.ops.fast import moe as fm
+    g = gen(11)
+    E, k, H, I = 16, 4, 96, 40                       # odd sizes: masks on every edge
+    x = randn(T, H, dtype=dtype, g=g)
+    gate_up = randn(E, 2 * I, H, dtype=dtype, g=g, scale=0.1)
+    down = randn(E, H, I, dtype=dtype, g=g, scale=0.1)
+    routing = ref.route_topk(randn(T, E, dtype=dtype, g=g), k)
+    poison_allocator()
+    out = fm.moe_experts(x, routing, gate_up, down)
+    assert out.dtype == dtype
+    assert rel_rms(out, ref.moe_experts(x, routing, gate_up, down)) < TOL[dtype]

@@ -9,6 +9,8 @@ reference's signature and results and is tested against it (tests/test_fast_ops_
     attention.decode_paged_attention              Triton split-K paged GQA decode
     attention.chunk_paged_attention               paged gather + PyTorch SDPA (flash), no [L, C] matrix
     norms.rms_norm / gated_rms_norm               Triton row kernels
+    moe.moe_experts                               Triton grouped GEMV over the selected experts (decode
+                                                  sizes; not yet in the op set, see bench/NOTES.md)
 
 `select_ops(device)` returns the `OpSet` a model should use: the fast set on CUDA when Triton is
 importable, the reference set otherwise. Nothing here is imported on the CPU path (no Triton, no
