@@ -207,7 +207,8 @@ class ResourceManager:
             self._adopt_terminal_checkpoint(rec, result)
         self._unclaim(lane, rec)
         rec.sequence = None
-        if self.cache is not None and retention is Retention.RETAIN:
+        if self.cache is not None:
+            # NOTE: pages the sequence shared with checkpoints become inactive-only now: budgets again.
             self.trim()
         return result
 
@@ -264,6 +265,7 @@ class ResourceManager:
         cache.adopt_evictions(result.evicted, result.offloaded)
         cache.add(result.checkpoint, retention)
         cache.stats.captures += 1
+        self.trim()
         return result
 
     def _delete(self, checkpoint_id: int) -> None:
