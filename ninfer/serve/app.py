@@ -189,6 +189,8 @@ def submit_all(state: GatewayState, engine, calls: tuple[EngineCall, ...], rid: 
         for c in calls:
             request_id = rid if len(calls) == 1 else f"{rid}-{c.index}"
             kw = {} if c.prompt_logprobs is None else {"prompt_logprobs": c.prompt_logprobs}
+            if c.session_id is not None:
+                kw["session_id"] = c.session_id
             handle = engine.submit(c.prompt, c.sampling, max_tokens=c.max_tokens, output=c.output,
                                    request_id=request_id, **kw)
             state.inflight.add(handle)
@@ -413,6 +415,21 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
             info["chat_template"] = fe.chat_template.source
         return info
 
+    async def finished_runs(request: Request, state, runs, rid: str):
+        """Wait for every run of a non-streaming request: the runs in choice order, a 499 Response
+        when the client left (its requests are cancelled), or the engine's error raised."""
+        try:
+            await until_disconnect(request, collect(runs))
+        except ClientGone:
+            log.info("request %s: client disconnected; cancelled", rid)
+            return Response(status_code=499)
+        finally:
+            close_runs(state, runs)
+        err = first_error(runs)
+        if err is not None:
+            raise from_engine_error(err)
+        return sorted(runs, key=lambda r: r.call.index)
+
     # ---- completions ----------------------------------------------------------------------
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -425,17 +442,9 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return SSEResponse(chat_stream(state, runs, rid, created, model_name, plan, include_usage))
-        try:
-            await until_disconnect(request, collect(runs))
-        except ClientGone:
-            log.info("request %s: client disconnected; cancelled", rid)
-            return Response(status_code=499)
-        finally:
-            close_runs(state, runs)
-        err = first_error(runs)
-        if err is not None:
-            raise from_engine_error(err)
-        ordered = sorted(runs, key=lambda r: r.call.index)
+        ordered = await finished_runs(request, state, runs, rid)
+        if isinstance(ordered, Response):
+            return ordered
         choices = [R.chat_choice(r.call.index, r.final, state.pieces, plan.logprobs, plan.tools.max_calls)
                    for r in ordered]
         usage = R.merge_usage([(0, r.final.usage) for r in ordered])
@@ -454,17 +463,9 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return SSEResponse(completion_stream(state, runs, rid, created, model_name, plan,
                                                  want_logprobs, include_usage))
-        try:
-            await until_disconnect(request, collect(runs))
-        except ClientGone:
-            log.info("request %s: client disconnected; cancelled", rid)
-            return Response(status_code=499)
-        finally:
-            close_runs(state, runs)
-        err = first_error(runs)
-        if err is not None:
-            raise from_engine_error(err)
-        ordered = sorted(runs, key=lambda r: r.call.index)
+        ordered = await finished_runs(request, state, runs, rid)
+        if isinstance(ordered, Response):
+            return ordered
         choices = []
         for r in ordered:
             echo = plan.echo_texts[r.call.prompt_index]
