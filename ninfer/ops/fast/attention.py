@@ -29,10 +29,10 @@ _TARGET_PROGRAMS = 264     # ~2 waves over the H200's 132 SMs
 
 @triton.jit
 def _paged_decode_kernel(
-    q, kc, vc, bt, lens, part_o, part_ml, scale, tok_per_split,
+    q, kc, vc, bt, lens, part_o, part_ml, scale, tok_per_split, nsplit,
     stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
     HQ: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BH: tl.constexpr, BN: tl.constexpr, NSPLIT: tl.constexpr,
+    BH: tl.constexpr, BN: tl.constexpr,
 ):
     i_b = tl.program_id(0)
     i_kv = tl.program_id(1)
@@ -65,20 +65,20 @@ def _paged_decode_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
         m_i = m_new
-    row = (i_b * HQ + heads) * NSPLIT + i_s                                  # [BH]
+    row = (i_b * HQ + heads) * nsplit + i_s                                  # [BH]
     tl.store(part_o + row[:, None] * D + o_d[None, :], acc, mask=mh[:, None])
     tl.store(part_ml + row * 2, m_i, mask=mh)
     tl.store(part_ml + row * 2 + 1, l_i, mask=mh)
 
 
 @triton.jit
-def _merge_kernel(part_o, part_ml, out, stride_ob, stride_oh, HQ: tl.constexpr, D: tl.constexpr,
-                  NSPLIT: tl.constexpr, BS: tl.constexpr):
+def _merge_kernel(part_o, part_ml, out, nsplit, stride_ob, stride_oh, HQ: tl.constexpr, D: tl.constexpr,
+                  BS: tl.constexpr):
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
     o_s = tl.arange(0, BS)
-    ms = o_s < NSPLIT
-    row = (i_b * HQ + i_h) * NSPLIT + o_s
+    ms = o_s < nsplit
+    row = (i_b * HQ + i_h) * nsplit + o_s
     m = tl.load(part_ml + row * 2, mask=ms, other=float("-inf"))
     l = tl.load(part_ml + row * 2 + 1, mask=ms, other=0.0)
     m_max = tl.max(m, 0)
@@ -116,12 +116,14 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
     part_ml = torch.empty(B * Hq * nsplit, 2, dtype=torch.float32, device=q.device)
     BH = max(16, triton.next_power_of_2(rep))
     _paged_decode_kernel[(B, Hkv, nsplit)](
-        q, k_cache, v_cache, bt, lens, part_o, part_ml, float(scale), per,
+        q, k_cache, v_cache, bt, lens, part_o, part_ml, float(scale), per, nsplit,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), bt.stride(0),
-        HQ=Hq, REP=rep, D=D, PAGE=page, BH=BH, BN=BN, NSPLIT=nsplit, num_warps=4, num_stages=2)
+        HQ=Hq, REP=rep, D=D, PAGE=page, BH=BH, BN=BN, num_warps=4, num_stages=2)
     out = torch.empty_like(q)
-    _merge_kernel[(B, Hq)](part_o, part_ml, out, out.stride(0), out.stride(1), HQ=Hq, D=D, NSPLIT=nsplit,
+    # NOTE: the split count is a run-time argument (it follows the block-table width, which grows
+    #       with the context): only BS, its next power of two, selects a compiled variant.
+    _merge_kernel[(B, Hq)](part_o, part_ml, out, nsplit, out.stride(0), out.stride(1), HQ=Hq, D=D,
                            BS=max(2, triton.next_power_of_2(nsplit)), num_warps=4)
     return out
 

@@ -13,6 +13,8 @@ NOTE: fla-core is imported lazily, on the first call, so the CPU install never n
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -24,6 +26,7 @@ __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "fla_av
 FLA_VERSION = "0.6.0"
 
 
+@functools.cache
 def fla_available() -> bool:
     try:
         import fla.ops.gated_delta_rule  # noqa: F401
