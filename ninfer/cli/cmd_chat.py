@@ -1,5 +1,9 @@
 """`ninfer chat [MODEL]`: an interactive terminal chat.
 
+The conversation is one context-cache session (`--session NAME`, default: a fresh name per chat),
+so each turn reuses the previous one's checkpoint instead of computing the history again
+(`--no-prefix-cache` turns the cache off).
+
 Commands: /reset (forget the conversation), /system TEXT (set the system message and reset),
 /think on|off (thinking mode), /help, /exit. Reasoning is shown dimmed before the answer.
 Ctrl-C cancels the answer being generated (the turn is dropped) and returns to the prompt;
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import uuid
 
 from ninfer.cli.common import (add_engine_args, add_model_arg, add_sampling_args, check_max_tokens, dim,
                                engine_config, open_engine, resolve_model, sampling_params, use_color)
@@ -21,6 +26,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_model_arg(p)
     p.add_argument("--system", default=None, help="initial system message")
     p.add_argument("--think", choices=("on", "off"), default="on", help="thinking mode (default: on)")
+    p.add_argument("--session", default=None, metavar="NAME",
+                   help="context-cache session key of this conversation (default: a fresh one per chat)")
     add_sampling_args(p, max_tokens=1024)
     add_engine_args(p)
 
@@ -33,6 +40,13 @@ class ChatSession:
         self.think = args.think == "on"
         self.history: list[dict] = []
         self.color = use_color(sys.stdout)
+        self.session_base = args.session or f"chat-{uuid.uuid4().hex[:12]}"
+        self.resets = 0
+
+    @property
+    def session_id(self) -> str:
+        # NOTE: /reset starts a new conversation, so a new session key (the old one stays valid).
+        return self.session_base if not self.resets else f"{self.session_base}#{self.resets}"
 
     def messages(self) -> list[dict]:
         head = [{"role": "system", "content": self.system}] if self.system else []
@@ -46,10 +60,12 @@ class ChatSession:
             return False
         if cmd == "/reset":
             self.history.clear()
+            self.resets += 1
             print("[conversation reset]")
         elif cmd == "/system":
             self.system = rest or None
             self.history.clear()
+            self.resets += 1
             print("[system message set; conversation reset]" if rest else "[system message cleared; conversation reset]")
         elif cmd == "/think":
             if rest not in ("on", "off"):
@@ -82,7 +98,8 @@ class ChatSession:
             return
         try:
             handle = self.engine.submit(prompt, sampling_params(self.args, self.engine.frontend.sampling_defaults),
-                                        max_tokens=min(self.args.max_tokens, room), output=OutputOptions())
+                                        max_tokens=min(self.args.max_tokens, room), output=OutputOptions(),
+                                        session_id=self.session_id)
         except EngineRequestError as e:
             print(f"error: {e}", file=sys.stderr)
             return

@@ -24,6 +24,11 @@ _ENGINE_HELP = {
     "max_model_len": "prompt + output limit of one request",
     "enforce_eager": "no CUDA graphs",
     "seed": "default seed of requests that do not give one",
+    "prefix_cache": "context cache: reuse checkpoints of earlier prompts and conversation turns",
+    "cache_slots": "StateImage slots for inactive checkpoints (-1 = 2 x --max-concurrency)",
+    "cache_device_bytes": "device memory budget of inactive checkpoints in bytes (0 = bounded by the pools)",
+    "cache_host_bytes": "host-memory replica budget of inactive checkpoints in bytes (0 = none)",
+    "cache_capture_stride": "also capture a checkpoint every N prompt tokens (0 = off)",
 }
 
 
@@ -40,7 +45,11 @@ def add_engine_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> N
             continue
         flag = "--" + f.name.replace("_", "-")
         help_ = f"{_ENGINE_HELP.get(f.name, f.name)} (default: {f.default})"
-        if isinstance(f.default, bool):
+        if isinstance(f.default, bool) and f.default:
+            # NOTE: a feature on by default is turned off by --no-<field> (e.g. --no-prefix-cache).
+            g.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false", default=True,
+                           help=f"turn off: {_ENGINE_HELP.get(f.name, f.name)}")
+        elif isinstance(f.default, bool):
             g.add_argument(flag, dest=f.name, action="store_true", default=f.default, help=help_)
         else:
             g.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=help_)

@@ -37,6 +37,7 @@ class EngineCall:
     max_tokens: int
     prompt_logprobs: int | None = None    # echo + logprobs: log-probs of the prompt tokens (serve/echo.py)
     discard_output: bool = False          # max_tokens 0 with echo: one token is run, none is returned
+    session_id: str | None = None         # context-cache session key (request field `session_id`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +205,8 @@ def plan_chat(frontend, req: ChatCompletionRequest, limits: ModelLimits) -> Chat
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     output = _output_options(req, limits, tools=tools.tools, parse_tool_calls=tools.parse,
                              parse_reasoning=True)
-    calls = tuple(EngineCall(i, 0, prompt, sampling_params(req, limits, logprobs, i), output, max_tokens)
+    calls = tuple(EngineCall(i, 0, prompt, sampling_params(req, limits, logprobs, i), output, max_tokens,
+                             session_id=req.session_id)
                   for i in range(req.n))
     return ChatPlan(calls, tools, req.logprobs)
 
@@ -246,5 +248,5 @@ def plan_completion(frontend, req: CompletionRequest, limits: ModelLimits) -> Co
         for i in range(req.n):
             calls.append(EngineCall(k * req.n + i, k, prompt,
                                     sampling_params(req, limits, req.logprobs, i), output, max_tokens,
-                                    prompt_logprobs, discard))
+                                    prompt_logprobs, discard, session_id=req.session_id))
     return CompletionPlan(tuple(calls), tuple(echo))

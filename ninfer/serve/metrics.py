@@ -74,6 +74,24 @@ class EngineCollector:
         yield self._counter("ninfer:prompt_tokens_cached", "Prompt tokens reused from cached prefixes",
                             m.num_reused_tokens)
         yield self._counter("ninfer:generation_tokens", "Generated (committed) tokens", m.num_generation_tokens)
+        yield self._counter("ninfer:prefix_cache_queries", "Admissions that looked up the context cache",
+                            m.num_cache_queries)
+        yield self._counter("ninfer:prefix_cache_hits", "Admissions that reused a checkpoint", m.num_cache_hits)
+        yield self._counter("ninfer:prefix_cache_hit_tokens", "Prompt tokens reused from checkpoints",
+                            m.num_cache_hit_tokens)
+        yield self._counter("ninfer:prefix_cache_captures", "Checkpoints captured inside prompts",
+                            m.num_cache_captures)
+        yield self._counter("ninfer:prefix_cache_evictions", "Inactive checkpoints deleted", m.num_cache_evictions)
+        yield self._counter("ninfer:prefix_cache_offloads", "Inactive checkpoints moved to host memory",
+                            m.num_cache_offloads)
+        yield self._gauge("ninfer:prefix_cache_checkpoints", "Inactive checkpoints on the device",
+                          m.num_checkpoints_device)
+        yield self._gauge("ninfer:prefix_cache_host_checkpoints", "Inactive checkpoints in host memory",
+                          m.num_checkpoints_host)
+        yield self._gauge("ninfer:prefix_cache_device_bytes", "Device bytes held only by inactive checkpoints",
+                          m.checkpoint_device_bytes)
+        yield self._gauge("ninfer:prefix_cache_host_bytes", "Host bytes of checkpoint replicas",
+                          m.checkpoint_host_bytes)
         yield self._counter("ninfer:request_submitted", "Requests accepted at submit", m.num_requests_submitted)
         fin = CounterMetricFamily("ninfer:request_success", "Finished requests by finish reason",
                                   labels=["model_name", "finished_reason"])

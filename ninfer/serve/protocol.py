@@ -116,6 +116,9 @@ class _Sampling(_Model):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # context cache: the conversation this request continues (a lookup hint; shared prefixes are
+    # found without it too). NInfer extension, like vLLM's extra request fields.
+    session_id: str | None = Field(default=None, min_length=1, max_length=256)
 
     @field_validator("stop")
     @classmethod
