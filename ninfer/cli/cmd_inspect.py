@@ -44,7 +44,9 @@ def describe(art) -> list[str]:
               f"({len(d.gdn_layers)} GDN + {len(d.attention_layers)} attention), {ffn}",
               f"             attention {d.num_attention_heads}q/{d.num_key_value_heads}kv x {d.head_dim}, "
               f"GDN {d.linear_num_key_heads}k/{d.linear_num_value_heads}v x {d.linear_key_head_dim}, "
-              f"MTP layers {d.mtp_num_hidden_layers}, vision {'yes' if d.vision else 'no'}"]
+              f"MTP layers {d.mtp_num_hidden_layers} ({'stored' if art.has_group('mtp') else 'not stored'}), "
+              f"vision tower depth {d.vision.depth if d.vision else 0} "
+              f"({'stored' if art.has_group('vision') else 'not stored'})"]
     by_group: dict[str, list[int]] = {}
     for name in art.tensor_names():
         info = art.tensor_info(name)
