@@ -258,5 +258,6 @@ def _program_config(package_module: Any, cfg: EngineConfig, sampleable_vocab_siz
     num_pages = cfg.num_pages or cfg.max_concurrency * math.ceil(cfg.max_model_len / cfg.page_size)
     return program_config_cls(device=cfg.device, dtype=cfg.dtype, page_size=cfg.page_size, num_pages=num_pages,
                               num_slots=_num_slots(cfg), max_model_len=cfg.max_model_len,
-                              max_batch=cfg.max_concurrency, sampleable_vocab_size=sampleable_vocab_size)
+                              max_batch=cfg.max_concurrency, sampleable_vocab_size=sampleable_vocab_size,
+                              enforce_eager=cfg.enforce_eager)
 

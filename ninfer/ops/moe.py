@@ -77,12 +77,14 @@ def sparse_moe_block(
     shared_up_proj: torch.Tensor,
     shared_down_proj: torch.Tensor,
     shared_expert_gate: torch.Tensor,
+    experts=None,
 ) -> torch.Tensor:
     """The whole MoE FFN. x: [..., H]; router: [E, H]; other weights as in `moe_experts` and
-    `gated_shared_expert`. Returns [..., H] in x.dtype."""
+    `gated_shared_expert`; experts: a `moe_experts` implementation (default: this module's).
+    Returns [..., H] in x.dtype."""
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     routing = route_topk(F.linear(x2, router), top_k)
-    routed = moe_experts(x2, routing, gate_up, down)
+    routed = (experts or moe_experts)(x2, routing, gate_up, down)
     shared = gated_shared_expert(x2, shared_gate_proj, shared_up_proj, shared_down_proj, shared_expert_gate)
     return (routed + shared).reshape(shape)

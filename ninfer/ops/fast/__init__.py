@@ -10,7 +10,7 @@ reference's signature and results and is tested against it (tests/test_fast_ops_
     attention.chunk_paged_attention               paged gather + PyTorch SDPA (flash), no [L, C] matrix
     norms.rms_norm / gated_rms_norm               Triton row kernels
     moe.moe_experts                               Triton grouped GEMV over the selected experts (decode
-                                                  sizes; not yet in the op set, see bench/NOTES.md)
+                                                  sizes, no host sync; larger batches use the reference)
 
 `select_ops(device)` returns the `OpSet` a model should use: the fast set on CUDA when Triton is
 importable, the reference set otherwise. Nothing here is imported on the CPU path (no Triton, no
@@ -39,15 +39,16 @@ class OpSet(NamedTuple):
     write_kv_paged: Callable
     chunk_paged_attention: Callable
     decode_paged_attention: Callable
+    moe_experts: Callable              # routed experts (MoE post-mixer); the fast one has no host sync
 
 
 @functools.cache
 def reference_ops() -> OpSet:
-    from ninfer.ops import attention, conv, gated_delta, norms
+    from ninfer.ops import attention, conv, gated_delta, moe, norms
     return OpSet("reference", norms.rms_norm, norms.gated_rms_norm, conv.chunk_causal_conv1d,
                  conv.causal_conv1d_update, gated_delta.chunk_gated_delta_rule,
                  gated_delta.fused_recurrent_gated_delta_rule, attention.write_kv_paged,
-                 attention.chunk_paged_attention, attention.decode_paged_attention)
+                 attention.chunk_paged_attention, attention.decode_paged_attention, moe.moe_experts)
 
 
 @functools.cache
@@ -66,14 +67,15 @@ def fast_available() -> bool:
 def fast_ops() -> OpSet:
     """The fast set (needs Triton; fla-core is optional and imported at the first prefill call)."""
     from ninfer.ops import attention as ref_attention
-    from ninfer.ops.fast import attention, conv, gated_delta, norms
+    from ninfer.ops.fast import attention, conv, gated_delta, moe, norms
     nog = dict(gather_final_state=False)
     return OpSet(
         "fast", norms.rms_norm, norms.gated_rms_norm,
         functools.partial(conv.chunk_causal_conv1d, **nog), functools.partial(conv.causal_conv1d_update, **nog),
         functools.partial(gated_delta.chunk_gated_delta_rule, **nog),
         functools.partial(gated_delta.fused_recurrent_gated_delta_rule, **nog),
-        ref_attention.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention)
+        ref_attention.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention,
+        moe.moe_experts)
 
 
 def select_ops(device: torch.device | str) -> OpSet:

@@ -12,7 +12,8 @@ through its id (ids stay on the GPU, so the step is CUDA-graph capturable):
 Larger batches (prefill) fall back to the reference (a grouped GEMM over tokens sorted by expert
 is the missing piece). Accumulation is fp32 throughout, so the result differs from the
 reference's bf16 accumulation order by rounding only.
-NOTE: not yet wired into the MoE leaf; verified on CPU through Triton's interpreter (fp32) only.
+In the fast op set (`OpSet.moe_experts`), so the MoE leaf uses it on CUDA; decode with
+T * k <= MAX_PAIRS is then free of host syncs and runs inside the decode CUDA graphs.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Post-mixer leaf: sparse MoE with a sigmoid-gated shared expert (fused expert weights)."""
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import torch
 
@@ -10,14 +10,19 @@ from ninfer.targets.qwen3_6.dims import Qwen36Dims
 
 
 class SparseMoE:
+    # NOTE: the schedule passes its OpSet (`ops=`): the routed experts follow the op selection (the
+    #       fast grouped GEMV on CUDA has no host sync, so decode with it is CUDA-graph capturable).
+    takes_ops = True
+
     def __init__(self, dims: Qwen36Dims) -> None:
         if not dims.is_moe:
             raise ValueError("SparseMoE needs MoE dimensions (num_experts > 0)")
         self.top_k = dims.num_experts_per_tok
 
-    def __call__(self, mlp: Mapping[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
+    def __call__(self, mlp: Mapping[str, torch.Tensor], h: torch.Tensor, ops: Any = None) -> torch.Tensor:
         """h [N, H] -> [N, H]."""
         return sparse_moe_block(
             h, mlp["gate.weight"], mlp["experts.gate_up_proj"], mlp["experts.down_proj"], self.top_k,
             mlp["shared_expert.gate_proj.weight"], mlp["shared_expert.up_proj.weight"],
-            mlp["shared_expert.down_proj.weight"], mlp["shared_expert_gate.weight"])
+            mlp["shared_expert.down_proj.weight"], mlp["shared_expert_gate.weight"],
+            experts=ops.moe_experts if ops is not None else None)

@@ -33,6 +33,8 @@ class ProgramConfig:
     scoring_window longest scoring window in tokens (0 = max_model_len); causal_scoring only
     sampleable_vocab_size  ids >= this are never sampled (0 = every lm_head row): the lm_head has
                    padding rows past the tokenizer's vocabulary (248,077 of 248,320) that name no token
+    enforce_eager  no CUDA graphs; otherwise a CUDA device with the fast op set captures one decode
+                   graph per exact batch size 1..max_batch at start (cuda_graphs.py)
     """
     device: str | torch.device = "cpu"
     dtype: str | torch.dtype = "fp32"
@@ -45,6 +47,7 @@ class ProgramConfig:
     purpose: str = "generation"
     scoring_window: int = 0
     sampleable_vocab_size: int = 0
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         resolve_dtype(self.dtype)

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ninfer.core.stores import PagedKVStore, StateImageStore
 from ninfer.ops.fast import OpSet, select_ops
-from ninfer.ops.rope import mrope_cos_sin
+from ninfer.ops.rope import mrope_cos_sin, rope_inv_freq
 from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
 from ninfer.targets.qwen3_6.runtime.model_view import LayerView, ModelView
 
@@ -51,6 +51,11 @@ class Qwen36Model:
         self._gdn_index = {li: n for n, li in enumerate(d.gdn_layers)}
         nk, dk, dv = d.linear_num_key_heads, d.linear_key_head_dim, d.linear_value_head_dim
         self._qkv_split = (nk * dk, nk * dk, d.linear_num_value_heads * dv)
+        # NOTE: text rotary tables of the static decode path, made once on the device (mrope_cos_sin
+        #       builds them per call from host lists: a host-to-device copy, not graph-capturable).
+        self._rot = int(d.head_dim * d.partial_rotary_factor)
+        self._inv_freq = rope_inv_freq(self._rot, d.rope_theta, view.embed_tokens.device)
+        self._post_mixer_takes_ops = bool(getattr(leaves.post_mixer, "takes_ops", False))
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Run every layer; return the post-final-norm hidden states [N, H] (also MTP's input)."""
@@ -60,8 +65,27 @@ class Qwen36Model:
         cos, sin = mrope_cos_sin(pos, head_dim=d.head_dim, partial_rotary_factor=d.partial_rotary_factor,
                                  mrope_section=d.mrope_section, rope_theta=d.rope_theta,
                                  interleaved=d.mrope_interleaved)
-        meta = _RowMeta.of(fb, x.device)
+        return self._layers(x, cos, sin, fb, _RowMeta.of(fb, x.device))
+
+    def decode_static(self, input_ids: torch.Tensor, positions: torch.Tensor, state_entries: torch.Tensor,
+                      block_tables: torch.Tensor, context_lens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """One text token per row from device tensors only (the CUDA-graph body): no host sync, no
+        host-to-device copy, no branch on tensor values. input_ids/positions/state_entries/
+        context_lens/rows [B] int64 (rows = arange(B)), block_tables [B, W] page ids.
+        Same result as `forward` of a decode batch (text positions: every MRoPE axis = position)."""
+        x = F.embedding(input_ids, self.view.embed_tokens)
+        theta = positions.float().unsqueeze(-1) * self._inv_freq          # [B, rot/2]
+        emb = torch.cat([theta, theta], dim=-1)
+        B = input_ids.shape[0]
+        fb = ForwardBatch(input_ids, positions, (1,) * B, (), state_entries, block_tables)
+        # NOTE: cu_seqlens is read only by the prefill forms; in decode it is rows (unused).
+        return self._layers(x, emb.cos(), emb.sin(), fb, _RowMeta(True, rows, rows, context_lens))
+
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch,
+                meta: "_RowMeta") -> torch.Tensor:
         rms_norm = self.ops.rms_norm
+        post_mixer = self.leaves.post_mixer
+        kw = {"ops": self.ops} if self._post_mixer_takes_ops else {}
         for layer in self.view.layers:
             h = rms_norm(x, layer.input_norm, self.eps)
             if layer.kind == "full_attention":
@@ -69,7 +93,7 @@ class Qwen36Model:
             else:
                 x = x + self._gdn(layer, h, fb, meta)
             h = rms_norm(x, layer.post_norm, self.eps)
-            x = x + self.leaves.post_mixer(layer.mlp, h)
+            x = x + post_mixer(layer.mlp, h, **kw)
         return rms_norm(x, self.view.norm, self.eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

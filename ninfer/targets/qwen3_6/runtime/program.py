@@ -56,6 +56,7 @@ from ninfer.runtime.contract.types import (
 from ninfer.targets.qwen3_6.dims import Qwen36Dims
 from ninfer.targets.qwen3_6.runtime.checkpoints import CheckpointOps
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+from ninfer.targets.qwen3_6.runtime.cuda_graphs import DecodeGraphs
 from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
 from ninfer.targets.qwen3_6.runtime.model import ForwardBatch, Qwen36Model
 from ninfer.targets.qwen3_6.runtime.model_view import load_model_view
@@ -117,6 +118,14 @@ class Qwen36Program(CheckpointOps):
         self._plan_ids = itertools.count(1)
         self._default_seeds = itertools.count(0x5EED)
         self._init_checkpoints()
+        # NOTE: last, after every large allocation: the graphs point into the pools and weights.
+        self.graphs: DecodeGraphs | None = None
+        self.graphs_enabled = True   # a switch for benchmarks and tests; eager when False
+        if (not config.enforce_eager and dev.type == "cuda" and self.model.ops.name == "fast"
+                and config.purpose == "generation"):
+            self.graphs = DecodeGraphs(self.model, self._state, config.max_batch, config.max_model_len,
+                                       config.page_size, dev)
+            self.graphs.capture()
 
     # ------------------------------------------------------------------------------------------
     # Resources
@@ -307,15 +316,19 @@ class Qwen36Program(CheckpointOps):
             rngs: list[list[torch.Tensor | None]] = [[] for _ in seqs]
             step_logits = []
             for i in range(num_steps):
-                entries = []
-                for r, s in enumerate(seqs):
-                    dst = self._state.scratch_entry(rec.scratch[r][i])
-                    src = s.slot if i == 0 else self._state.scratch_entry(rec.scratch[r][i - 1])
-                    self._state.copy_entry(dst, src)
-                    entries.append(dst)
+                dsts = [self._state.scratch_entry(rec.scratch[r][i]) for r in range(B)]
+                srcs = [s.slot if i == 0 else self._state.scratch_entry(rec.scratch[r][i - 1])
+                        for r, s in enumerate(seqs)]
                 inputs = [[s.tokens[-1] if i == 0 else produced[r][i - 1]] for r, s in enumerate(seqs)]
-                hidden = self._forward(seqs, inputs, [s.frontier + i for s in seqs], entries)
-                logits = self.model.logits(hidden)
+                positions = [s.frontier + i for s in seqs]
+                logits = self._graph_step(seqs, inputs, positions, srcs, dsts)
+                if logits is None:
+                    for dst, src in zip(dsts, srcs):
+                        self._state.copy_entry(dst, src)
+                    hidden = self._forward(seqs, inputs, positions, dsts)
+                    logits = self.model.logits(hidden)
+                elif keep_logits:
+                    logits = logits.clone()       # the graph's output buffer is overwritten by the next replay
                 if keep_logits:
                     step_logits.append(logits)
                 if forced is None:
@@ -341,6 +354,20 @@ class Qwen36Program(CheckpointOps):
             self._pending.take(rec.batch)
             self._pending.close(rec)
             raise
+
+    def _graph_step(self, seqs: list[_Seq], inputs: list[list[int]], positions: list[int], srcs: list[int],
+                    dsts: list[int]) -> torch.Tensor | None:
+        """One token per row through the captured graph of exact B (state copy src -> dst, forward,
+        lm_head); None when graphs are off or do not apply (then the caller runs eagerly)."""
+        g = self.graphs
+        if g is None or not self.graphs_enabled or self.model.ops is not g.ops:
+            return None
+        for s, p in zip(seqs, positions):
+            s.holding.table.ensure(p + 1)
+        tables = [s.holding.table.pages for s in seqs]
+        if not g.fits(len(seqs), tables):
+            return None
+        return g.run([t[0] for t in inputs], positions, srcs, dsts, tables)
 
     def _forward(self, seqs: list[_Seq], inputs: list[list[int]], starts: list[int], entries: list[int]
                  ) -> torch.Tensor:

@@ -1,0 +1,114 @@
+"""CUDA graphs of the single-token decode step, one per exact batch size B in 1..max_batch.
+
+Captured once at Program start (CUDA device, fast op set, not `enforce_eager`), after every large
+allocation (KV pool, StateImage planes, weights) exists; nothing they point into is ever rebuilt.
+Page ids, state entries and positions are data in static buffers, never graph keys.
+
+    static inputs of graph B (one int64 device buffer, filled by one H2D copy from pinned memory)
+      input_ids [B]  positions [B]  src [B]  dst [B]  context_lens [B]  block_tables [B, W]
+      W = ceil(max_model_len / page_size) (fixed width; pages past a row's table are 0, never read)
+    graph body
+      every StateImage plane: plane[:, dst] = plane[:, src]    (the provisional entry of each row)
+      hidden = model.decode_static(...)                       (writes KV at positions, updates dst)
+      logits = lm_head(hidden) in fp32  [B, V]                 (static output, overwritten per replay)
+
+Sampling stays outside (one host sync per round for the token ids). Graph-safety of the body: no
+`.item()/.tolist()`, no host tensors, no shapes or Python branches that depend on tensor values;
+the fast ops derive launch grids from shapes only (decode attention's split count from W).
+The MoE leaf's routed experts must be the fast (sync-free) kernel: the reference loops over
+`torch.unique(ids).tolist()`. Capture warms up every B on a side stream first (Triton compiles),
+with src = dst = scratch entries and page 0 at position 0: nothing is owned at start.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ninfer.core.stores import StateImageStore
+from ninfer.targets.qwen3_6.runtime.model import Qwen36Model
+
+
+def decode_body(model: Qwen36Model, state: StateImageStore, g) -> torch.Tensor:
+    """The captured region (device tensors of `g` only): provisional state copy, forward, lm_head."""
+    for plane in state.planes.values():
+        plane.index_copy_(1, g.dst, plane.index_select(1, g.src))
+    hidden = model.decode_static(g.input_ids, g.positions, g.dst, g.block_tables, g.context_lens, g.rows)
+    return model.logits(hidden)
+
+
+class _Graph:
+    def __init__(self, B: int, W: int, device: torch.device) -> None:
+        self.B, self.W = B, W
+        n = 5 * B + B * W
+        self.dev = torch.zeros(n, dtype=torch.long, device=device)
+        self.host = torch.zeros(n, dtype=torch.long, pin_memory=True)
+        v = self.dev
+        self.input_ids, self.positions = v[0:B], v[B:2 * B]
+        self.src, self.dst, self.context_lens = v[2 * B:3 * B], v[3 * B:4 * B], v[4 * B:5 * B]
+        self.block_tables = v[5 * B:].view(B, W)
+        self.rows = torch.arange(B, dtype=torch.long, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+
+
+class DecodeGraphs:
+    def __init__(self, model: Qwen36Model, state: StateImageStore, max_batch: int, max_model_len: int,
+                 page_size: int, device: torch.device) -> None:
+        self.model, self.state = model, state
+        self.ops = model.ops                  # the op set captured; another set runs eagerly
+        self.width = -(-max_model_len // page_size)
+        self.device = device
+        self._graphs = {B: _Graph(B, self.width, device) for B in range(1, max_batch + 1)}
+        self._copied = torch.cuda.Event()
+        self._copied.record()
+        self.capture_s = 0.0
+        self.replays = 0
+
+    def _body(self, g: _Graph) -> torch.Tensor:
+        return decode_body(self.model, self.state, g)
+
+    def capture(self) -> None:
+        import time
+        t0 = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        ns = self.state.num_slots
+        for B in sorted(self._graphs, reverse=True):          # largest first: the pool fits the rest
+            g = self._graphs[B]
+            scratch = torch.arange(ns, ns + B, dtype=torch.long, device=self.device)
+            g.src.copy_(scratch)
+            g.dst.copy_(scratch)
+            g.context_lens.fill_(1)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._body(g)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                g.logits = self._body(g)
+            g.graph = graph
+        torch.cuda.synchronize()
+        self.capture_s = time.perf_counter() - t0
+
+    def fits(self, B: int, tables: Sequence[Sequence[int]]) -> bool:
+        return B in self._graphs and all(len(t) <= self.width for t in tables)
+
+    def run(self, input_ids: Sequence[int], positions: Sequence[int], src: Sequence[int], dst: Sequence[int],
+            tables: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Replay graph B = len(input_ids); returns its static fp32 logits [B, V] (valid until the next
+        replay of the same B: clone to keep them)."""
+        g = self._graphs[len(input_ids)]
+        W = self.width
+        flat = [*input_ids, *positions, *src, *dst, *(p + 1 for p in positions)]
+        for t in tables:
+            flat.extend(t)
+            flat.extend([0] * (W - len(t)))
+        self._copied.synchronize()            # the previous copy out of the pinned buffer is done
+        g.host.copy_(torch.tensor(flat, dtype=torch.long))
+        g.dev.copy_(g.host, non_blocking=True)
+        self._copied.record()
+        g.graph.replay()
+        self.replays += 1
+        return g.logits

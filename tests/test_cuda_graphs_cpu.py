@@ -1,0 +1,111 @@
+"""CPU checks of the CUDA-graph decode body (no CUDA needed): the static decode forward equals the
+eager forward, and the captured region does no host sync and builds no tensor from host data
+(`.item()`, `.tolist()`, `.cpu()`, `bool(t)`, `torch.tensor(...)` raise inside it). The ops
+themselves are excluded from the guard (the CPU references loop on the host; the fast CUDA ops
+are checked on the GPU by tests/test_cuda_graphs_gpu.py, whose capture fails on any sync)."""
+from __future__ import annotations
+
+import contextlib
+import importlib
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ninfer.ops.fast import reference_ops
+from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+from ninfer.targets.dummy_weights import DummyWeights
+from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+from ninfer.targets.qwen3_6.runtime.cuda_graphs import decode_body
+
+
+class _HostSync(AssertionError):
+    pass
+
+
+@contextlib.contextmanager
+def _no_host_data():
+    def banned(name):
+        def f(*a, **k):
+            raise _HostSync(f"{name} inside the captured region")
+        return f
+    saved = {}
+    targets = [(torch.Tensor, n) for n in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")]
+    targets += [(torch, "tensor"), (torch, "as_tensor")]
+    for obj, n in targets:
+        saved[(obj, n)] = getattr(obj, n)
+        setattr(obj, n, banned(n))
+    try:
+        yield saved
+    finally:
+        for (obj, n), v in saved.items():
+            setattr(obj, n, v)
+
+
+def _unguarded(fn, saved):
+    """Run one op with the guard lifted (ops are checked elsewhere)."""
+    def call(*a, **k):
+        cur = {key: getattr(*key) for key in saved}
+        for (obj, n), v in saved.items():
+            setattr(obj, n, v)
+        try:
+            return fn(*a, **k)
+        finally:
+            for (obj, n), v in cur.items():
+                setattr(obj, n, v)
+    return call
+
+
+def _dense_moe(x, routing, gate_up, down):
+    """Sync-free routed experts (every expert computed, weighted by a scatter of the routing)."""
+    E, I = down.shape[0], down.shape[-1]
+    w = torch.zeros(x.shape[0], E, dtype=torch.float32).scatter_(1, routing.ids, routing.weights.float())
+    h = torch.einsum("th,eih->tei", x.float(), gate_up.float())
+    y = torch.einsum("tei,ehi->teh", F.silu(h[..., :I]) * h[..., I:], down.float())
+    return (y * w.unsqueeze(-1)).sum(1).to(x.dtype)
+
+
+def _program(identity):
+    w = DummyWeights(identity, device="cpu", dtype=torch.float32, seed=5, std=0.2)
+    pkg = importlib.import_module(w.package.module)
+    prog = pkg.create_program(w, ProgramConfig(device="cpu", dtype="fp32", page_size=16, num_pages=64,
+                                               num_slots=4, max_model_len=256, max_batch=4, max_steps=2))
+    assert prog.graphs is None                      # CPU: eager only
+    return w, prog
+
+
+@pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
+def test_decode_body_matches_eager_and_never_touches_the_host(identity):
+    w, prog = _program(identity)
+    ops = reference_ops()._replace(moe_experts=_dense_moe)
+    prog.model.ops = ops
+    g = torch.Generator().manual_seed(2)
+    hs = []
+    for n in (5, 19, 33):
+        req = SequenceRequest(prompt_token_ids=tuple(torch.randint(0, 1000, (n,), generator=g).tolist()),
+                              sampling=SamplingParams(temperature=0.0), max_output_tokens=8)
+        h = prog.start_materialize(prog.plan_materialize(req)).sequence
+        prog.commit(prog.prefill(h, n).pending, [1])
+        hs.append(h)
+    seqs = [prog._seq(h) for h in hs]
+    B = len(seqs)
+    # eager reference of one decode step (no commit: abort leaves the slots as they were)
+    batch, ref_logits = prog.decode_with_logits(hs, 1)
+    prog.abort_pending(batch)
+    ns = prog._state.num_slots
+    W = -(-prog.config.max_model_len // prog.config.page_size)
+    tables = torch.zeros(B, W, dtype=torch.long)
+    for r, s in enumerate(seqs):
+        tables[r, :len(s.holding.table.pages)] = torch.tensor(s.holding.table.pages)
+    pos = torch.tensor([s.frontier for s in seqs])
+    buf = SimpleNamespace(input_ids=torch.tensor([s.tokens[-1] for s in seqs]), positions=pos,
+                          src=torch.tensor([s.slot for s in seqs]), dst=torch.arange(ns, ns + B),
+                          context_lens=pos + 1, block_tables=tables, rows=torch.arange(B))
+    with _no_host_data() as saved:
+        prog.model.ops = ops._replace(**{f: _unguarded(getattr(ops, f), saved) for f in ops._fields if f != "name"})
+        logits = decode_body(prog.model, prog._state, buf)
+    prog.model.ops = ops
+    torch.testing.assert_close(logits, ref_logits[:, 0], rtol=1e-5, atol=1e-5)
+    # the provisional entries hold the stepped state; the committed slots are untouched by the copy
+    assert torch.equal(prog._state.planes["recurrent"][:, ns:ns + B].isfinite().all(), torch.tensor(True))

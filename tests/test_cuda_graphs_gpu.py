@@ -1,0 +1,120 @@
+"""Decode CUDA graphs (one per exact B) == eager, on the tiny identities (fp32, synthetic weights).
+
+Two Programs over the same weights, one `enforce_eager`, run the same schedule: rows of different
+context lengths join and leave, B goes through 1..4, rounds of 1 and 2 steps, full commits,
+prefix commits (accepted < produced), cancelled rows (accepted 0) and aborts. Greedy tokens must be
+equal round by round, and the logits equal within fp32 tolerance. A third Program with the
+reference op set (eager) bounds the fast path's error. Prompts are prefilled in 1-token stages
+(the decode kernels; no fla compile in this file).
+"""
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA", allow_module_level=True)
+
+from ninfer.ops.fast import reference_ops  # noqa: E402
+from ninfer.runtime.contract.types import SamplingParams, SequenceRequest  # noqa: E402
+from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
+from ninfer.targets.qwen3_6.runtime.config import ProgramConfig  # noqa: E402
+
+
+def rel_rms(a, b):
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+# (round, active row ids, steps, decision per row: "all" | "prefix" | "cancel", or "abort" for the batch)
+SCHEDULE = [
+    ([0], 1, "all"), ([0, 1], 1, "all"), ([0, 1, 2], 2, ["all", "prefix", "all"]), ([1, 2], 1, "abort"),
+    ([0, 1, 2, 3], 1, "all"), ([3, 0, 2, 1], 2, ["prefix", "all", "cancel", "all"]), ([2], 2, "prefix"),
+    ([3, 2], 1, "all"), ([4, 3, 2], 1, "all"), ([4], 2, "all"), ([1, 4, 3, 0], 1, "abort"), ([1, 4, 3, 0], 1, "all"),
+    ([4, 0], 2, ["cancel", "prefix"]), ([0, 4, 1], 1, "all"),
+]
+PROMPT_LENS = [3, 17, 9, 30, 5]
+
+
+def _run(identity, mode):
+    w = DummyWeights(identity, device="cuda", dtype=torch.float32, seed=7, std=0.2)
+    pkg = importlib.import_module(w.package.module)
+    cfg = ProgramConfig(device="cuda", dtype="fp32", page_size=16, num_pages=128, num_slots=6, max_model_len=96,
+                        max_batch=4, max_steps=2, enforce_eager=(mode != "graphs"))
+    prog = pkg.create_program(w, cfg)
+    if mode == "graphs":
+        assert prog.graphs is not None
+    else:
+        assert prog.graphs is None
+    if mode == "reference":
+        prog.model.ops = reference_ops()
+    g = torch.Generator().manual_seed(4)
+    hs = []
+    for n in PROMPT_LENS:
+        prompt = tuple(torch.randint(0, w.dims.vocab_size, (n,), generator=g).tolist())
+        req = SequenceRequest(prompt_token_ids=prompt, sampling=SamplingParams(temperature=0.0), max_output_tokens=40)
+        h = prog.start_materialize(prog.plan_materialize(req)).sequence
+        while True:
+            step = prog.prefill(h, 1)
+            if step.pending is not None:
+                prog.commit(step.pending, [1])
+                break
+        hs.append(h)
+    tokens, logits = [], []
+    for rows, steps, decision in SCHEDULE:
+        batch, lg = prog.decode_with_logits([hs[r] for r in rows], steps)
+        tokens.append([row.tokens for row in batch.rows])
+        logits.append(lg)
+        if decision == "abort":
+            prog.abort_pending(batch)
+            continue
+        ds = [decision] * len(rows) if isinstance(decision, str) else decision
+        acc = [{"all": steps, "prefix": steps - 1 if steps > 1 else 1, "cancel": 0}[d] for d in ds]
+        prog.commit(batch, acc)
+        prog.check_integrity()
+    replays = prog.graphs.replays if prog.graphs is not None else 0
+    return tokens, logits, replays
+
+
+@pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
+def test_graph_decode_equals_eager(identity):
+    tg, lg, replays = _run(identity, "graphs")
+    te, le, _ = _run(identity, "eager")
+    assert replays == sum(steps for _, steps, _ in SCHEDULE)          # every decode step replayed a graph
+    assert tg == te
+    for a, b in zip(lg, le):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    tr, lr, _ = _run(identity, "reference")
+    worst = max(rel_rms(a, b) for a, b in zip(lg, lr))
+    assert worst < 5e-3, worst
+
+
+def test_graphs_off_switch_and_ops_swap_run_eagerly():
+    w = DummyWeights("qwen3_6-tiny-dense", device="cuda", dtype=torch.float32, seed=1, std=0.2)
+    pkg = importlib.import_module(w.package.module)
+    prog = pkg.create_program(w, ProgramConfig(device="cuda", dtype="fp32", page_size=16, num_pages=32,
+                                               max_model_len=64, max_batch=2, max_steps=1))
+    req = SequenceRequest(prompt_token_ids=(1, 2, 3), sampling=SamplingParams(temperature=0.0), max_output_tokens=8)
+    h = prog.start_materialize(prog.plan_materialize(req)).sequence
+    for _ in range(3):
+        st = prog.prefill(h, 1)
+    prog.commit(st.pending, [1])
+    out = {}
+    for name in ("graph", "off", "ref"):
+        prog.graphs_enabled = name != "off"
+        fast = prog.model.ops
+        if name == "ref":
+            prog.model.ops = reference_ops()
+        n0 = prog.graphs.replays
+        b, lg = prog.decode_with_logits([h], 1)
+        prog.abort_pending(b)
+        out[name] = lg
+        assert (prog.graphs.replays - n0) == (1 if name == "graph" else 0)
+        prog.model.ops = fast
+    torch.testing.assert_close(out["graph"], out["off"], rtol=1e-4, atol=1e-4)
+    assert rel_rms(out["graph"], out["ref"]) < 5e-3
