@@ -89,9 +89,19 @@ def test_graph_decode_equals_eager(identity):
     for a, b in zip(lg, le):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    # NOTE: fast vs reference ops differ by rounding, which can flip a greedy choice; after the
+    #       first differing token the two runs decode different text. Compare up to that round
+    #       (its first step's logits precede the flip).
     tr, lr, _ = _run(identity, "reference")
-    worst = max(rel_rms(a, b) for a, b in zip(lg, lr))
-    assert worst < 5e-3, worst
+    compared = 0
+    for a, b, ta, tb in zip(lg, lr, tg, tr):
+        same = ta == tb
+        a, b = (a, b) if same else (a[:, :1], b[:, :1])
+        assert rel_rms(a, b) < 5e-3, (compared, rel_rms(a, b))
+        compared += 1
+        if not same:
+            break
+    assert compared >= 3, compared
 
 
 def test_graphs_off_switch_and_ops_swap_run_eagerly():
