@@ -20,10 +20,12 @@ class GatedAttentionProjection:
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """h [N, H] -> q [N, nh, hd], k/v [N, nkv, hd] (q/k normed and rotated), gate [N, nh*hd]."""
         N = h.shape[0]
-        qg = F.linear(h, w.q_proj).view(N, self.nh, 2 * self.hd)     # per head [query | gate]
+        nq, nk = self.nh * 2 * self.hd, self.nkv * self.hd
+        qkv = F.linear(h, w.in_proj)                                   # one GEMM: [q|gate per head, k, v]
+        qg = qkv[:, :nq].view(N, self.nh, 2 * self.hd)                 # per head [query | gate]
         q, gate = qg[..., : self.hd], qg[..., self.hd:].reshape(N, self.nh * self.hd)
-        k = F.linear(h, w.k_proj).view(N, self.nkv, self.hd)
-        v = F.linear(h, w.v_proj).view(N, self.nkv, self.hd)
+        k = qkv[:, nq:nq + nk].view(N, self.nkv, self.hd)
+        v = qkv[:, nq + nk:].view(N, self.nkv, self.hd)
         q = rms_norm(q, w.q_norm, self.eps)
         k = rms_norm(k, w.k_norm, self.eps)
         q, k = apply_rotary_qk(q, k, cos, sin)

@@ -20,9 +20,11 @@ class GDNProjection:
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """h [N, H] -> qkv [N, C] (pre-conv), z [N, nv, dv], g [N, nv] fp32, beta [N, nv]."""
         N = h.shape[0]
-        qkv = F.linear(h, w.in_proj_qkv)
-        z = F.linear(h, w.in_proj_z).view(N, self.nv, self.dv)
-        g, beta = gdn_gates(F.linear(h, w.in_proj_a), F.linear(h, w.in_proj_b), w.A_log, w.dt_bias)
+        C, nz, nv = w.in_proj_qkv.shape[0], self.nv * self.dv, self.nv
+        y = F.linear(h, w.in_proj)                                     # one GEMM: [qkv | z | b | a]
+        qkv = y[:, :C]
+        z = y[:, C:C + nz].view(N, self.nv, self.dv)
+        g, beta = gdn_gates(y[:, C + nz + nv:], y[:, C + nz:C + nz + nv], w.A_log, w.dt_bias)
         return qkv, z, g, beta
 
     def output(self, w: GDNWeights, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:

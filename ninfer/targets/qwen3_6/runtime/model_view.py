@@ -24,6 +24,7 @@ class AttentionWeights:
     o_proj: torch.Tensor      # [H, nh * hd]
     q_norm: torch.Tensor      # [hd]  zero-centred
     k_norm: torch.Tensor      # [hd]  zero-centred
+    in_proj: torch.Tensor     # [q_proj | k_proj | v_proj] rows: the three above are views of it
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,7 @@ class GDNWeights:
     A_log: torch.Tensor        # [nv]  (may be fp32 in a bf16 model)
     norm: torch.Tensor         # [dv]  plain weight (may be fp32)
     out_proj: torch.Tensor     # [H, nv * dv]
+    in_proj: torch.Tensor      # [in_proj_qkv | in_proj_z | in_proj_b | in_proj_a] rows (parts are views)
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,27 @@ def tensor_getter(weights: Any) -> Callable[[str], torch.Tensor]:
     raise TypeError(f"weights must be an Artifact or a Mapping[str, Tensor], got {type(weights).__name__}")
 
 
+# NOTE: projections that read the same input are one wider matrix (one GEMM per group in decode);
+#       the canonical parts stay available as row views of it (no second copy is kept).
+#       post-mixer groups: fused name -> parts, rows in this order.
+MLP_FUSED = {
+    "gate_up_proj.weight": ("gate_proj.weight", "up_proj.weight"),
+    "shared_in.weight": ("shared_expert.gate_proj.weight", "shared_expert.up_proj.weight",
+                         "shared_expert_gate.weight", "gate.weight"),
+}
+
+
+def fuse_rows(t: dict[str, torch.Tensor], names: tuple[str, ...]) -> torch.Tensor:
+    """Concatenate t[names] along rows into one tensor and replace each t[name] by its row view."""
+    fused = torch.cat([t[n] for n in names], dim=0)
+    r = 0
+    for n in names:
+        rows = t[n].shape[0]
+        t[n] = fused[r:r + rows]
+        r += rows
+    return fused
+
+
 def load_model_view(dims: Qwen36Dims, weights: Any, device: torch.device | str, dtype: torch.dtype) -> ModelView:
     """Copy the text model's tensors to `device`/`dtype` (fp32-stored A_log / GDN norm stay fp32)."""
     get = tensor_getter(weights)
@@ -88,16 +111,23 @@ def load_model_view(dims: Qwen36Dims, weights: Any, device: torch.device | str, 
         p = f"layers.{i}."
         if kind == "full_attention":
             a = p + "self_attn."
+            fused = fuse_rows(t, (a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"))
             mixer: AttentionWeights | GDNWeights = AttentionWeights(
                 t[a + "q_proj.weight"], t[a + "k_proj.weight"], t[a + "v_proj.weight"], t[a + "o_proj.weight"],
-                t[a + "q_norm.weight"], t[a + "k_norm.weight"])
+                t[a + "q_norm.weight"], t[a + "k_norm.weight"], fused)
         else:
             g = p + "linear_attn."
+            fused = fuse_rows(t, (g + "in_proj_qkv.weight", g + "in_proj_z.weight", g + "in_proj_b.weight",
+                                  g + "in_proj_a.weight"))
             mixer = GDNWeights(
                 t[g + "in_proj_qkv.weight"], t[g + "in_proj_z.weight"], t[g + "in_proj_b.weight"],
                 t[g + "in_proj_a.weight"], t[g + "conv1d.weight"].squeeze(1), t[g + "dt_bias"], t[g + "A_log"],
-                t[g + "norm.weight"], t[g + "out_proj.weight"])
-        mlp = {k[len(p + "mlp."):]: v for k, v in t.items() if k.startswith(p + "mlp.")}
+                t[g + "norm.weight"], t[g + "out_proj.weight"], fused)
+        m = p + "mlp."
+        for fname, parts in MLP_FUSED.items():
+            if all(m + n in t for n in parts):
+                t[m + fname] = fuse_rows(t, tuple(m + n for n in parts))
+        mlp = {k[len(m):]: v for k, v in t.items() if k.startswith(m)}
         layers.append(LayerView(i, kind, t[p + "input_layernorm.weight"], t[p + "post_attention_layernorm.weight"],
                                 mixer, mlp))
     lm_head = t["embed_tokens.weight"] if dims.tie_word_embeddings else t["lm_head.weight"]
