@@ -163,6 +163,31 @@ def test_conv_update_slots_vs_dense(dtype, T):
     assert torch.isnan(pool[other]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_conv_update_src_to_dst(dtype):
+    """dst_indices: state read at the source entries, written at the destination entries; the
+    sources are never written (the decode graph's committed slots), same numbers as copy + in place."""
+    from ninfer.ops.fast import conv
+    g = gen(14)
+    B, C, S = 3, 10240 if not _INTERPRET else 300, 12
+    src = torch.tensor([2, 0, 5], device=_DEV)
+    dst = torch.tensor([9, 10, 11], device=_DEV)
+    x = randn(B, C, dtype=dtype, g=g)
+    w = randn(C, 4, dtype=dtype, g=g, scale=0.5)
+    pool = _nan_pool(S, C, 3, dtype=dtype)
+    pool[src] = randn(B, C, 3, dtype=dtype, g=g)
+    before = pool.clone()
+    y, _ = conv.causal_conv1d_update(x, w, pool, state_indices=src, dst_indices=dst, gather_final_state=False)
+    ry, rns = ref.causal_conv1d_update(x, w, before[src].clone())
+    assert rel_rms(y, ry) < TOL[dtype] / STRICT
+    assert torch.equal(pool[dst], rns)
+    keep = [i for i in range(S) if i not in dst.tolist()]
+    assert torch.equal(pool[keep].nan_to_num(7.0), before[keep].nan_to_num(7.0))
+    rpool = before.clone()                         # the reference's dst form: copy, then in place at dst
+    ry2, _ = ref.causal_conv1d_update(x, w, rpool, state_indices=src, dst_indices=dst)
+    assert torch.equal(rpool[dst], rns) and torch.equal(rpool[src], before[src])
+
+
 # ------------------------------------------------------------------------------------------------
 # gated delta rule
 # ------------------------------------------------------------------------------------------------
@@ -199,6 +224,28 @@ def test_recurrent_gdn_slots_vs_dense(dtype, T):
     assert torch.equal(od, o) and torch.equal(Sd, pool[slots])
     other = [i for i in range(S) if i not in slots.tolist()]
     assert torch.isnan(pool[other]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_recurrent_gdn_src_to_dst(dtype):
+    """dst_indices: final state written at the destination entries, sources untouched."""
+    from ninfer.ops.fast import gated_delta as fg
+    g = gen(15)
+    B, Hk, Hv, K, V, S = 3, 2, 6, 128, 128, 9
+    q, k, v, gg, beta = _gdn_inputs(B, 1, Hk, Hv, K, V, dtype, g)
+    src = torch.tensor([4, 0, 2], device=_DEV)
+    dst = torch.tensor([6, 7, 8], device=_DEV)
+    pool = _nan_pool(S, Hv, K, V, dtype=torch.float32)
+    pool[src] = randn(B, Hv, K, V, g=g, scale=0.1)
+    before = pool.clone()
+    o, _ = fg.fused_recurrent_gated_delta_rule(q, k, v, gg, beta, initial_state=pool, state_indices=src,
+                                               dst_indices=dst, use_qk_l2norm_in_kernel=True, gather_final_state=False)
+    ro, rS = ref.fused_recurrent_gated_delta_rule(q, k, v, gg, beta, initial_state=before[src].clone(),
+                                                  use_qk_l2norm_in_kernel=True)
+    assert rel_rms(o, ro) < TOL[dtype] / STRICT
+    assert rel_rms(pool[dst], rS) < 1e-5
+    keep = [i for i in range(S) if i not in dst.tolist()]
+    assert torch.equal(pool[keep].nan_to_num(7.0), before[keep].nan_to_num(7.0))
 
 
 def test_recurrent_gdn_varlen_and_strided_inputs():

@@ -74,8 +74,11 @@ def causal_conv1d_update(
     *,
     state_indices: torch.Tensor | None = None,
     activation: str | None = "silu",
+    dst_indices: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Decode form: one new input per sequence (or a few, e.g. speculative verify), state required.
+    With `dst_indices` [B] (slot pool only): read the state at `state_indices`, write the updated
+    state at `dst_indices` (the entries at `state_indices` are left untouched).
 
     Args:
         x: [B, C] (one step) or [B, T, C] (T small steps, same for all rows).
@@ -84,6 +87,9 @@ def causal_conv1d_update(
     Returns:
         (y with x's shape and dtype, new_state [B, C, K-1] in conv_state.dtype).
     """
+    if dst_indices is not None:
+        conv_state.index_copy_(0, dst_indices.long(), conv_state.index_select(0, state_indices.long()))
+        state_indices = dst_indices
     squeeze = x.dim() == 2
     x3 = x.unsqueeze(1) if squeeze else x
     y, new_state = chunk_causal_conv1d(

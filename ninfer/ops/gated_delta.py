@@ -168,8 +168,14 @@ def fused_recurrent_gated_delta_rule(
     output_final_state: bool = True,
     use_qk_l2norm_in_kernel: bool = False,
     cu_seqlens: torch.Tensor | None = None,
+    dst_indices: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Decode form (token by token; meant for T = 1 or a few speculative tokens). Same arguments and
-    results as `chunk_gated_delta_rule` (without chunk_size)."""
+    results as `chunk_gated_delta_rule` (without chunk_size). With `dst_indices` [N] (slot pool
+    only): read the state at `state_indices`, write the final state at `dst_indices` (the entries at
+    `state_indices` are left untouched)."""
+    if dst_indices is not None:
+        initial_state.index_copy_(0, dst_indices.long(), initial_state.index_select(0, state_indices.long()))
+        state_indices = dst_indices
     return _run(_recurrent_core, q, k, v, g, beta, scale, initial_state, state_indices,
                 output_final_state, use_qk_l2norm_in_kernel, cu_seqlens)

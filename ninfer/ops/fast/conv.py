@@ -86,14 +86,18 @@ def _state_col(x, base, bos, src, stride_x, o_c, mc):
 
 
 @triton.jit
-def _conv_update_kernel(x, w, state, idx, y, C, stride_xb, stride_xt, stride_sn, T: tl.constexpr,
+def _conv_update_kernel(x, w, state, idx, didx, y, C, stride_xb, stride_xt, stride_sn, T: tl.constexpr,
                         BC: tl.constexpr, ACT: tl.constexpr):
+    # NOTE: reads the state at idx[b], writes it at didx[b] (the same entry unless a separate
+    #       destination is given: then the source entry is never written).
     i_b = tl.program_id(0)
     i_c = tl.program_id(1)
     slot = tl.load(idx + i_b).to(tl.int64)
+    dslot = tl.load(didx + i_b).to(tl.int64)
     o_c = i_c * BC + tl.arange(0, BC)
     mc = o_c < C
     base = state + slot * stride_sn + o_c * 3
+    dbase = state + dslot * stride_sn + o_c * 3
     s0 = tl.load(base + 0, mask=mc, other=0.0).to(tl.float32)
     s1 = tl.load(base + 1, mask=mc, other=0.0).to(tl.float32)
     s2 = tl.load(base + 2, mask=mc, other=0.0).to(tl.float32)
@@ -110,9 +114,9 @@ def _conv_update_kernel(x, w, state, idx, y, C, stride_xb, stride_xt, stride_sn,
         s0 = s1
         s1 = s2
         s2 = xt
-    tl.store(base + 0, s0.to(state.dtype.element_ty), mask=mc)
-    tl.store(base + 1, s1.to(state.dtype.element_ty), mask=mc)
-    tl.store(base + 2, s2.to(state.dtype.element_ty), mask=mc)
+    tl.store(dbase + 0, s0.to(state.dtype.element_ty), mask=mc)
+    tl.store(dbase + 1, s1.to(state.dtype.element_ty), mask=mc)
+    tl.store(dbase + 2, s2.to(state.dtype.element_ty), mask=mc)
 
 
 def _act_flag(activation):
@@ -176,8 +180,14 @@ def chunk_causal_conv1d(x, weight, conv_state=None, *, cu_seqlens=None, state_in
     return y, _ret_state(pool, idx, is_slot, gather_final_state)
 
 
-def causal_conv1d_update(x, weight, conv_state, *, state_indices=None, activation="silu", gather_final_state=True):
-    """Decode form; see `ninfer.ops.conv.causal_conv1d_update`."""
+def causal_conv1d_update(x, weight, conv_state, *, state_indices=None, activation="silu", gather_final_state=True,
+                         dst_indices=None):
+    """Decode form; see `ninfer.ops.conv.causal_conv1d_update` (incl. `dst_indices`: read the
+    state at `state_indices`, write it at `dst_indices`, in the kernel, no copy)."""
+    if dst_indices is not None and (state_indices is None or not _usable(weight, conv_state, state_indices)
+                                    or (x.dim() == 3 and x.shape[1] > 16)):
+        conv_state.index_copy_(0, dst_indices.long(), conv_state.index_select(0, state_indices.long()))
+        state_indices, dst_indices = dst_indices, None
     if not _usable(weight, conv_state, state_indices):
         return _ref.causal_conv1d_update(x, weight, conv_state, state_indices=state_indices, activation=activation)
     act = _act_flag(activation)
@@ -194,6 +204,7 @@ def causal_conv1d_update(x, weight, conv_state, *, state_indices=None, activatio
     w = weight.reshape(C, 4).contiguous()
     y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
     BC = 256
+    didx = idx if dst_indices is None else dst_indices.to(device=x.device, dtype=torch.int32)
     _conv_update_kernel[(B, triton.cdiv(C, BC))](
-        x3, w, pool, idx, y, C, x3.stride(0), x3.stride(1), pool.stride(0), T=T, BC=BC, ACT=act, num_warps=4)
-    return (y.squeeze(1) if squeeze else y), _ret_state(pool, idx, is_slot, gather_final_state)
+        x3, w, pool, idx, didx, y, C, x3.stride(0), x3.stride(1), pool.stride(0), T=T, BC=BC, ACT=act, num_warps=4)
+    return (y.squeeze(1) if squeeze else y), _ret_state(pool, didx, is_slot, gather_final_state)

@@ -61,7 +61,7 @@ def _finish(initial_state, state_indices, pool, idx, is_slot, output_final_state
 # ----------------------------------------------------------------------------------------------
 @triton.jit
 def _fused_recurrent_gdn_kernel(
-    q, k, v, g, beta, o, state, idx, cu, scale, T,
+    q, k, v, g, beta, o, state, idx, didx, cu, scale, T,
     stride_q, stride_k, stride_v,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
@@ -102,7 +102,10 @@ def _fused_recurrent_gdn_kernel(
         bo = tl.sum(S * bq[:, None], 0)
         tl.store(o + t * (HV * V) + i_hv * V + o_v, bo.to(o.dtype.element_ty), mask=mv)
     if WRITE_STATE:
-        tl.store(p_s, S.to(state.dtype.element_ty), mask=ms)
+        # NOTE: written at didx (= idx unless a separate destination entry is given).
+        dslot = tl.load(didx + i_n).to(tl.int64)
+        p_d = state + dslot * (HV * K * V) + i_hv * (K * V) + o_k[:, None] * V + o_v[None, :]
+        tl.store(p_d, S.to(state.dtype.element_ty), mask=ms)
 
 
 def _token_stride(x: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -119,18 +122,22 @@ def _token_stride(x: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 def fused_recurrent_gated_delta_rule(
     q, k, v, g, beta, *, scale=None, initial_state=None, state_indices=None, output_final_state=True,
-    use_qk_l2norm_in_kernel=False, cu_seqlens=None, gather_final_state=True,
+    use_qk_l2norm_in_kernel=False, cu_seqlens=None, gather_final_state=True, dst_indices=None,
 ):
-    """Decode form; see the module docstring and `ninfer.ops.gated_delta.fused_recurrent_gated_delta_rule`."""
+    """Decode form; see the module docstring and `ninfer.ops.gated_delta.fused_recurrent_gated_delta_rule`
+    (incl. `dst_indices`: read the state at `state_indices`, write it at `dst_indices`, in the kernel)."""
     B, T, Hk, K = k.shape
     Hv, V = v.shape[2], v.shape[3]
     pool_ok = initial_state is None or state_indices is None or (
         initial_state.dtype == torch.float32 and initial_state.is_contiguous())
+    if dst_indices is not None and (state_indices is None or not pool_ok or not output_final_state):
+        initial_state.index_copy_(0, dst_indices.long(), initial_state.index_select(0, state_indices.long()))
+        state_indices, dst_indices = dst_indices, None
     if Hv % Hk or q.shape[2] != Hk or K > 256 or not pool_ok:
         return _ref.fused_recurrent_gated_delta_rule(
             q, k, v, g, beta, scale=scale, initial_state=initial_state, state_indices=state_indices,
             output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-            cu_seqlens=cu_seqlens)
+            cu_seqlens=cu_seqlens, dst_indices=dst_indices)
     if cu_seqlens is not None and B != 1:
         raise ValueError(f"with cu_seqlens the batch dimension must be 1, got {B}")
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
@@ -144,12 +151,13 @@ def fused_recurrent_gated_delta_rule(
     BK = triton.next_power_of_2(K)
     BV = min(32, triton.next_power_of_2(V))
     grid = (N, Hv, triton.cdiv(V, BV))
+    didx = idx if dst_indices is None else dst_indices.to(device=q.device, dtype=torch.int32)
     _fused_recurrent_gdn_kernel[grid](
-        q, k, v, g, beta, o, pool, idx, cu_seqlens if cu_seqlens is not None else idx,
+        q, k, v, g, beta, o, pool, idx, didx, cu_seqlens if cu_seqlens is not None else idx,
         float(scale if scale is not None else K ** -0.5), T, sq, sk, sv,
         H=Hk, HV=Hv, K=K, V=V, BK=BK, BV=BV, USE_L2=bool(use_qk_l2norm_in_kernel),
         VARLEN=cu_seqlens is not None, WRITE_STATE=bool(output_final_state), num_warps=4)
-    return o, _finish(initial_state, state_indices, pool, idx, is_slot, output_final_state, gather_final_state)
+    return o, _finish(initial_state, state_indices, pool, didx, is_slot, output_final_state, gather_final_state)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ Page ids, state entries and positions are data in static buffers, never graph ke
       input_ids [B]  positions [B]  src [B]  dst [B]  context_lens [B]  block_tables [B, W]
       W = ceil(max_model_len / page_size) (fixed width; pages past a row's table are 0, never read)
     graph body
-      every StateImage plane: plane[:, dst] = plane[:, src]    (the provisional entry of each row)
-      hidden = model.decode_static(...)                       (writes KV at positions, updates dst)
+      hidden = model.decode_static(..., src)                  (writes KV at positions; conv and delta
+                                                               rule read state at src, write it at dst)
       logits = lm_head(hidden) in fp32  [B, V]                 (static output, overwritten per replay)
 
 Sampling stays outside (one host sync per round for the token ids). Graph-safety of the body: no
@@ -30,10 +30,15 @@ from ninfer.targets.qwen3_6.runtime.model import Qwen36Model
 
 
 def decode_body(model: Qwen36Model, state: StateImageStore, g) -> torch.Tensor:
-    """The captured region (device tensors of `g` only): provisional state copy, forward, lm_head."""
-    for plane in state.planes.values():
-        plane.index_copy_(1, g.dst, plane.index_select(1, g.src))
-    hidden = model.decode_static(g.input_ids, g.positions, g.dst, g.block_tables, g.context_lens, g.rows)
+    """The captured region (device tensors of `g` only): forward (the conv and delta-rule kernels read
+    each row's state at src and write the stepped state at its provisional entry dst: no separate
+    copy; src, the committed slot, is never written), lm_head."""
+    known = {"conv", "recurrent"}
+    for name, plane in state.planes.items():
+        if name not in known:                 # a plane no decode op steps: copy it as before
+            plane.index_copy_(1, g.dst, plane.index_select(1, g.src))
+    hidden = model.decode_static(g.input_ids, g.positions, g.dst, g.block_tables, g.context_lens, g.rows,
+                                 src_entries=g.src)
     return model.logits(hidden)
 
 

@@ -68,10 +68,13 @@ class Qwen36Model:
         return self._layers(x, cos, sin, fb, _RowMeta.of(fb, x.device))
 
     def decode_static(self, input_ids: torch.Tensor, positions: torch.Tensor, state_entries: torch.Tensor,
-                      block_tables: torch.Tensor, context_lens: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+                      block_tables: torch.Tensor, context_lens: torch.Tensor, rows: torch.Tensor,
+                      src_entries: torch.Tensor | None = None) -> torch.Tensor:
         """One text token per row from device tensors only (the CUDA-graph body): no host sync, no
         host-to-device copy, no branch on tensor values. input_ids/positions/state_entries/
         context_lens/rows [B] int64 (rows = arange(B)), block_tables [B, W] page ids.
+        src_entries [B]: when given, the conv and delta-rule ops read each row's state there and
+        write the stepped state at state_entries (src is never written: no separate state copy).
         Same result as `forward` of a decode batch (text positions: every MRoPE axis = position)."""
         x = F.embedding(input_ids, self.view.embed_tokens)
         theta = positions.float().unsqueeze(-1) * self._inv_freq          # [B, rot/2]
@@ -79,7 +82,7 @@ class Qwen36Model:
         B = input_ids.shape[0]
         fb = ForwardBatch(input_ids, positions, (1,) * B, (), state_entries, block_tables)
         # NOTE: cu_seqlens is read only by the prefill forms; in decode it is rows (unused).
-        return self._layers(x, emb.cos(), emb.sin(), fb, _RowMeta(True, rows, rows, context_lens))
+        return self._layers(x, emb.cos(), emb.sin(), fb, _RowMeta(True, rows, rows, context_lens, src_entries))
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch,
                 meta: "_RowMeta") -> torch.Tensor:
@@ -122,8 +125,12 @@ class Qwen36Model:
         rec_pool = self.state.planes["recurrent"][n]        # [entries, nv, dk, dv] fp32
         idx = fb.state_entries
         ops = self.ops
+        src = {}
+        if meta.decode and meta.src_entries is not None:
+            src = {"dst_indices": idx}                      # read meta.src_entries, write idx
+            idx = meta.src_entries
         if meta.decode:
-            u, _ = ops.causal_conv1d_update(qkv, w.conv1d, conv_pool, state_indices=idx)      # [B, C]
+            u, _ = ops.causal_conv1d_update(qkv, w.conv1d, conv_pool, state_indices=idx, **src)      # [B, C]
             u = u.unsqueeze(1)                                                           # [B, 1, C]
             g, beta = g.unsqueeze(1), beta.unsqueeze(1)
             cu = None
@@ -139,7 +146,7 @@ class Qwen36Model:
         v = v.reshape(Bq, T, d.linear_num_value_heads, d.linear_value_head_dim)
         rule = ops.fused_recurrent_gated_delta_rule if meta.decode else ops.chunk_gated_delta_rule
         o, _ = rule(q, k, v, g, beta, initial_state=rec_pool, state_indices=idx,
-                    use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+                    use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **src)
         o = o.reshape(-1, d.linear_num_value_heads, d.linear_value_head_dim)          # [N, nv, dv]
         return self.leaves.gdn.output(w, o, z)
 
@@ -149,6 +156,7 @@ class _RowMeta(NamedTuple):
     cu_seqlens: torch.Tensor           # [B+1] int64
     rows: torch.Tensor                 # [N] int64 row of each token
     context_lens: torch.Tensor         # [B] int64 tokens in each row's context incl. the new ones
+    src_entries: torch.Tensor | None = None   # decode: state read here, written at state_entries
 
     @classmethod
     def of(cls, fb: ForwardBatch, device: torch.device) -> "_RowMeta":
