@@ -38,16 +38,42 @@ __all__ = ["Engine", "GenerationHandle", "EngineRequestError"]
 class Engine:
     """Construct from a `.ninfer` artifact path; the worker starts at once and loads the model.
 
+    `Engine.from_config(EngineConfig(load_format="dummy", identity="qwen3_6-27b"))` instead runs a
+    registered identity with seeded random weights generated on the device (benchmarks only; every
+    GenerationResult.extra then has "synthetic_weights": True and `engine.synthetic` is True).
+
     `availability` is STARTING while Program loads, then READY (or FAILED with the reason).
     Use `wait_ready()` to block until it is decided.
     """
 
-    def __init__(self, artifact_path: str | os.PathLike, config: EngineConfig = EngineConfig(), *,
+    def __init__(self, artifact_path: str | os.PathLike | None = None, config: EngineConfig = EngineConfig(), *,
                  trace: Trace | None = None):
         import torch  # NOTE: only to resolve "auto" device/dtype; Engine itself holds no tensors
 
-        from ninfer.artifact import open_artifact
         cfg = config.resolved(torch.cuda.is_available())
+        if cfg.load_format == "dummy":
+            # NOTE: a benchmarking aid: the package's Program over seeded random weights generated on the
+            # device, with the built-in Frontend; every result carries extra["synthetic_weights"] = True.
+            if artifact_path is not None:
+                raise ValueError("load_format 'dummy' takes no artifact path (the model is config.identity)")
+            from ninfer.targets.dummy_weights import DummyWeights
+            from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
+            from ninfer.targets.registry import lookup
+            package = lookup(cfg.identity)
+            package_module = importlib.import_module(package.module)
+            frontend = Qwen36Frontend.builtin()
+            program_config = _program_config(package_module, cfg, frontend.vocab_size)
+            dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
+
+            def load() -> Program:
+                weights = DummyWeights(package.identity, device=cfg.device, dtype=dtype, seed=cfg.seed)
+                return package_module.create_program(weights, program_config)
+
+            self._start(frontend, cfg, package.identity, load, trace)
+            return
+        if artifact_path is None:
+            raise ValueError("Engine needs a .ninfer artifact path (or EngineConfig(load_format='dummy', identity=...))")
+        from ninfer.artifact import open_artifact
         artifact = open_artifact(artifact_path)
         package_module = importlib.import_module(artifact.package.module)
         frontend = _create_frontend(package_module, artifact)
@@ -57,6 +83,16 @@ class Engine:
             return package_module.create_program(artifact, program_config)
 
         self._start(frontend, cfg, artifact.identity, load, trace)
+
+    @classmethod
+    def from_config(cls, config: EngineConfig, *, trace: Trace | None = None) -> "Engine":
+        """An Engine whose model the config names alone: `EngineConfig(load_format="dummy", identity=...)`."""
+        return cls(None, config, trace=trace)
+
+    @property
+    def synthetic(self) -> bool:
+        """True when the weights are synthetic (load_format dummy): outputs are meaningless."""
+        return self.config.synthetic
 
     @classmethod
     def from_program(cls, program: Program | Callable[[], Program], frontend: Any, config: EngineConfig, *,
@@ -82,6 +118,8 @@ class Engine:
                                     prefill_chunk_tokens=config.prefill_chunk_tokens,
                                     max_model_len=config.max_model_len, trace=trace,
                                     cache=_cache_config(config), **kwargs)
+        if config.synthetic:
+            self._core.result_extra = {"synthetic_weights": True}
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._worker_main, args=(load,), name="ninfer-engine-worker",
                                         daemon=True)

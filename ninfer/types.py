@@ -45,6 +45,10 @@ class EngineConfig:
     cache_device_bytes: int = 0           # device budget of inactive checkpoints (0 = bounded by the pools)
     cache_host_bytes: int = 0             # host-memory replica budget (0 = no host replicas)
     cache_capture_stride: int = 0         # also capture every N prompt tokens (0 = off; any N >= 1)
+    # weights: "artifact" = a .ninfer file; "dummy" = seeded random weights of a registered `identity`
+    # generated on the device, with the built-in Frontend (a benchmarking aid: outputs are synthetic)
+    load_format: str = "artifact"
+    identity: str = ""                    # required with load_format "dummy" (e.g. qwen3_6-27b)
 
     def __post_init__(self) -> None:
         if not isinstance(self.purpose, Purpose):
@@ -74,6 +78,20 @@ class EngineConfig:
         for name in ("cache_device_bytes", "cache_host_bytes", "cache_capture_stride"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.load_format not in ("artifact", "dummy"):
+            raise ValueError(f"load_format must be artifact or dummy, got {self.load_format!r}")
+        if self.load_format == "dummy":
+            if not self.identity:
+                raise ValueError("load_format dummy needs an identity (e.g. qwen3_6-27b)")
+            from ninfer.targets.registry import lookup
+            lookup(self.identity)                 # UnknownIdentityError (a ValueError) names the known ones
+        elif self.identity:
+            raise ValueError("identity is only used with load_format dummy (an artifact names its own)")
+
+    @property
+    def synthetic(self) -> bool:
+        """True for dummy weights: every output of such an engine is meaningless (benchmarks only)."""
+        return self.load_format == "dummy"
 
     @property
     def num_cache_slots(self) -> int:

@@ -142,8 +142,9 @@ class ChatSession:
 
 def run(args: argparse.Namespace) -> int:
     check_max_tokens(args.max_tokens)
-    path, name, _ = resolve_model(args.model)
-    engine = open_engine(path, engine_config(args))
+    config = engine_config(args)
+    path, name, _ = resolve_model(args.model, config=config)
+    engine = open_engine(path, config)
     try:
         session = ChatSession(engine, args)
         print(f"chatting with {name}. {HELP}")

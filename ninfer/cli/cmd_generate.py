@@ -49,8 +49,9 @@ def run(args: argparse.Namespace) -> int:
     from ninfer.types import GenerationDelta, GenerationError, GenerationResult
 
     max_tokens = check_max_tokens(args.max_tokens)
-    path, _, _ = resolve_model(args.model)
-    engine = open_engine(path, engine_config(args))
+    config = engine_config(args)
+    path, _, _ = resolve_model(args.model, config=config)
+    engine = open_engine(path, config)
     try:
         try:
             prompt, output = _prompt(engine, args)
@@ -98,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
                 "finish_reason": result.finish_reason.value, "token_ids": list(result.token_ids),
                 "usage": {"prompt_tokens": u.num_prompt_tokens, "cached_tokens": u.num_reused_tokens,
                           "output_tokens": u.num_output_tokens, "reasoning_tokens": u.num_reasoning_tokens},
-                "ttft_s": ttft, "elapsed_s": elapsed}, ensure_ascii=False))
+                "ttft_s": ttft, "elapsed_s": elapsed,
+                **({"synthetic_weights": True} if result.extra.get("synthetic_weights") else {})}, ensure_ascii=False))
         else:
             if in_reasoning:
                 sys.stderr.write("\n")

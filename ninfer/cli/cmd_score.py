@@ -112,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     window = args.window or config.max_model_len
     if args.stride is not None and args.stride > window:
         raise CLIError(f"--stride ({args.stride}) must not exceed the window ({window})")
-    path, _, _ = resolve_model(args.model)
+    path, _, _ = resolve_model(args.model, config=config)
     engine = open_engine(path, config)
     out = sys.stdout if args.output is None else None
     try:

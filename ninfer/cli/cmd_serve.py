@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
     if args.drain_timeout_s < 0:
         raise CLIError(f"--drain-timeout-s must be >= 0, got {args.drain_timeout_s}")
     config = engine_config(args)
-    path, name, _ = resolve_model(args.model)
+    path, name, _ = resolve_model(args.model, config=config)
     return serve(lambda: open_engine(path, config), model_name=args.served_model_name or name,
                  host=args.host, port=args.port, api_key=args.api_key or None,
                  max_body_bytes=args.max_body_bytes, drain_timeout_s=args.drain_timeout_s,
-                 log_level=args.log_level)
+                 log_level=args.log_level, synthetic=config.synthetic)

@@ -29,7 +29,12 @@ _ENGINE_HELP = {
     "cache_device_bytes": "device memory budget of inactive checkpoints in bytes (0 = bounded by the pools)",
     "cache_host_bytes": "host-memory replica budget of inactive checkpoints in bytes (0 = none)",
     "cache_capture_stride": "also capture a checkpoint every N prompt tokens (0 = off)",
+    "load_format": "artifact | dummy (dummy: seeded random weights of --identity, for benchmarks; outputs are meaningless)",
+    "identity": "registered model identity for --load-format dummy (qwen3_6-27b, qwen3_6-35b-a3b, qwen3_6-tiny-dense, ...)",
 }
+
+SYNTHETIC_NOTICE = ("note: --load-format dummy: {identity} with synthetic random weights (a benchmarking aid): "
+                    "its text is meaningless and every response is marked synthetic")
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
@@ -102,8 +107,18 @@ def check_max_tokens(n: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # Model
 # ---------------------------------------------------------------------------------------------
-def resolve_model(model: str | None, quiet: bool = False) -> tuple[Path, str, bool]:
-    """(artifact path, served model name, is_demo). Builds the demo artifact on first use."""
+def resolve_model(model: str | None, quiet: bool = False,
+                  config: EngineConfig | None = None) -> tuple[Path | None, str, bool]:
+    """(artifact path, served model name, is_demo). Builds the demo artifact on first use.
+
+    With `config.load_format == "dummy"` there is no file: (None, "<identity>-dummy", False).
+    """
+    if config is not None and config.load_format == "dummy":
+        if model is not None:
+            raise CLIError(f"--load-format dummy takes no MODEL file (got {model}); the model is --identity")
+        if not quiet:
+            print(SYNTHETIC_NOTICE.format(identity=config.identity), file=sys.stderr, flush=True)
+        return None, f"{config.identity}-dummy", False
     if model is None:
         from ninfer.product.demo_model import DEMO_MODEL_NAME, DEMO_NOTICE, ensure_demo_artifact
 
@@ -123,8 +138,9 @@ def resolve_model(model: str | None, quiet: bool = False) -> tuple[Path, str, bo
     return path, path.name.removesuffix(".ninfer"), False
 
 
-def open_engine(path: Path, config: EngineConfig):
-    """Build the Engine and wait until the model is loaded (CLIError if it cannot start)."""
+def open_engine(path: Path | None, config: EngineConfig):
+    """Build the Engine and wait until the model is loaded (CLIError if it cannot start).
+    path None: `config` names the model (load_format dummy)."""
     try:
         from ninfer import Engine
     except ImportError as e:                                  # pragma: no cover - broken install
@@ -132,11 +148,12 @@ def open_engine(path: Path, config: EngineConfig):
     try:
         engine = Engine(path, config)
     except (OSError, ValueError) as e:
-        raise CLIError(f"cannot load {path}: {e}") from None
+        raise CLIError(f"cannot load {path or config.identity}: {e}") from None
     availability = engine.wait_ready()
     if not availability.ready:
         engine.close(0.0)
-        raise CLIError(f"cannot start the engine for {path}: {availability.reason or availability.state.value}")
+        raise CLIError(f"cannot start the engine for {path or config.identity}: "
+                       f"{availability.reason or availability.state.value}")
     return engine
 
 

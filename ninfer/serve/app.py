@@ -40,6 +40,8 @@ from ninfer.types import (EngineRequestError, GenerationDelta, GenerationError, 
 log = logging.getLogger("ninfer.serve")
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+SYNTHETIC_FINGERPRINT = "ninfer-synthetic-weights"
+SYNTHETIC_HEADER = (b"x-ninfer-synthetic-weights", b"true")
 
 
 @dataclass
@@ -54,6 +56,12 @@ class GatewayState:
     draining: bool = False
     created: int = field(default_factory=R.now)
     inflight: set = field(default_factory=set)       # open GenerationHandles (drain cancels them)
+    synthetic: bool = False                          # dummy weights: every response says so
+
+    @property
+    def fingerprint(self) -> str | None:
+        """`system_fingerprint` of every completion: set only for synthetic (dummy) weights."""
+        return SYNTHETIC_FINGERPRINT if self.synthetic else None
 
     def attach(self, engine) -> None:
         self.pieces = R.TokenPieces(engine.frontend.tokenizer)
@@ -298,6 +306,8 @@ class GuardMiddleware:
             nonlocal started
             if message["type"] == "http.response.start":
                 started = True
+                if self.state.synthetic:
+                    message = {**message, "headers": [*message.get("headers", ()), SYNTHETIC_HEADER]}
             await send(message)
 
         try:
@@ -359,6 +369,8 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
     @app.get("/v1/models")
     async def models():
         card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "ninfer"}
+        if state.synthetic:
+            card["synthetic_weights"] = True
         if state.limits is not None:
             card["max_model_len"] = state.limits.max_model_len
         return {"object": "list", "data": [card]}
@@ -366,7 +378,10 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
         check_model(model_id)
-        return {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "ninfer"}
+        card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "ninfer"}
+        if state.synthetic:
+            card["synthetic_weights"] = True
+        return card
 
     # ---- tokenizer ------------------------------------------------------------------------
     @app.post("/tokenize")
@@ -448,7 +463,7 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
         choices = [R.chat_choice(r.call.index, r.final, state.pieces, plan.logprobs, plan.tools.max_calls)
                    for r in ordered]
         usage = R.merge_usage([(0, r.final.usage) for r in ordered])
-        return R.chat_response(rid, model_name, created, choices, usage)
+        return R.chat_response(rid, model_name, created, choices, usage, state.fingerprint)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -477,7 +492,7 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
                                                    want_logprobs))
         usage = R.merge_usage([(r.call.prompt_index, echo_usage(r.final, r.call.discard_output))
                                for r in ordered])
-        return R.completion_response(rid, model_name, created, choices, usage)
+        return R.completion_response(rid, model_name, created, choices, usage, state.fingerprint)
 
     return app
 
@@ -494,7 +509,8 @@ async def chat_stream(state: GatewayState, runs: list[Run], rid: str, created: i
     max_calls = plan.tools.max_calls
 
     def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
-        return R.sse(R.chat_chunk(rid, model, created, choices, usage, with_usage_field=include_usage))
+        return R.sse(R.chat_chunk(rid, model, created, choices, usage, with_usage_field=include_usage,
+                                     fingerprint=state.fingerprint))
 
     tool_calls_sent: dict[int, bool] = {}
     try:
@@ -524,7 +540,8 @@ async def chat_stream(state: GatewayState, runs: list[Run], rid: str, created: i
                 yield _error_event(ev)
         if include_usage and first_error(runs) is None:
             usage = R.merge_usage([(0, r.final.usage) for r in sorted(runs, key=lambda r: r.call.index)])
-            yield R.sse(R.chat_chunk(rid, model, created, [], usage, with_usage_field=True))
+            yield R.sse(R.chat_chunk(rid, model, created, [], usage, with_usage_field=True,
+                                         fingerprint=state.fingerprint))
         yield R.SSE_DONE
     finally:
         if any(r.final is None for r in runs):
@@ -535,7 +552,8 @@ async def chat_stream(state: GatewayState, runs: list[Run], rid: str, created: i
 async def completion_stream(state: GatewayState, runs: list[Run], rid: str, created: int, model: str,
                             plan, want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
     def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
-        return R.sse(R.completion_chunk(rid, model, created, choices, usage, with_usage_field=include_usage))
+        return R.sse(R.completion_chunk(rid, model, created, choices, usage, with_usage_field=include_usage,
+                                     fingerprint=state.fingerprint))
 
     try:
         for r in sorted(runs, key=lambda r: r.call.index):
@@ -560,7 +578,8 @@ async def completion_stream(state: GatewayState, runs: list[Run], rid: str, crea
         if include_usage and first_error(runs) is None:
             usage = R.merge_usage([(r.call.prompt_index, r.final.usage)
                                    for r in sorted(runs, key=lambda r: r.call.index)])
-            yield R.sse(R.completion_chunk(rid, model, created, [], usage, with_usage_field=True))
+            yield R.sse(R.completion_chunk(rid, model, created, [], usage, with_usage_field=True,
+                                         fingerprint=state.fingerprint))
         yield R.SSE_DONE
     finally:
         if any(r.final is None for r in runs):

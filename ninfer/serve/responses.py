@@ -141,15 +141,16 @@ def chat_choice(index: int, result: GenerationResult, pieces: TokenPieces, want_
             "finish_reason": finish_reason(result.finish_reason, bool(calls)), "stop_reason": None}
 
 
-def chat_response(rid: str, model: str, created: int, choices: list[dict], usage: dict) -> dict:
+def chat_response(rid: str, model: str, created: int, choices: list[dict], usage: dict,
+                  fingerprint: str | None = None) -> dict:
     return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": choices, "usage": usage, "system_fingerprint": None}
+            "choices": choices, "usage": usage, "system_fingerprint": fingerprint}
 
 
 def chat_chunk(rid: str, model: str, created: int, choices: list[dict], usage: dict | None = None,
-               with_usage_field: bool = False) -> dict:
+               with_usage_field: bool = False, fingerprint: str | None = None) -> dict:
     d = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-         "choices": choices, "system_fingerprint": None}
+         "choices": choices, "system_fingerprint": fingerprint}
     if with_usage_field or usage is not None:
         d["usage"] = usage
     return d
@@ -178,15 +179,16 @@ def completion_choice(index: int, text: str, result: GenerationResult, pieces: T
             "finish_reason": finish_reason(result.finish_reason, False), "stop_reason": None}
 
 
-def completion_response(rid: str, model: str, created: int, choices: list[dict], usage: dict) -> dict:
+def completion_response(rid: str, model: str, created: int, choices: list[dict], usage: dict,
+                        fingerprint: str | None = None) -> dict:
     return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": choices, "usage": usage, "system_fingerprint": None}
+            "choices": choices, "usage": usage, "system_fingerprint": fingerprint}
 
 
 def completion_chunk(rid: str, model: str, created: int, choices: list[dict], usage: dict | None = None,
-                     with_usage_field: bool = False) -> dict:
+                     with_usage_field: bool = False, fingerprint: str | None = None) -> dict:
     d = {"id": rid, "object": "text_completion", "created": created, "model": model,
-         "choices": choices, "system_fingerprint": None}
+         "choices": choices, "system_fingerprint": fingerprint}
     if with_usage_field or usage is not None:
         d["usage"] = usage
     return d

@@ -55,6 +55,9 @@ Trace = Callable[[str, dict], None]
 
 
 class EngineCore:
+    # entries added to every GenerationResult.extra (e.g. {"synthetic_weights": True} for dummy weights)
+    result_extra: dict = {}
+
     def __init__(self, frontend: Any, *, max_concurrency: int, queue_size: int, request_timeout_s: float,
                  prefill_chunk_tokens: int, max_model_len: int, decode_steps: int = 1,
                  clock: Callable[[], float] = time.monotonic, trace: Trace | None = None,
@@ -495,7 +498,8 @@ class EngineCore:
         result = GenerationResult(
             request_id=rec.request_id, text=final.text, reasoning=final.reasoning, tool_calls=final.tool_calls,
             token_ids=tuple(rec.output_token_ids), finish_reason=final.finish_reason, usage=self._usage(rec),
-            logprobs=tuple(rec.logprobs) if rec.logprobs is not None else None, extra=dict(final.extra),
+            logprobs=tuple(rec.logprobs) if rec.logprobs is not None else None,
+            extra={**self.result_extra, **final.extra},
             prompt_logprobs=(tuple(rec.prompt_logprob_entries)
                              if rec.prompt_logprob_entries is not None else None))
         self.metrics_collector.ended(reason=final.finish_reason.value, e2e=self.clock() - rec.submit_time)

@@ -1,0 +1,1 @@
+"""Benchmarks behind `ninfer bench` (decode, prefill, serve, kernels); bench/*.py are thin script entry points."""

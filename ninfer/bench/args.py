@@ -1,0 +1,52 @@
+"""Flags of the benchmarks (no torch import: `ninfer --help` stays fast)."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_common_args(ap, default_identities: list[str]) -> None:
+    ap.add_argument("--identity", nargs="+", default=default_identities,
+                    help=f"registered identities, synthetic weights (default: {' '.join(default_identities)})")
+    ap.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
+    ap.add_argument("--out", default=None, metavar="DIR", help="also write <DIR>/<bench>.json (rewritten as it goes)")
+    ap.add_argument("--step-timeout", type=float, default=0.0, metavar="S",
+                    help="give up a step (one identity / length / concurrency) after S seconds (0 = none)")
+
+
+def decode_args(ap: argparse.ArgumentParser) -> None:
+    add_common_args(ap, ["qwen3_6-27b", "qwen3_6-35b-a3b"])
+    ap.add_argument("--ctx", nargs="+", type=int, default=[1024, 8192], help="context lengths")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--no-ref", action="store_true", help="skip the reference-ops comparison at the smallest ctx")
+    ap.add_argument("--batches", nargs="+", type=int, default=list(range(1, 9)))
+    ap.add_argument("--prefill-ref-gdn", action="store_true",
+                    help="prefill with the PyTorch chunk delta rule (skips fla's first-call compile)")
+    ap.add_argument("--host-overhead", action="store_true", help="tiny dense on the GPU: host time per round")
+    ap.add_argument("--hf-baseline", dest="hf_baseline", action="store_true", default=None,
+                    help="also time Hugging Face transformers on the same dims (default: on for CUDA runs)")
+    ap.add_argument("--no-hf-baseline", dest="hf_baseline", action="store_false")
+    ap.add_argument("--hf-batches", nargs="+", type=int, default=[1, 8], help="batches of the HF baseline")
+
+
+def prefill_args(ap: argparse.ArgumentParser) -> None:
+    add_common_args(ap, ["qwen3_6-27b", "qwen3_6-35b-a3b"])
+    ap.add_argument("--lengths", nargs="+", type=int, default=[1024, 8192, 32768], help="prompt lengths")
+    ap.add_argument("--reps", type=int, default=3, help="repetitions per length <= 8192 (first one reported apart)")
+    ap.add_argument("--long-reps", type=int, default=1, help="repetitions per length > 8192")
+    ap.add_argument("--chunk", type=int, default=0, help="prefill stage size in tokens (0 = the whole prompt at once)")
+
+
+def serve_args(ap: argparse.ArgumentParser) -> None:
+    add_common_args(ap, ["qwen3_6-27b", "qwen3_6-35b-a3b"])
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8])
+    ap.add_argument("--prompt-len", type=int, default=1024)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--requests-per-client", type=int, default=2)
+    ap.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for the server's /health")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                    help="extra `ninfer serve` argument (repeatable, e.g. --server-arg=--enforce-eager)")
+
+
+def kernels_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=None, metavar="DIR", help="also write <DIR>/kernels.json")

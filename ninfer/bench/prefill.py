@@ -1,0 +1,138 @@
+"""Prefill: TTFT and prefill throughput through the Program, real sizes with synthetic (dummy) weights.
+
+    ninfer bench prefill [--identity qwen3_6-27b qwen3_6-35b-a3b] [--lengths 1024 8192 32768]
+        [--reps 3] [--chunk 0] [--out DIR] [--step-timeout S]
+    (or: PYTHONPATH=$PWD python bench/prefill.py ...)
+
+One measurement = a fresh random prompt of L tokens: `plan_materialize` + `start_materialize`, then
+`Program.prefill` until the prompt is consumed (in one call, or in --chunk-token stages as the
+Engine stages it), which samples the first token; then `commit` and `release`. Host wall clock
+around it (synchronized), so TTFT here = prefill + first-token sampling, without queueing/HTTP.
+The first repetition of each length includes first-call compiles (fla/Triton autotuning) and is
+reported apart (`first_ms`); the median is of the others. Lengths > 8192 run --long-reps times
+(default 1: that one run, after the shorter lengths warmed the kernels, is the figure).
+
+Floor (performance.md): 2 x active matrix params x tokens (lm_head once) + causal attention
+(2 x T^2 x heads x head_dim per attention layer), at the bf16 matmul rate measured in this run.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import statistics
+import sys
+import time
+
+import torch
+
+from ninfer.bench.args import prefill_args
+from ninfer.bench.common import (Recorder, default_device, env_record, measure_ceilings,
+                                 prefill_flops, print_ceilings, print_table, run_step, sync)
+from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+from ninfer.targets.dummy_weights import DummyWeights
+from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+
+PAGE = 64
+
+
+def prefill_once(prog, prompt: tuple[int, ...], chunk: int, device: str) -> float:
+    """ms from materialize to the first sampled token; the sequence is released afterwards."""
+    req = SequenceRequest(prompt_token_ids=prompt, max_output_tokens=2, sampling=SamplingParams(temperature=0.0))
+    sync(device)
+    t0 = time.perf_counter()
+    plan = prog.plan_materialize(req)
+    res = prog.start_materialize(plan)
+    h = res.sequence
+    step = None
+    while True:
+        step = prog.prefill(h, chunk or len(prompt))
+        if step.pending is not None:
+            break
+    sync(device)
+    ms = (time.perf_counter() - t0) * 1e3
+    prog.commit(step.pending, [1])
+    prog.release(h)
+    return ms
+
+
+def run_identity(identity: str, lengths: list[int], reps: int, long_reps: int, chunk: int, peak: float,
+                 device: str, rec: Recorder, step_timeout: float | None) -> None:
+    cuda = device.startswith("cuda")
+    dt = torch.bfloat16 if cuda else torch.float32
+    w = DummyWeights(identity, device=device, dtype=dt, seed=0)
+    pkg = importlib.import_module(w.package.module)
+    dims = w.dims
+    max_len = max(lengths)
+    cfg = ProgramConfig(device=device, dtype="bf16" if cuda else "fp32", page_size=PAGE,
+                        num_pages=max_len // PAGE + 8, num_slots=2, max_model_len=max_len + 16, max_batch=1,
+                        max_steps=1, enforce_eager=True)
+    t0 = time.perf_counter()
+    prog = pkg.create_program(w, cfg)
+    sync(device)
+    print(f"[{identity}] synthetic weights generated and Program created in {time.perf_counter() - t0:.1f} s; "
+          f"ops={prog.model.ops.name}", flush=True)
+    rng = torch.Generator().manual_seed(0)
+    try:
+        for L in lengths:
+            n = long_reps if L > 8192 else reps
+
+            def measure(L=L, n=n) -> dict:
+                times = []
+                for _ in range(max(1, n)):
+                    prompt = tuple(torch.randint(0, dims.vocab_size, (L,), generator=rng).tolist())
+                    times.append(prefill_once(prog, prompt, chunk, device))
+                    print(f"[{identity}] prompt {L}: {times[-1]:.1f} ms", flush=True)
+                flops = prefill_flops(dims, L)
+                ms = statistics.median(times[1:]) if len(times) > 1 else times[0]
+                floor = flops / peak * 1e3
+                return dict(identity=identity, kind="prefill", prompt=L, chunk=min(chunk or L, L), reps=len(times),
+                            first_ms=times[0], ttft_ms=ms, tokens_per_s=L / ms * 1e3, flops=flops, floor_ms=floor,
+                            x_floor=ms / floor, tflops=flops / (ms * 1e-3) / 1e12, all_ms=times)
+
+            row = run_step(rec, step_timeout, f"{identity} prefill {L}", measure)
+            if row is not None:
+                rec.add(row)
+    finally:
+        del prog, w
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+
+
+add_args = prefill_args
+
+
+def run(args: argparse.Namespace) -> int:
+    device = args.device or default_device()
+    cuda = device.startswith("cuda")
+    env = env_record()
+    print(f"env: {env}", flush=True)
+    ceil = measure_ceilings(device)
+    print_ceilings(ceil)
+    peak = ceil["matmul_8192_TFLOPs"] * 1e12
+    rec = Recorder("prefill", args.out, {"env": env, "ceilings": ceil, "device": device,
+                                         "dtype": "bf16" if cuda else "fp32", "batch": 1, "page_size": PAGE,
+                                         "weights": "dummy (synthetic)", "identities": args.identity,
+                                         "lengths": args.lengths})
+    for ident in args.identity:
+        run_step(rec, None, f"{ident} prefill",
+                 lambda: run_identity(ident, sorted(args.lengths), args.reps, args.long_reps, args.chunk, peak,
+                                      device, rec, args.step_timeout))
+    print()
+    rows = [[r["identity"], r["prompt"], r["chunk"], r["first_ms"], r["ttft_ms"], r["floor_ms"], r["x_floor"],
+             r["tokens_per_s"], r["tflops"]] for r in rec.results]
+    print_table(["identity", "prompt", "chunk", "first_ms", "ttft_ms", "floor_ms", "x_floor", "prefill_tok/s",
+                 "TFLOP/s"], rows)
+    rec.finish()
+    return 1 if rec.errors and not rec.results else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench/prefill.py", description=__doc__.split("\n\n")[0])
+    add_args(ap)
+    return run(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,266 @@
+"""End-to-end serving benchmark through the OpenAI API, synthetic (dummy) weights.
+
+    ninfer bench serve [--identity qwen3_6-27b] [--concurrency 1 2 4 8] [--prompt-len 1024]
+        [--output-len 128] [--requests-per-client 2] [--out DIR] [--step-timeout S]
+    (or: PYTHONPATH=$PWD python bench/serve.py ...)
+
+Per identity: starts `ninfer serve --load-format dummy --identity X` as a subprocess on a free
+loopback port (`--max-concurrency` = the largest concurrency, `--max-model-len` = prompt + output
++ 16), waits for /health, checks that /v1/models says `synthetic_weights`, sends one warm-up
+request (first-call compiles), then for each concurrency c runs c clients of the official
+`openai` async client, each sending --requests-per-client streaming completions one after
+another: a fresh random prompt of exactly --prompt-len token ids (no prefix reuse), temperature 0,
+`max_tokens` = --output-len with `ignore_eos` so every output has the asked length.
+
+Per request: TTFT = first streamed chunk with a choice - send time; TPOT = (last chunk - first
+chunk) / (output tokens - 1). Per level: TTFT mean/p50/p99, TPOT mean/p50/p99, output tokens/s =
+all output tokens / wall time of the level. Floors (performance.md, ceilings measured in this
+run): TTFT >= prefill FLOPs / matmul rate; TPOT >= decode bytes at batch c and the mean context /
+copy bandwidth; tokens/s <= c / TPOT floor.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+from ninfer.bench.args import serve_args
+from ninfer.bench.common import (Recorder, decode_floor_ms, default_device, env_record,
+                                 measure_ceilings, prefill_floor_ms, print_ceilings, print_table)
+
+TOKEN_RANGE = (1000, 150000)      # ordinary text tokens of the Qwen3.6 vocabulary (no special ids)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout: float = 5.0) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, json.loads(r.read() or b"{}")
+    except urllib.error.HTTPError as e:
+        try:
+            return e.code, json.loads(e.read() or b"{}")
+        except Exception:
+            return e.code, {}
+
+
+class Server:
+    """`ninfer serve --load-format dummy` in a subprocess (its own process group), log to a file."""
+
+    def __init__(self, identity: str, *, max_concurrency: int, max_model_len: int, device: str | None,
+                 log_path: Path, extra: list[str]):
+        self.port = free_port()
+        self.name = f"{identity}-dummy"
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        cmd = [sys.executable, "-m", "ninfer.cli.main", "serve", "--load-format", "dummy", "--identity", identity,
+               "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", self.name,
+               "--max-concurrency", str(max_concurrency), "--max-model-len", str(max_model_len),
+               "--log-level", "warning", *(["--device", device] if device else []), *extra]
+        self.cmd = cmd
+        self._log = open(log_path, "wb")
+        root = str(Path(__file__).resolve().parents[2])           # the tree holding `ninfer/` (uninstalled runs)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+
+    def wait_ready(self, timeout: float) -> None:
+        t_end = time.monotonic() + timeout
+        while time.monotonic() < t_end:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}: {self.log_tail()}")
+            try:
+                status, body = _get(self.url + "/health", timeout=2.0)
+                if status == 200:
+                    return
+                if body.get("status") == "failed" or "fail" in json.dumps(body).lower():
+                    raise RuntimeError(f"server failed to start: {body}")
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"server not ready after {timeout:.0f} s: {self.log_tail()}")
+
+    def log_tail(self, n: int = 2000) -> str:
+        try:
+            return self.log_path.read_bytes()[-n:].decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)     # the group of the process we started
+                self.proc.wait(10)
+        self._log.close()
+
+
+async def one_request(client, model: str, prompt: list[int], output_len: int) -> dict:
+    t0 = time.perf_counter()
+    first = last = None
+    n_out = None
+    chunks = 0
+    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=output_len, temperature=0.0,
+                                             stream=True, stream_options={"include_usage": True},
+                                             extra_body={"ignore_eos": True})
+    fingerprint = None
+    async for chunk in stream:
+        now = time.perf_counter()
+        fingerprint = fingerprint or getattr(chunk, "system_fingerprint", None)
+        if chunk.choices:
+            chunks += 1
+            if first is None:
+                first = now
+            last = now
+        if getattr(chunk, "usage", None) is not None:
+            n_out = chunk.usage.completion_tokens
+    if first is None:
+        raise RuntimeError("the stream carried no choice")
+    n_out = n_out if n_out is not None else chunks
+    return {"ttft_ms": (first - t0) * 1e3, "e2e_ms": (last - t0) * 1e3, "output_tokens": n_out,
+            "tpot_ms": (last - first) * 1e3 / (n_out - 1) if n_out > 1 else None, "fingerprint": fingerprint}
+
+
+def _prompt(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(*TOKEN_RANGE) for _ in range(n)]
+
+
+async def run_level(url: str, model: str, c: int, per_client: int, prompt_len: int, output_len: int,
+                    rng: random.Random) -> tuple[list[dict], float]:
+    from openai import AsyncOpenAI
+
+    async with AsyncOpenAI(base_url=url + "/v1", api_key="ninfer-bench", timeout=600.0, max_retries=0) as client:
+        async def worker() -> list[dict]:
+            return [await one_request(client, model, _prompt(rng, prompt_len), output_len) for _ in range(per_client)]
+
+        t0 = time.perf_counter()
+        per_worker = await asyncio.gather(*(worker() for _ in range(c)))
+        wall = time.perf_counter() - t0
+    return [r for w in per_worker for r in w], wall
+
+
+def _pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, int(round(q / 100 * (len(xs) - 1)))))]
+
+
+def summarize(identity: str, c: int, reqs: list[dict], wall: float, prompt_len: int, output_len: int,
+              ceil: dict, dtype_bytes: int) -> dict:
+    from ninfer.targets.registry import lookup
+
+    dims = lookup(identity).dims
+    ttft = [r["ttft_ms"] for r in reqs]
+    tpot = [r["tpot_ms"] for r in reqs if r["tpot_ms"] is not None]
+    out_tokens = sum(r["output_tokens"] for r in reqs)
+    tpot_floor = decode_floor_ms(dims, c, prompt_len + output_len // 2, ceil["copy_TBps"], dtype_bytes)
+    return dict(identity=identity, kind="serve", concurrency=c, requests=len(reqs), prompt_len=prompt_len,
+                output_len=output_len, output_tokens=out_tokens,
+                all_outputs_full=all(r["output_tokens"] == output_len for r in reqs),
+                synthetic_fingerprint=all(r["fingerprint"] == "ninfer-synthetic-weights" for r in reqs),
+                ttft_mean_ms=statistics.fmean(ttft), ttft_p50_ms=_pct(ttft, 50), ttft_p99_ms=_pct(ttft, 99),
+                ttft_floor_ms=prefill_floor_ms(dims, prompt_len, ceil["matmul_8192_TFLOPs"]),
+                tpot_mean_ms=statistics.fmean(tpot) if tpot else None, tpot_p50_ms=_pct(tpot, 50),
+                tpot_p99_ms=_pct(tpot, 99), tpot_floor_ms=tpot_floor, wall_s=wall,
+                output_tokens_per_s=out_tokens / wall, tokens_per_s_ceiling=c * 1e3 / tpot_floor)
+
+
+def bench_identity(identity: str, args, ceil: dict, device: str, rec: Recorder, log_dir: Path) -> None:
+    cuda = device.startswith("cuda")
+    max_c = max(args.concurrency)
+    log_path = log_dir / f"serve-{identity}.log"
+    server = Server(identity, max_concurrency=max_c, max_model_len=args.prompt_len + args.output_len + 16,
+                    device=device, log_path=log_path, extra=list(args.server_arg or []))
+    print(f"[{identity}] starting: {' '.join(server.cmd)} (log {log_path})", flush=True)
+    rng = random.Random(0)
+    try:
+        t0 = time.perf_counter()
+        server.wait_ready(args.startup_timeout)
+        startup_s = time.perf_counter() - t0
+        _, models = _get(server.url + "/v1/models")
+        synthetic = bool(models.get("data") and models["data"][0].get("synthetic_weights"))
+        print(f"[{identity}] ready in {startup_s:.1f} s; /v1/models synthetic_weights={synthetic}", flush=True)
+        rec.add(dict(identity=identity, kind="startup", startup_s=startup_s, models_synthetic=synthetic))
+        t0 = time.perf_counter()
+        asyncio.run(asyncio.wait_for(run_level(server.url, server.name, 1, 1, args.prompt_len,
+                                               min(args.output_len, 8), rng), args.step_timeout or None))
+        print(f"[{identity}] warm-up request {time.perf_counter() - t0:.1f} s", flush=True)
+        for c in args.concurrency:
+            try:
+                reqs, wall = asyncio.run(asyncio.wait_for(
+                    run_level(server.url, server.name, c, args.requests_per_client, args.prompt_len, args.output_len,
+                              rng), args.step_timeout or None))
+            except (asyncio.TimeoutError, TimeoutError):
+                rec.error(f"{identity} concurrency {c}: timed out after {args.step_timeout:.0f} s")
+                continue
+            except Exception as e:  # noqa: BLE001 - keep the other levels
+                rec.error(f"{identity} concurrency {c}: failed: {type(e).__name__}: {e}")
+                continue
+            row = summarize(identity, c, reqs, wall, args.prompt_len, args.output_len, ceil, 2 if cuda else 4)
+            rec.add(row)
+            print(f"[{identity}] c={c}: TTFT mean {row['ttft_mean_ms']:.1f} ms (floor {row['ttft_floor_ms']:.1f}), "
+                  f"TPOT mean {row['tpot_mean_ms'] or 0:.2f} ms (floor {row['tpot_floor_ms']:.2f}), "
+                  f"{row['output_tokens_per_s']:.1f} tok/s", flush=True)
+    finally:
+        server.stop()
+
+
+add_args = serve_args
+
+
+def run(args: argparse.Namespace) -> int:
+    device = args.device or default_device()
+    env = env_record()
+    print(f"env: {env}", flush=True)
+    ceil = measure_ceilings(device)
+    print_ceilings(ceil)
+    if device.startswith("cuda"):
+        import torch
+        torch.cuda.empty_cache()
+    rec = Recorder("serve", args.out, {"env": env, "ceilings": ceil, "device": device,
+                                       "dtype": "bf16" if device.startswith("cuda") else "fp32",
+                                       "weights": "dummy (synthetic)", "identities": args.identity,
+                                       "concurrency": args.concurrency, "prompt_len": args.prompt_len,
+                                       "output_len": args.output_len, "requests_per_client": args.requests_per_client})
+    log_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ninfer-bench-serve-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    for ident in args.identity:
+        try:
+            bench_identity(ident, args, ceil, device, rec, log_dir)
+        except Exception as e:  # noqa: BLE001 - the next identity still runs
+            rec.error(f"{ident}: {type(e).__name__}: {e}")
+    print()
+    rows = [[r["identity"], r["concurrency"], r["requests"], r["ttft_mean_ms"], r["ttft_p50_ms"], r["ttft_p99_ms"],
+             r["ttft_floor_ms"], r["tpot_mean_ms"], r["tpot_p50_ms"], r["tpot_p99_ms"], r["tpot_floor_ms"],
+             r["output_tokens_per_s"], r["tokens_per_s_ceiling"]] for r in rec.results if r["kind"] == "serve"]
+    print_table(["identity", "conc", "reqs", "ttft_mean", "ttft_p50", "ttft_p99", "ttft_floor", "tpot_mean",
+                 "tpot_p50", "tpot_p99", "tpot_floor", "out_tok/s", "tok/s_ceil"], rows)
+    rec.finish()
+    return 1 if rec.errors else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="bench/serve.py", description=__doc__.split("\n\n")[0])
+    add_args(ap)
+    return run(ap.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
