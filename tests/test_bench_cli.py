@@ -1,0 +1,64 @@
+"""`ninfer bench decode|prefill|serve` on the CPU with the tiny identities and tiny sizes: the wiring
+(each completes, prints its table and one JSON line, writes --out); no timing is asserted."""
+from __future__ import annotations
+
+import json
+
+from ninfer.cli.main import main
+
+
+def _json_line(out: str) -> dict:
+    lines = [ln for ln in out.splitlines() if ln.startswith("JSON ")]
+    assert len(lines) == 1, out
+    return json.loads(lines[0][5:])
+
+
+def test_bench_decode_cpu(capsys, tmp_path):
+    rc = main(["bench", "decode", "--identity", "qwen3_6-tiny-dense", "--device", "cpu", "--ctx", "16",
+               "--batches", "1", "2", "--reps", "1", "--no-ref", "--hf-baseline", "--hf-batches", "1",
+               "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    data = _json_line(out)
+    assert data["bench"] == "decode" and not data["errors"] and not data["partial"]
+    kinds = [(r["kind"], r.get("batch")) for r in data["results"]]
+    assert ("decode", 1) in kinds and ("decode", 2) in kinds and ("hf_decode", 1) in kinds and ("prefill", None) in kinds
+    assert all(r["floor_ms"] > 0 for r in data["results"] if r["kind"] != "prefill")
+    for key in ("commit", "torch", "triton", "machine"):
+        assert key in data["env"]
+    assert "floor_ms" in out and json.loads((tmp_path / "decode.json").read_text())["partial"] is False
+
+
+def test_bench_prefill_cpu(capsys):
+    rc = main(["bench", "prefill", "--identity", "qwen3_6-tiny-moe", "--device", "cpu", "--lengths", "16", "40",
+               "--reps", "2", "--chunk", "16"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    data = _json_line(out)
+    assert [r["prompt"] for r in data["results"]] == [16, 40]
+    assert all(r["ttft_ms"] > 0 and r["floor_ms"] > 0 and r["chunk"] == 16 for r in data["results"])
+    assert "floor_ms" in out and "prefill_tok/s" in out
+
+
+def test_bench_serve_cpu(capsys, tmp_path):
+    rc = main(["bench", "serve", "--identity", "qwen3_6-tiny-dense", "--device", "cpu", "--concurrency", "1", "2",
+               "--prompt-len", "16", "--output-len", "5", "--requests-per-client", "1", "--step-timeout", "60",
+               "--startup-timeout", "60", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    data = _json_line(out)
+    assert not data["errors"]
+    startup = [r for r in data["results"] if r["kind"] == "startup"]
+    assert startup and startup[0]["models_synthetic"] is True
+    rows = [r for r in data["results"] if r["kind"] == "serve"]
+    assert [r["concurrency"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["all_outputs_full"] and r["synthetic_fingerprint"]
+        assert r["output_tokens"] == 5 * r["concurrency"]
+        assert r["ttft_mean_ms"] > 0 and r["tpot_mean_ms"] > 0 and r["output_tokens_per_s"] > 0
+    assert (tmp_path / "serve.json").exists() and (tmp_path / "serve-qwen3_6-tiny-dense.log").exists()
+
+
+def test_bench_unknown_identity(capsys):
+    assert main(["bench", "decode", "--identity", "nope"]) == 2
+    assert "unknown model identity 'nope'" in capsys.readouterr().err
