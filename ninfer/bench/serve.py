@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -71,7 +72,7 @@ class Server:
         cmd = [sys.executable, "-m", "ninfer.cli.main", "serve", "--load-format", "dummy", "--identity", identity,
                "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", self.name,
                "--max-concurrency", str(max_concurrency), "--max-model-len", str(max_model_len),
-               "--log-level", "warning", *(["--device", device] if device else []), *extra]
+               "--log-level", "warning", "--drain-timeout-s", "5", *(["--device", device] if device else []), *extra]
         self.cmd = cmd
         self._log = open(log_path, "wb")
         root = str(Path(__file__).resolve().parents[2])           # the tree holding `ninfer/` (uninstalled runs)
@@ -100,15 +101,23 @@ class Server:
         except OSError:
             return ""
 
-    def stop(self, timeout: float = 30.0) -> None:
+    def _kill(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
+            os.killpg(self.proc.pid, signal.SIGKILL)         # the group of the process we started
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 20.0) -> None:
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
                 self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)     # the group of the process we started
-                self.proc.wait(10)
-        self._log.close()
+        except subprocess.TimeoutExpired:
+            self._kill()
+        except BaseException:
+            self._kill()
+            raise
+        finally:
+            self._log.close()
 
 
 async def one_request(client, model: str, prompt: list[int], output_len: int) -> dict:
@@ -225,7 +234,13 @@ def bench_identity(identity: str, args, ceil: dict, device: str, rec: Recorder, 
 add_args = serve_args
 
 
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)       # unwinds through bench_identity's `finally`: the server is stopped
+
+
 def run(args: argparse.Namespace) -> int:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)     # an outer `timeout` must not leave the server running
     device = args.device or default_device()
     env = env_record()
     print(f"env: {env}", flush=True)
