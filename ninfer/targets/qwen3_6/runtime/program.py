@@ -315,6 +315,9 @@ class Qwen36Program(CheckpointOps):
             lps: list[list[TokenLogprob | None]] = [[] for _ in seqs]
             rngs: list[list[torch.Tensor | None]] = [[] for _ in seqs]
             step_logits = []
+            # NOTE: plain greedy rows (the common serving case) skip the sampler's tensor building:
+            #       one argmax + one sync per step, RNG unchanged (what `sample` returns for them).
+            greedy = forced is None and all(self._sampler.plain_greedy(s.request.sampling) for s in seqs)
             for i in range(num_steps):
                 dsts = [self._state.scratch_entry(rec.scratch[r][i]) for r in range(B)]
                 srcs = [s.slot if i == 0 else self._state.scratch_entry(rec.scratch[r][i - 1])
@@ -331,7 +334,11 @@ class Qwen36Program(CheckpointOps):
                     logits = logits.clone()       # the graph's output buffer is overwritten by the next replay
                 if keep_logits:
                     step_logits.append(logits)
-                if forced is None:
+                if greedy:
+                    toks = self._sampler.greedy_tokens(logits)
+                    step_lps = [None] * B
+                    step_rngs = [rngs[r][-1] if i else s.rng_state for r, s in enumerate(seqs)]
+                elif forced is None:
                     toks, step_lps, step_rngs = self._sampler.sample(
                         logits, [self._row_sampling(s, produced[r], rngs[r][-1] if i else None)
                                  for r, s in enumerate(seqs)])

@@ -48,6 +48,19 @@ class Sampler:
     def new_rng_state(self, seed: int) -> torch.Tensor:
         return rng_state_from_seed(seed, self.device)
 
+    @staticmethod
+    def plain_greedy(p: SamplingParams) -> bool:
+        """Greedy with nothing that changes the argmax or needs a record (no penalties, no logit
+        bias, no log-probs): `greedy_tokens` gives exactly `sample`'s tokens, and the RNG stays put."""
+        return (p.temperature <= 0 and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
+                and p.frequency_penalty == 0.0 and not p.logit_bias and p.logprobs is None)
+
+    def greedy_tokens(self, logits: torch.Tensor) -> list[int]:
+        """logits [B, V] -> argmax over the sampleable vocabulary per row (one kernel, one sync)."""
+        if self.sampleable < self.vocab_size:
+            logits = logits[:, :self.sampleable]
+        return logits.argmax(dim=-1).tolist()
+
     def sample(self, logits: torch.Tensor, rows: Sequence[RowSampling]
                ) -> tuple[list[int], list[TokenLogprob | None], list[torch.Tensor | None]]:
         """logits [B, V] fp32 -> (token per row, TokenLogprob per row or None, advanced rng state per row)."""

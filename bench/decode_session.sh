@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One device session for the decode pass (issue 8): GPU tests of the changed paths, kernels per
+# step, 27B decode with/without graphs + tiny host overhead, then the rest of the fast-op tests.
+# Usage (repo root, GPU machine): NINFER_COMMIT=<sha> bash bench/decode_session.sh; logs under $OUT.
+set -o pipefail
+OUT=${OUT:-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
+t0=$(date +%s)
+K="conv_update or recurrent_gdn or src_to_dst or moe_experts or program or rms_norm"
+timeout ${T1:-150} python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_cuda_graphs_gpu.py tests/test_program_cuda.py \
+  tests/test_fast_ops_gpu.py -k "$K" 2>&1 | tee "$OUT/tests_changed.log" | tail -15
+echo "== t=$(( $(date +%s) - t0 ))s"
+timeout ${T2:-70} python3 bench/graph_kernels.py --identity qwen3_6-tiny-dense qwen3_6-27b --batches 1 8 2>&1 \
+  | tee "$OUT/graph_kernels.log" | tail -6
+echo "== t=$(( $(date +%s) - t0 ))s"
+timeout ${T3:-150} python3 bench/decode.py --identity qwen3_6-27b --ctx 1024 --batches 1 2 4 8 --reps 10 --no-ref \
+  --prefill-ref-gdn --host-overhead --no-hf-baseline 2>&1 | tee "$OUT/decode.log" | grep -v "^JSON" | tail -22
+echo "== t=$(( $(date +%s) - t0 ))s"
+timeout ${T4:-40} python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fast_ops_gpu.py -k "not ($K)" 2>&1 \
+  | tee "$OUT/tests_rest.log" | tail -4
+echo "== t=$(( $(date +%s) - t0 ))s"
+echo "== summary"; grep -h "passed\|failed" "$OUT"/tests_*.log | tail -3
+grep -A8 "identity  B  kernels" "$OUT/graph_kernels.log"
