@@ -18,11 +18,18 @@ echo "== t=$(( $(date +%s) - t0 ))s"
 timeout ${T2:-70} python3 bench/graph_kernels.py --identity qwen3_6-tiny-dense qwen3_6-27b --batches 1 8 2>&1 \
   | tee "$OUT/graph_kernels.log" | tail -6
 echo "== t=$(( $(date +%s) - t0 ))s"
-timeout ${T3:-150} python3 bench/decode.py --identity qwen3_6-27b --ctx 1024 --batches 1 2 4 8 --reps 10 --no-ref \
-  --prefill-ref-gdn --host-overhead --no-hf-baseline 2>&1 | tee "$OUT/decode.log" | grep -v "^JSON" | tail -22
+timeout ${T3:-170} python3 -m ninfer.cli.main bench decode --identity qwen3_6-27b qwen3_6-35b-a3b --ctx 1024 \
+  --batches 1 2 4 8 --reps 5 --no-ref --prefill-ref-gdn --host-overhead --no-hf-baseline --step-timeout 70 \
+  --out "$OUT/bench" 2>&1 | tee "$OUT/decode.log" | grep -v "^JSON" | tail -30
 echo "== t=$(( $(date +%s) - t0 ))s"
 timeout ${T4:-40} python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_fast_ops_gpu.py -k "not ($K)" 2>&1 \
   | tee "$OUT/tests_rest.log" | tail -4
+echo "== t=$(( $(date +%s) - t0 ))s"
+rem=$(( ${TOTAL:-455} - ($(date +%s) - t0) ))
+if [ $rem -gt 30 ]; then   # the other pass's prefill bench (TTFT 1k / 8k), in what is left
+  timeout $rem python3 -m ninfer.cli.main bench prefill --identity qwen3_6-27b qwen3_6-35b-a3b --lengths 1024 8192 \
+    --reps 2 --chunk 8192 --step-timeout 45 --out "$OUT/bench" 2>&1 | tee "$OUT/prefill.log" | grep -v "^JSON" | tail -12
+fi
 echo "== t=$(( $(date +%s) - t0 ))s"
 echo "== summary"; grep -h "passed\|failed" "$OUT"/tests_*.log | tail -3
 grep -A8 "identity  B  kernels" "$OUT/graph_kernels.log"
