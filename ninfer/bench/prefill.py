@@ -29,7 +29,7 @@ import torch
 from ninfer.bench.args import prefill_args
 from ninfer.bench.common import (Recorder, default_device, env_record, measure_ceilings,
                                  prefill_flops, print_ceilings, print_table, run_step, sync)
-from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+from ninfer.runtime.contract.types import Refusal, SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 
@@ -42,17 +42,23 @@ def prefill_once(prog, prompt: tuple[int, ...], chunk: int, device: str) -> floa
     sync(device)
     t0 = time.perf_counter()
     plan = prog.plan_materialize(req)
-    res = prog.start_materialize(plan)
-    h = res.sequence
+    if isinstance(plan, Refusal):
+        raise RuntimeError(f"prompt of {len(prompt)} tokens refused: {plan.reason}")
+    h = prog.start_materialize(plan).sequence
     step = None
-    while True:
-        step = prog.prefill(h, chunk or len(prompt))
-        if step.pending is not None:
-            break
-    sync(device)
-    ms = (time.perf_counter() - t0) * 1e3
-    prog.commit(step.pending, [1])
-    prog.release(h)
+    try:
+        while True:
+            step = prog.prefill(h, chunk or len(prompt))
+            if step.pending is not None:
+                break
+        sync(device)
+        ms = (time.perf_counter() - t0) * 1e3
+        prog.commit(step.pending, [1])
+    finally:
+        # NOTE: a step timeout can interrupt the prefill; give the sequence back so later lengths fit.
+        if step is not None and step.pending is not None and not step.pending.consumed:
+            prog.abort_pending(step.pending)
+        prog.release(h)
     return ms
 
 
