@@ -187,3 +187,45 @@ def test_session_index_replacement_follows_publication_order(tiny):
     assert idx.bind("a", 7, 11) == (True, 5)
     assert idx.lookup("a").checkpoint_id == 7
     assert idx.forget_checkpoint(7) == ["a"] and idx.lookup("a") is None
+
+
+class _BoundaryAtEveryToken:
+    """A Frontend whose sessions report a reconstruction boundary after every accepted token (as the
+    real one does at a stop with preserve_thinking, or at the end of a tool call): the terminal
+    checkpoint's frontier then covers the tokens of the very batch that ended the request."""
+
+    def __init__(self, frontend):
+        self._frontend = frontend
+
+    def __getattr__(self, name):
+        return getattr(self._frontend, name)
+
+    def new_session(self, prompt, options):
+        inner = self._frontend.new_session(prompt, options)
+
+        class Session:
+            def __getattr__(self, name):
+                return getattr(inner, name)
+
+            def preview(self, tokens, **kw):
+                import dataclasses
+                p = inner.preview(tokens, **kw)
+                return dataclasses.replace(p, boundary=p.accepted_tokens)
+        return Session()
+
+
+def test_terminal_checkpoint_covering_the_last_batch_is_adopted(tiny):
+    frontend, program = tiny
+    prog = program()
+    core = EngineCore(_BoundaryAtEveryToken(frontend), max_concurrency=2, queue_size=4, request_timeout_s=60.0,
+                      prefill_chunk_tokens=7, max_model_len=prog.max_model_len, clock=FakeClock(),
+                      cache=CacheConfig())
+    core.attach_program(prog)
+    p = frontend.prepare_chat([{"role": "user", "content": "Hi"}])
+    r = run(core, p, 4, session_id="s")
+    assert core.availability.ready, core.availability.reason
+    assert len(r.token_ids) == 4
+    cid = core.rm.cache.sessions.lookup("s").checkpoint_id
+    assert core.rm.cache.entries[cid].frontier == p.num_prompt_tokens + 4
+    nxt = PreparedPrompt(p.token_ids + r.token_ids + (11, 12))
+    assert run(core, nxt, 2).usage.cached_tokens == p.num_prompt_tokens + 4

@@ -299,8 +299,8 @@ class EngineCore:
         self.rm.begin_terminal(rec)
         self._emit("terminal_pending", rec, reason=reason)
 
-    def _settle(self, rec: RequestRecord) -> None:
-        self.rm.settle_terminal(rec)
+    def _settle(self, rec: RequestRecord, last_tokens: tuple[int, ...] = ()) -> None:
+        self.rm.settle_terminal(rec, last_tokens)
         self.scheduler.trigger.note(AdmissionEvent.LANE_FREED)
         self._emit("released", rec)
 
@@ -443,7 +443,7 @@ class EngineCore:
                 self.scheduler.prefill_done(d.rec)
             if d.terminal:
                 self._end_execution(d.rec, d.reason)
-                self._settle(d.rec)
+                self._settle(d.rec, d.tokens)
         for d in decisions:
             if d.accepted:
                 self._commit_row(d, now)

@@ -187,8 +187,11 @@ class ResourceManager:
             return Retention.RETAIN
         return Retention.RELEASE
 
-    def settle_terminal(self, rec: RequestRecord) -> ResourceResult:
-        """TerminalPending -> (retain | release) -> adopt -> optional SessionIndex update -> lane Free."""
+    def settle_terminal(self, rec: RequestRecord, last_tokens: tuple[int, ...] = ()) -> ResourceResult:
+        """TerminalPending -> (retain | release) -> adopt -> optional SessionIndex update -> lane Free.
+
+        last_tokens: the tokens Program committed in the unit that ended the request; budget
+        accounting (rec.output_token_ids) takes them only after this terminal result (§6)."""
         lane = self._lane_of(rec, LaneState.TERMINAL_PENDING)
         retention = self.choose_retention(rec)
         self._begin(f"{retention.value} request {rec.request_id}")
@@ -204,7 +207,7 @@ class ResourceManager:
         if result.checkpoint is not None:
             if retention is not Retention.RETAIN:
                 raise InvariantError(f"release of {lane.sequence} published a checkpoint")
-            self._adopt_terminal_checkpoint(rec, result)
+            self._adopt_terminal_checkpoint(rec, result, last_tokens)
         self._unclaim(lane, rec)
         rec.sequence = None
         if self.cache is not None:
@@ -225,9 +228,10 @@ class ResourceManager:
             points.append(rp)
         return min(points) if points else None
 
-    def _adopt_terminal_checkpoint(self, rec: RequestRecord, result: ResourceResult) -> None:
+    def _adopt_terminal_checkpoint(self, rec: RequestRecord, result: ResourceResult,
+                                   last_tokens: tuple[int, ...]) -> None:
         info = result.checkpoint
-        expected = tuple(rec.prompt.token_ids) + tuple(rec.output_token_ids)
+        expected = tuple(rec.prompt.token_ids) + tuple(rec.output_token_ids) + tuple(last_tokens)
         if info.frontier > len(expected) or prefix_digest(expected[:info.frontier]) != info.digest:
             raise InvariantError(f"terminal checkpoint of request {rec.request_id} proves a prefix that is not "
                                  f"its prompt + output")
