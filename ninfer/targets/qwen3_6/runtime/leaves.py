@@ -12,7 +12,7 @@ nv/dv GDN value heads.
 """
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Protocol
+from typing import Any, Mapping, NamedTuple, Protocol
 
 import torch
 
@@ -42,8 +42,9 @@ class GDNLeaf(Protocol):
 
 
 class PostMixerLeaf(Protocol):
-    def __call__(self, mlp: Mapping[str, torch.Tensor], h: torch.Tensor) -> torch.Tensor:
-        """h [N, H] -> [N, H]."""
+    def __call__(self, mlp: Mapping[str, torch.Tensor], h: torch.Tensor, ops: Any) -> torch.Tensor:
+        """h [N, H] -> [N, H]; `ops` is the schedule's OpSet (the MoE leaf runs its routed experts
+        with it)."""
         ...
 
 

@@ -55,7 +55,6 @@ class Qwen36Model:
         #       builds them per call from host lists: a host-to-device copy, not graph-capturable).
         self._rot = int(d.head_dim * d.partial_rotary_factor)
         self._inv_freq = rope_inv_freq(self._rot, d.rope_theta, view.embed_tokens.device)
-        self._post_mixer_takes_ops = bool(getattr(leaves.post_mixer, "takes_ops", False))
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Run every layer; return the post-final-norm hidden states [N, H] (also MTP's input)."""
@@ -88,7 +87,6 @@ class Qwen36Model:
                 meta: "_RowMeta") -> torch.Tensor:
         rms_norm = self.ops.rms_norm
         post_mixer = self.leaves.post_mixer
-        kw = {"ops": self.ops} if self._post_mixer_takes_ops else {}
         for layer in self.view.layers:
             h = rms_norm(x, layer.input_norm, self.eps)
             if layer.kind == "full_attention":
@@ -96,7 +94,7 @@ class Qwen36Model:
             else:
                 x = x + self._gdn(layer, h, fb, meta)
             h = rms_norm(x, layer.post_norm, self.eps)
-            x = x + post_mixer(layer.mlp, h, **kw)
+            x = x + post_mixer(layer.mlp, h, self.ops)
         return rms_norm(x, self.view.norm, self.eps)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
