@@ -38,6 +38,14 @@ class ForwardBatch(NamedTuple):
     rope_positions: torch.Tensor | None = None   # [3, N] MRoPE positions; None = text (all axes = positions)
 
 
+def state_planes(dims, dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The StateImage planes the schedule reads and updates, per GDN layer and entry:
+    conv [C, K-1] in the model dtype, recurrent [nv, dk, dv] in fp32."""
+    return {"conv": ((dims.conv_dim, dims.linear_conv_kernel_dim - 1), dtype),
+            "recurrent": ((dims.linear_num_value_heads, dims.linear_key_head_dim, dims.linear_value_head_dim),
+                          torch.float32)}
+
+
 class Qwen36Model:
     def __init__(self, view: ModelView, leaves: LeafSet, kv: PagedKVStore, state: StateImageStore,
                  ops: OpSet | None = None) -> None:

@@ -58,7 +58,7 @@ from ninfer.targets.qwen3_6.runtime.checkpoints import CheckpointOps
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 from ninfer.targets.qwen3_6.runtime.cuda_graphs import DecodeGraphs
 from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
-from ninfer.targets.qwen3_6.runtime.model import ForwardBatch, Qwen36Model
+from ninfer.targets.qwen3_6.runtime.model import ForwardBatch, Qwen36Model, state_planes
 from ninfer.targets.qwen3_6.runtime.model_view import load_model_view
 from ninfer.targets.qwen3_6.runtime.sampling import RowSampling, Sampler, prompt_token_logprobs
 from ninfer.targets.qwen3_6.runtime.scoring import WindowScorer
@@ -102,12 +102,8 @@ class Qwen36Program(CheckpointOps):
         self._pending = PendingLedger(num_scratch)
         self._kv = PagedKVStore(len(dims.attention_layers), config.num_pages, config.page_size,
                                 dims.num_key_value_heads, dims.head_dim, dt, dev)
-        K = dims.linear_conv_kernel_dim
-        self._state = StateImageStore(
-            len(dims.gdn_layers), config.num_slots, num_scratch,
-            {"conv": ((dims.conv_dim, K - 1), dt),
-             "recurrent": ((dims.linear_num_value_heads, dims.linear_key_head_dim,
-                            dims.linear_value_head_dim), torch.float32)}, dev)
+        self._state = StateImageStore(len(dims.gdn_layers), config.num_slots, num_scratch,
+                                      state_planes(dims, dt), dev)
         self.model = Qwen36Model(view, leaves, self._kv, self._state)
         # NOTE: CausalScoring windows run over their own temporary State/KV and lm_head staging
         # (scoring.py); a Generation Program allocates none of it.

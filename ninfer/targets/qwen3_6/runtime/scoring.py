@@ -29,7 +29,7 @@ from ninfer.runtime.contract.scoring import ScoringWindow, WindowScores
 from ninfer.runtime.contract.types import InvariantError
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
-from ninfer.targets.qwen3_6.runtime.model import ForwardBatch, Qwen36Model
+from ninfer.targets.qwen3_6.runtime.model import ForwardBatch, Qwen36Model, state_planes
 from ninfer.targets.qwen3_6.runtime.model_view import ModelView
 
 FORWARD_CHUNK = 512              # tokens per forward stage of a window
@@ -46,12 +46,7 @@ class ScoringStaging:
         self.num_pages = math.ceil(window / ps)
         self.kv = PagedKVStore(len(d.attention_layers), self.num_pages, ps, d.num_key_value_heads, d.head_dim,
                                dt, dev)
-        K = d.linear_conv_kernel_dim
-        self.state = StateImageStore(
-            len(d.gdn_layers), 1, 0,
-            {"conv": ((d.conv_dim, K - 1), dt),
-             "recurrent": ((d.linear_num_value_heads, d.linear_key_head_dim, d.linear_value_head_dim),
-                           torch.float32)}, dev)
+        self.state = StateImageStore(len(d.gdn_layers), 1, 0, state_planes(d, dt), dev)
         self.logit_rows = max(1, LOGIT_BYTES // (d.vocab_size * 4))
         self.logits = torch.empty(self.logit_rows, d.vocab_size, dtype=dt, device=dev)
         self.block_table = torch.arange(self.num_pages, dtype=torch.int32, device=dev).unsqueeze(0)
