@@ -324,7 +324,7 @@ class EngineCore:
             head.move(S.FINISHED)
             self._error(head, ErrorKind.INVALID_REQUEST, f"request cannot run on this engine: {outcome.reason}")
             return True
-        self.scheduler.protect_head(head, tuple(r for r in self.scheduler.active))
+        self.scheduler.protect_head(head, self.scheduler.active)
         for borrower in self.scheduler.borrowers():
             if self.rm.prove_backfill(head, self.scheduler.donors, borrower):
                 self._emit("backfill", borrower, head=head.request_id)

@@ -58,6 +58,11 @@ class Lane:
     sequence: SequenceHandle | None = None
 
 
+def _may_reuse(rec: RequestRecord) -> bool:
+    """A request with prompt log-probs computes every prompt position: its source is always root."""
+    return rec.use_cache and rec.prompt_logprobs is None
+
+
 class ResourceManager:
     def __init__(self, program: Program, num_lanes: int, planner: MaterializationPlanner | None = None,
                  cache: ContextCache | None = None):
@@ -90,7 +95,7 @@ class ResourceManager:
         if cache is None:
             return self.planner.plan(rec)
         source = None
-        if rec.use_cache and rec.prompt_logprobs is None:
+        if _may_reuse(rec):
             hit = cache.find_source(rec.prompt.token_ids)
             source = hit.checkpoint_id if hit is not None else None
         host_free = self._host_bytes_free()
@@ -139,14 +144,15 @@ class ResourceManager:
             raise
         finally:
             self._end()
-        self._adopt_materialization(lane, rec, result)
+        self._adopt_materialization(lane, rec, result, plan.source)
         return result
 
     def _unclaim(self, lane: Lane, rec: RequestRecord) -> None:
         lane.state, lane.publication_order, lane.sequence = LaneState.FREE, None, None
         rec.lane = None
 
-    def _adopt_materialization(self, lane: Lane, rec: RequestRecord, result: ResourceResult) -> None:
+    def _adopt_materialization(self, lane: Lane, rec: RequestRecord, result: ResourceResult,
+                               source: int | None) -> None:
         if not isinstance(result, ResourceResult):
             raise InvariantError(f"start_materialize returned {type(result).__name__}")
         if not result.ok:
@@ -165,13 +171,14 @@ class ResourceManager:
         rec.num_reused_tokens = result.num_reused_tokens
         if self.cache is not None:
             self.cache.adopt_evictions(result.evicted, result.offloaded)
-            if rec.use_cache and rec.prompt_logprobs is None:
+            if _may_reuse(rec):
                 hit = None
                 if result.num_reused_tokens:
-                    hit = self.cache.find_source(rec.prompt.token_ids)
+                    # NOTE: the planned source was found by digest at plan time; nothing else ran since.
+                    hit = self.cache.entries.get(source) if source is not None else None
                     if hit is None or hit.frontier != result.num_reused_tokens:
                         raise InvariantError(f"request {rec.request_id} reused {result.num_reused_tokens} tokens "
-                                             f"that no catalog entry proves")
+                                             f"that its planned source {source} does not prove")
                 self.cache.observe_query(hit)
             rec.capture_points = tuple(self.cache.capture_points(rec.num_prompt_tokens, rec.num_reused_tokens)
                                        ) if rec.use_cache else ()
