@@ -141,19 +141,24 @@ def chat_choice(index: int, result: GenerationResult, pieces: TokenPieces, want_
             "finish_reason": finish_reason(result.finish_reason, bool(calls)), "stop_reason": None}
 
 
+def _body(object_: str, rid: str, model: str, created: int, choices: list[dict], usage: dict | None,
+          with_usage_field: bool, fingerprint: str | None) -> dict:
+    """The envelope every response and chunk shares; `usage` is present when given (or asked for)."""
+    d = {"id": rid, "object": object_, "created": created, "model": model, "choices": choices,
+         "system_fingerprint": fingerprint}
+    if with_usage_field or usage is not None:
+        d["usage"] = usage
+    return d
+
+
 def chat_response(rid: str, model: str, created: int, choices: list[dict], usage: dict,
                   fingerprint: str | None = None) -> dict:
-    return {"id": rid, "object": "chat.completion", "created": created, "model": model,
-            "choices": choices, "usage": usage, "system_fingerprint": fingerprint}
+    return _body("chat.completion", rid, model, created, choices, usage, True, fingerprint)
 
 
 def chat_chunk(rid: str, model: str, created: int, choices: list[dict], usage: dict | None = None,
                with_usage_field: bool = False, fingerprint: str | None = None) -> dict:
-    d = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-         "choices": choices, "system_fingerprint": fingerprint}
-    if with_usage_field or usage is not None:
-        d["usage"] = usage
-    return d
+    return _body("chat.completion.chunk", rid, model, created, choices, usage, with_usage_field, fingerprint)
 
 
 def tool_delta_json(d: ToolCallDelta) -> dict:
@@ -181,14 +186,9 @@ def completion_choice(index: int, text: str, result: GenerationResult, pieces: T
 
 def completion_response(rid: str, model: str, created: int, choices: list[dict], usage: dict,
                         fingerprint: str | None = None) -> dict:
-    return {"id": rid, "object": "text_completion", "created": created, "model": model,
-            "choices": choices, "usage": usage, "system_fingerprint": fingerprint}
+    return _body("text_completion", rid, model, created, choices, usage, True, fingerprint)
 
 
 def completion_chunk(rid: str, model: str, created: int, choices: list[dict], usage: dict | None = None,
                      with_usage_field: bool = False, fingerprint: str | None = None) -> dict:
-    d = {"id": rid, "object": "text_completion", "created": created, "model": model,
-         "choices": choices, "system_fingerprint": fingerprint}
-    if with_usage_field or usage is not None:
-        d["usage"] = usage
-    return d
+    return _body("text_completion", rid, model, created, choices, usage, with_usage_field, fingerprint)
