@@ -142,6 +142,7 @@ class ChatSession:
 
 def run(args: argparse.Namespace) -> int:
     check_max_tokens(args.max_tokens)
+    sampling_params(args)                 # NOTE: a bad sampling flag fails before the model loads
     config = engine_config(args)
     path, name, _ = resolve_model(args.model, config=config)
     engine = open_engine(path, config)

@@ -35,8 +35,6 @@ def _prompt(engine, args):
 
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not args.chat:
-        if args.system:
-            raise CLIError("--system needs --chat")
         return engine.frontend.prepare_text(text), OutputOptions(stop=tuple(args.stop), parse_reasoning=False,
                                                                  parse_tool_calls=False)
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
@@ -49,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
     from ninfer.types import GenerationDelta, GenerationError, GenerationResult
 
     max_tokens = check_max_tokens(args.max_tokens)
+    if args.system and not args.chat:
+        raise CLIError("--system needs --chat")
+    sampling_params(args)                 # NOTE: a bad sampling flag fails before the model loads
     config = engine_config(args)
     path, _, _ = resolve_model(args.model, config=config)
     engine = open_engine(path, config)
