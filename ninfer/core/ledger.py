@@ -45,8 +45,8 @@ class Holding:
     table: BlockTable
     slot: int
     reserved_tokens: int
-    pub_slot: int | None = None            # publication slot (terminal checkpoint), if asked
-    pub_owner: object = None
+    pub_slot: int | None = None            # publication slot (terminal checkpoint), if asked; owned by
+                                           # the Holding object itself (the StateImage slot by owner_id)
 
     @property
     def pages_held(self) -> int:
@@ -177,8 +177,7 @@ class ResourceLedger:
         slot = self.slots.alloc(owner_id)
         h = Holding(owner_id, BlockTable(self.page_size, reservation), slot, tokens)
         if publication:
-            h.pub_owner = ("publication", owner_id)
-            h.pub_slot = self.slots.alloc(h.pub_owner)
+            h.pub_slot = self.slots.alloc(h)
         self.pages.share(shared)
         h.table.pages.extend(shared)
         self._holdings[owner_id] = h
@@ -193,7 +192,7 @@ class ResourceLedger:
         freed = h.table.release(self.pages)
         self.slots.free(h.slot, owner_id)
         if h.pub_slot is not None:
-            self.slots.free(h.pub_slot, h.pub_owner)
+            self.slots.free(h.pub_slot, h)
         self.revision += 1
         return freed, h.slot
 
@@ -245,19 +244,13 @@ class ResourceLedger:
         pages = h.table.pages[:n]
         c = self._new_checkpoint(checkpoint_id, frontier, list(pages))
         self.pages.share(pages)
-        kept = h.pub_slot if use_pub_slot else h.slot
-        self.slots.free(kept, h.pub_owner if use_pub_slot else h.owner_id)
-        c.slot = self.slots.alloc_id(kept, c)
-        if use_pub_slot:
-            h.pub_slot = None
-        else:
-            h.slot = -1
+        own, pub = (h.slot, h.owner_id), (h.pub_slot, h)
+        (kept, kept_owner), (other, other_owner) = (pub, own) if use_pub_slot else (own, pub)
+        c.slot = self.slots.hand_over(kept, kept_owner, c)
+        if other is not None:
+            self.slots.free(other, other_owner)
         del self._holdings[owner_id]
         freed = h.table.release(self.pages)
-        if h.slot >= 0:
-            self.slots.free(h.slot, h.owner_id)
-        if h.pub_slot is not None:
-            self.slots.free(h.pub_slot, h.pub_owner)
         self.revision += 1
         return c, freed
 
@@ -322,7 +315,7 @@ class ResourceLedger:
                                      f"reservation is {pages_for(h.reserved_tokens, self.page_size)}")
             if self.slots.owner(h.slot) != h.owner_id:
                 raise InvariantError(f"slot {h.slot} is not owned by {h.owner_id}")
-            if h.pub_slot is not None and self.slots.owner(h.pub_slot) is not h.pub_owner:
+            if h.pub_slot is not None and self.slots.owner(h.pub_slot) is not h:
                 raise InvariantError(f"publication slot {h.pub_slot} is not owned by {h.owner_id}")
             for p in h.table.pages:
                 mapped[p] = mapped.get(p, 0) + 1

@@ -44,13 +44,11 @@ class SlotPool:
         self._owner[slot] = owner
         return slot
 
-    def alloc_id(self, slot: int, owner: object) -> int:
-        """Take a specific free slot (an ownership hand-over: free by one owner, take by the next)."""
-        if slot in self._owner or slot not in self._free:
-            raise InvariantError(f"slot {slot} is not free")
-        self._free.remove(slot)
-        heapq.heapify(self._free)
-        self._owner[slot] = owner
+    def hand_over(self, slot: int, owner: object, new_owner: object) -> int:
+        """Give an owned slot to its next owner (the slot's contents stay: it never becomes free)."""
+        if self._owner.get(slot) is not owner:
+            raise InvariantError(f"slot {slot} handed over by a non-owner")
+        self._owner[slot] = new_owner
         return slot
 
     def free(self, slot: int, owner: object) -> None:
