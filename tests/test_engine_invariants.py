@@ -147,9 +147,12 @@ def test_inv5_transitions_never_overlap_and_never_cross_a_model_unit():
 
 def test_inv5_resource_manager_refuses_a_second_transition():
     core, prog, _, _ = make_core()
-    core.rm._begin("first")
-    with pytest.raises(InvariantError):
-        core.rm._begin("second")
+    with core.rm._transition_of("first"):
+        with pytest.raises(InvariantError):
+            with core.rm._transition_of("second"):
+                pass
+        assert core.rm.transition_in_flight == "first"      # the refused one leaves the first in flight
+    assert core.rm.transition_in_flight is None
 
 
 # 6. A PendingBatch is consumed completely by exactly one commit or abort --------------------------

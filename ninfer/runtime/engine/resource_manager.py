@@ -24,9 +24,10 @@ its publication_order is newer, then the device/host budgets are enforced.
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from ninfer.runtime.contract.types import (InvariantError, Placement, Program, Refusal, RefusalKind, ResourcePlan,
                                            ResourceResult, SequenceHandle, StalePlanError, prefix_digest)
@@ -115,14 +116,17 @@ class ResourceManager:
                                                 self.planner.sequence_request(borrower)))
 
     # ---- transitions ---------------------------------------------------------------------
-    def _begin(self, what: str) -> None:
+    @contextlib.contextmanager
+    def _transition_of(self, what: str) -> Iterator[None]:
+        """The one global resource transition in flight (invariant 5), however Program's call ends."""
         if self._transition is not None:
             raise InvariantError(f"resource transition {what!r} started while {self._transition!r} is unsettled")
         self._transition = what
         self.num_transitions += 1
-
-    def _end(self) -> None:
-        self._transition = None
+        try:
+            yield
+        finally:
+            self._transition = None
 
     def materialize(self, rec: RequestRecord, plan: ResourcePlan) -> ResourceResult:
         """Claim a lane, run Program's transition, adopt its complete result.
@@ -136,14 +140,12 @@ class ResourceManager:
         lane = self.lanes[index]
         lane.state, lane.publication_order = LaneState.MATERIALIZING, rec.publication_order
         rec.lane = index
-        self._begin(f"materialize request {rec.request_id}")
         try:
-            result = self.program.start_materialize(plan)
+            with self._transition_of(f"materialize request {rec.request_id}"):
+                result = self.program.start_materialize(plan)
         except StalePlanError:
             self._unclaim(lane, rec)
             raise
-        finally:
-            self._end()
         self._adopt_materialization(lane, rec, result, plan.source)
         return result
 
@@ -201,14 +203,11 @@ class ResourceManager:
         accounting (rec.output_token_ids) takes them only after this terminal result (§6)."""
         lane = self._lane_of(rec, LaneState.TERMINAL_PENDING)
         retention = self.choose_retention(rec)
-        self._begin(f"{retention.value} request {rec.request_id}")
-        try:
+        with self._transition_of(f"{retention.value} request {rec.request_id}"):
             if retention is Retention.RETAIN:
                 result = self.program.retain(lane.sequence)
             else:
                 result = self.program.release(lane.sequence)
-        finally:
-            self._end()
         if not isinstance(result, ResourceResult) or not result.ok or result.pages_held or result.slots_held:
             raise InvariantError(f"{retention.value} of {lane.sequence} did not end in a clean state: {result}")
         if result.checkpoint is not None:
@@ -266,11 +265,8 @@ class ResourceManager:
         plan = self.program.plan_capture(rec.sequence, offered)
         if isinstance(plan, Refusal):
             return None
-        self._begin(f"capture request {rec.request_id} at {f}")
-        try:
+        with self._transition_of(f"capture request {rec.request_id} at {f}"):
             result = self.program.start_capture(plan)
-        finally:
-            self._end()
         if not result.ok or result.checkpoint is None or result.checkpoint.digest != digest:
             raise InvariantError(f"capture of request {rec.request_id} at {f} returned {result}")
         cache.adopt_evictions(result.evicted, result.offloaded)
@@ -280,21 +276,15 @@ class ResourceManager:
         return result
 
     def _delete(self, checkpoint_id: int) -> None:
-        self._begin(f"delete checkpoint {checkpoint_id}")
-        try:
+        with self._transition_of(f"delete checkpoint {checkpoint_id}"):
             result = self.program.delete_checkpoint(checkpoint_id)
-        finally:
-            self._end()
         if not result.ok or tuple(result.evicted) != (checkpoint_id,):
             raise InvariantError(f"delete of checkpoint {checkpoint_id} returned {result}")
         self.cache.adopt_evictions(result.evicted, ())
 
     def _offload(self, checkpoint_id: int) -> None:
-        self._begin(f"offload checkpoint {checkpoint_id}")
-        try:
+        with self._transition_of(f"offload checkpoint {checkpoint_id}"):
             result = self.program.offload_checkpoint(checkpoint_id)
-        finally:
-            self._end()
         if not result.ok or tuple(result.offloaded) != (checkpoint_id,):
             raise InvariantError(f"offload of checkpoint {checkpoint_id} returned {result}")
         self.cache.adopt_evictions((), result.offloaded)
