@@ -82,6 +82,11 @@ class CheckpointOps:
             raise InvariantError(f"unknown checkpoint {checkpoint_id}")
         return c
 
+    def _require_fresh(self, plan: ResourcePlan) -> None:
+        if plan.resource_revision != self._ledger.revision:
+            raise StalePlanError(f"plan {plan.plan_id} sealed at revision {plan.resource_revision}, "
+                                 f"now {self._ledger.revision}")
+
     def _nbytes(self, frontier: int) -> int:
         return self._slot_bytes + pages_for(frontier, self.config.page_size) * self._page_bytes
 
@@ -182,9 +187,7 @@ class CheckpointOps:
                             victims=tuple(victims), sequence=s.handle)
 
     def start_capture(self, plan: ResourcePlan) -> ResourceResult:
-        if plan.resource_revision != self._ledger.revision:
-            raise StalePlanError(f"plan {plan.plan_id} sealed at revision {plan.resource_revision}, "
-                                 f"now {self._ledger.revision}")
+        self._require_fresh(plan)
         if plan.kind != "capture" or plan.sequence is None:
             raise InvariantError(f"plan {plan.plan_id} is not a capture plan")
         s = self._seq(plan.sequence)

@@ -52,7 +52,7 @@ from ninfer.core.transactions import PendingLedger, Provisional
 from ninfer.runtime.contract.scoring import ScoringWindow, WindowScores
 from ninfer.runtime.contract.types import (
     BatchKind, CapacitySummary, InvariantError, PendingBatch, PendingRow, PrefillStep, Refusal, RefusalKind,
-    ResourcePlan, ResourceResult, SequenceHandle, SequenceRequest, StalePlanError, TokenLogprob)
+    ResourcePlan, ResourceResult, SequenceHandle, SequenceRequest, TokenLogprob)
 from ninfer.targets.qwen3_6.dims import Qwen36Dims
 from ninfer.targets.qwen3_6.runtime.checkpoints import CheckpointOps
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
@@ -165,9 +165,7 @@ class Qwen36Program(CheckpointOps):
         return self._plan_from(request, source, evictable, host_bytes_free)
 
     def start_materialize(self, plan: ResourcePlan) -> ResourceResult:
-        if plan.resource_revision != self._ledger.revision:
-            raise StalePlanError(f"plan {plan.plan_id} sealed at revision {plan.resource_revision}, "
-                                 f"now {self._ledger.revision}")
+        self._require_fresh(plan)
         seq_id = next(self._seq_ids)
         holding, evicted, offloaded = self._start_from(plan, seq_id)
         handle = SequenceHandle(seq_id, self._ledger.revision)
