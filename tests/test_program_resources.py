@@ -111,3 +111,15 @@ def test_release_returns_everything_at_every_state(tiny_artifact_path):
         prog.release(s)
         prog.check_integrity()
     _full(prog)
+
+
+def test_integrity_check_sees_a_holding_no_sequence_owns(tiny_artifact_path):
+    prog = tiny_program(tiny_artifact_path, "dense", page_size=4, num_pages=32, num_slots=4, max_model_len=64)
+    a = materialize(prog, prompt(9, seed=2), max_output=8)
+    prog.check_integrity()
+    prog._ledger.acquire(999, 8)                                      # resources outside any sequence
+    with pytest.raises(InvariantError, match="999"):
+        prog.check_integrity()
+    prog._ledger.release(999)
+    prog.release(a)
+    _full(prog)

@@ -297,6 +297,10 @@ class ResourceLedger:
         live = {p for h in self._holdings.values() for p in h.table.pages}
         return len({p for c in self._checkpoints.values() for p in c.pages} - live)
 
+    @property
+    def owner_ids(self) -> frozenset[int]:
+        return frozenset(self._holdings)
+
     def holding(self, owner_id: int) -> Holding:
         try:
             return self._holdings[owner_id]

@@ -210,11 +210,9 @@ class Qwen36Program(CheckpointOps):
                                      f"{len(s.tokens)} tokens, reserved {s.holding.reserved_tokens}")
             if s.holding.table.capacity < s.frontier:
                 raise InvariantError(f"sequence {s.handle.seq_id}: frontier beyond its mapped pages")
-        owned = sum(s.holding.num_slots for s in self._seqs.values()) + sum(
-            c.holding.on_device for c in self._ckpts.values())
-        if owned != self._ledger.slots.num_owned:
-            raise InvariantError(f"sequences and checkpoints own {owned} slots, "
-                                 f"{self._ledger.slots.num_owned} slots owned")
+        if self._ledger.owner_ids != self._seqs.keys():
+            raise InvariantError(f"the ledger holds resources for {sorted(self._ledger.owner_ids)}, "
+                                 f"live sequences are {sorted(self._seqs)}")
 
     def _seq(self, handle: SequenceHandle) -> _Seq:
         s = self._seqs.get(handle.seq_id)
