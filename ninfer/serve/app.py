@@ -26,7 +26,8 @@ from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ninfer.serve import responses as R
-from ninfer.serve.convert import EngineCall, ModelLimits, plan_chat, plan_completion, frontend_messages
+from ninfer.serve.convert import (EngineCall, ModelLimits, frontend_call, frontend_messages, plan_chat,
+                                  plan_completion)
 from ninfer.serve.echo import echo_choice, echo_usage
 from ninfer.serve.errors import (APIError, bad_request, body_too_large, from_engine_error,
                                  from_validation_error, internal_error, model_not_found, not_ready,
@@ -207,6 +208,9 @@ def submit_all(state: GatewayState, engine, calls: tuple[EngineCall, ...], rid: 
         close_runs(state, runs, log_unfinished=False)
         log.info("request %s refused: %s", rid, e)
         raise from_engine_error(GenerationError(rid, e.kind, e.message)) from None
+    except BaseException:
+        close_runs(state, runs, log_unfinished=False)      # NOTE: choices already submitted give capacity back
+        raise
     return runs
 
 
@@ -259,16 +263,28 @@ def first_error(runs: list[Run]) -> GenerationError | None:
 
 
 class SSEResponse(StreamingResponse):
-    """Server-sent events; always closes the body iterator (and with it the engine requests)."""
+    """Server-sent events; always closes the body iterator, then calls `on_close`.
+
+    NOTE: `on_close` (not a `finally` inside the generator) gives the engine requests back: a
+    client that leaves before the first chunk cancels the response before the generator starts,
+    and closing a generator that never started does not run its `finally`.
+    """
     media_type = "text/event-stream"
+
+    def __init__(self, content, on_close) -> None:
+        super().__init__(content)
+        self.on_close = on_close
 
     async def __call__(self, scope, receive, send) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            try:
+                aclose = getattr(self.body_iterator, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+            finally:
+                self.on_close()
 
 
 class GuardMiddleware:
@@ -366,42 +382,44 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
     async def metrics():
         return Response(render(registry), media_type=CONTENT_TYPE)
 
-    @app.get("/v1/models")
-    async def models():
+    def model_card() -> dict:
         card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "ninfer"}
         if state.synthetic:
             card["synthetic_weights"] = True
         if state.limits is not None:
             card["max_model_len"] = state.limits.max_model_len
-        return {"object": "list", "data": [card]}
+        return card
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card()]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str):
         check_model(model_id)
-        card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "ninfer"}
-        if state.synthetic:
-            card["synthetic_weights"] = True
-        return card
+        return model_card()
+
+    async def parse(request: Request, schema: type[BaseModel]):
+        """(engine, request): readiness, body, schema and model checks shared by every POST route."""
+        engine = state.ready_engine()
+        req = validate(schema, await read_json(request, state.max_body_bytes))
+        check_model(req.model)
+        return engine, req
 
     # ---- tokenizer ------------------------------------------------------------------------
     @app.post("/tokenize")
     async def tokenize(request: Request):
-        engine = state.ready_engine()
-        req = validate(TokenizeRequest, await read_json(request, state.max_body_bytes))
-        check_model(req.model)
+        engine, req = await parse(request, TokenizeRequest)
         fe = engine.frontend
-        try:
-            if req.prompt is not None:
-                ids = list(fe.prepare_text(req.prompt).token_ids)
-            else:
-                tools = [t.model_dump(exclude_none=True) for t in req.tools or ()] or None
-                ids = list(fe.prepare_chat(frontend_messages(req.messages), tools=tools,
-                                           chat_template_kwargs=req.chat_template_kwargs,
-                                           add_generation_prompt=req.add_generation_prompt).token_ids)
-        except APIError:
-            raise
-        except (ValueError, TypeError) as e:
-            raise bad_request(f"cannot tokenize: {e}", param="messages" if req.messages else "prompt") from None
+        if req.prompt is not None:
+            prompt = frontend_call(fe.prepare_text, req.prompt, param="prompt", what="cannot tokenize")
+        else:
+            tools = [t.model_dump(exclude_none=True) for t in req.tools or ()] or None
+            prompt = frontend_call(fe.prepare_chat, frontend_messages(req.messages), tools=tools,
+                                   chat_template_kwargs=req.chat_template_kwargs,
+                                   add_generation_prompt=req.add_generation_prompt,
+                                   param="messages", what="cannot tokenize")
+        ids = list(prompt.token_ids)
         body = {"count": len(ids), "max_model_len": state.limits.max_model_len, "tokens": ids}
         if req.return_token_strs:
             body["token_strs"] = [state.pieces.text(t) for t in ids]
@@ -409,9 +427,7 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
 
     @app.post("/detokenize")
     async def detokenize(request: Request):
-        engine = state.ready_engine()
-        req = validate(DetokenizeRequest, await read_json(request, state.max_body_bytes))
-        check_model(req.model)
+        engine, req = await parse(request, DetokenizeRequest)
         vocab = state.limits.vocab_size
         for j, t in enumerate(req.tokens):
             if not (0 <= t < vocab):
@@ -448,15 +464,14 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
     # ---- completions ----------------------------------------------------------------------
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        engine = state.ready_engine()
-        req = validate(ChatCompletionRequest, await read_json(request, state.max_body_bytes))
-        check_model(req.model)
+        engine, req = await parse(request, ChatCompletionRequest)
         plan = plan_chat(engine.frontend, req, state.limits)
         rid, created, model_name = R.new_id("chatcmpl"), R.now(), state.model_name
         runs = submit_all(state, engine, plan.calls, rid)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return SSEResponse(chat_stream(state, runs, rid, created, model_name, plan, include_usage))
+            return SSEResponse(chat_stream(state, runs, rid, created, model_name, plan, include_usage),
+                               on_close=lambda: end_stream(state, runs, rid))
         ordered = await finished_runs(request, state, runs, rid)
         if isinstance(ordered, Response):
             return ordered
@@ -467,9 +482,7 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        engine = state.ready_engine()
-        req = validate(CompletionRequest, await read_json(request, state.max_body_bytes))
-        check_model(req.model)
+        engine, req = await parse(request, CompletionRequest)
         plan = plan_completion(engine.frontend, req, state.limits)
         rid, created, model_name = R.new_id("cmpl"), R.now(), state.model_name
         runs = submit_all(state, engine, plan.calls, rid)
@@ -477,7 +490,8 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return SSEResponse(completion_stream(state, runs, rid, created, model_name, plan,
-                                                 want_logprobs, include_usage))
+                                                 want_logprobs, include_usage),
+                               on_close=lambda: end_stream(state, runs, rid))
         ordered = await finished_runs(request, state, runs, rid)
         if isinstance(ordered, Response):
             return ordered
@@ -500,88 +514,98 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
 # ---------------------------------------------------------------------------------------------
 # Streams
 # ---------------------------------------------------------------------------------------------
-def _error_event(err: GenerationError) -> bytes:
-    return R.sse(from_engine_error(err).body())
+def end_stream(state: GatewayState, runs: list[Run], rid: str) -> None:
+    """SSEResponse's `on_close`: cancel what still runs and give every engine request back."""
+    if any(r.final is None for r in runs):
+        log.info("request %s: stream ended early (client disconnected?); cancelling", rid)
+    close_runs(state, runs)
 
 
-async def chat_stream(state: GatewayState, runs: list[Run], rid: str, created: int, model: str,
-                      plan, include_usage: bool) -> AsyncIterator[bytes]:
+async def sse_events(runs: list[Run], head: list[bytes], render, usage_chunk) -> AsyncIterator[bytes]:
+    """The SSE body of both endpoints: the `head` chunks, `render(run, event)` per Delta/Result
+    (None: nothing to send), an error envelope per GenerationError, the usage chunk (when asked
+    for and nothing failed), then [DONE]."""
+    for b in head:
+        yield b
+    async for run, ev in merged_events(runs):
+        out = R.sse(from_engine_error(ev).body()) if isinstance(ev, GenerationError) else render(run, ev)
+        if out is not None:
+            yield out
+    if usage_chunk is not None and first_error(runs) is None:
+        yield usage_chunk()
+    yield R.SSE_DONE
+
+
+def chat_stream(state: GatewayState, runs: list[Run], rid: str, created: int, model: str,
+                plan, include_usage: bool) -> AsyncIterator[bytes]:
     max_calls = plan.tools.max_calls
+    ordered = sorted(runs, key=lambda r: r.call.index)
+    tool_calls_sent: dict[int, bool] = {}
 
     def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
         return R.sse(R.chat_chunk(rid, model, created, choices, usage, with_usage_field=include_usage,
-                                     fingerprint=state.fingerprint))
+                                  fingerprint=state.fingerprint))
 
-    tool_calls_sent: dict[int, bool] = {}
-    try:
-        for r in sorted(runs, key=lambda r: r.call.index):
-            yield chunk([{"index": r.call.index, "delta": {"role": "assistant", "content": ""},
-                          "logprobs": None, "finish_reason": None}])
-        async for run, ev in merged_events(runs):
-            i = run.call.index
-            if isinstance(ev, GenerationDelta):
-                delta: dict = {}
-                if ev.delta.reasoning:
-                    delta["reasoning_content"] = ev.delta.reasoning
-                if ev.delta.text:
-                    delta["content"] = ev.delta.text
-                calls = [d for d in ev.delta.tool_calls if max_calls is None or d.index < max_calls]
-                if calls:
-                    delta["tool_calls"] = [R.tool_delta_json(d) for d in calls]
-                    tool_calls_sent[i] = True
-                lp = R.chat_logprobs(state.pieces, ev.logprobs) if plan.logprobs and ev.logprobs else None
-                if delta or lp:
-                    yield chunk([{"index": i, "delta": delta, "logprobs": lp, "finish_reason": None}])
-            elif isinstance(ev, GenerationResult):
-                reason = R.finish_reason(ev.finish_reason, tool_calls_sent.get(i, False) or bool(ev.tool_calls))
-                yield chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason,
-                              "stop_reason": None}])
-            elif isinstance(ev, GenerationError):
-                yield _error_event(ev)
-        if include_usage and first_error(runs) is None:
-            usage = R.merge_usage([(0, r.final.usage) for r in sorted(runs, key=lambda r: r.call.index)])
-            yield R.sse(R.chat_chunk(rid, model, created, [], usage, with_usage_field=True,
-                                         fingerprint=state.fingerprint))
-        yield R.SSE_DONE
-    finally:
-        if any(r.final is None for r in runs):
-            log.info("request %s: stream ended early (client disconnected?); cancelling", rid)
-        close_runs(state, runs)
+    def render(run: Run, ev) -> bytes | None:
+        i = run.call.index
+        if isinstance(ev, GenerationResult):
+            reason = R.finish_reason(ev.finish_reason, tool_calls_sent.get(i, False) or bool(ev.tool_calls))
+            return chunk([{"index": i, "delta": {}, "logprobs": None, "finish_reason": reason,
+                           "stop_reason": None}])
+        if not isinstance(ev, GenerationDelta):
+            return None
+        delta: dict = {}
+        if ev.delta.reasoning:
+            delta["reasoning_content"] = ev.delta.reasoning
+        if ev.delta.text:
+            delta["content"] = ev.delta.text
+        calls = [d for d in ev.delta.tool_calls if max_calls is None or d.index < max_calls]
+        if calls:
+            delta["tool_calls"] = [R.tool_delta_json(d) for d in calls]
+            tool_calls_sent[i] = True
+        lp = R.chat_logprobs(state.pieces, ev.logprobs) if plan.logprobs and ev.logprobs else None
+        if not (delta or lp):
+            return None
+        return chunk([{"index": i, "delta": delta, "logprobs": lp, "finish_reason": None}])
+
+    head = [chunk([{"index": r.call.index, "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None, "finish_reason": None}]) for r in ordered]
+    usage = None
+    if include_usage:
+        usage = lambda: chunk([], R.merge_usage([(0, r.final.usage) for r in ordered]))
+    return sse_events(runs, head, render, usage)
 
 
-async def completion_stream(state: GatewayState, runs: list[Run], rid: str, created: int, model: str,
-                            plan, want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
+def completion_stream(state: GatewayState, runs: list[Run], rid: str, created: int, model: str,
+                      plan, want_logprobs: bool, include_usage: bool) -> AsyncIterator[bytes]:
+    ordered = sorted(runs, key=lambda r: r.call.index)
+
     def chunk(choices: list[dict], usage: dict | None = None) -> bytes:
         return R.sse(R.completion_chunk(rid, model, created, choices, usage, with_usage_field=include_usage,
-                                     fingerprint=state.fingerprint))
+                                        fingerprint=state.fingerprint))
 
-    try:
-        for r in sorted(runs, key=lambda r: r.call.index):
-            echo = plan.echo_texts[r.call.prompt_index]
-            r.text_offset = len(echo)
-            if echo:
-                yield chunk([{"index": r.call.index, "text": echo, "logprobs": None, "finish_reason": None}])
-        async for run, ev in merged_events(runs):
-            i = run.call.index
-            if isinstance(ev, GenerationDelta):
-                lp = None
-                if want_logprobs and ev.logprobs:
-                    lp = R.completion_logprobs(state.pieces, ev.logprobs, run.text_offset)
-                run.text_offset += len(ev.delta.text)
-                if ev.delta.text or lp:
-                    yield chunk([{"index": i, "text": ev.delta.text, "logprobs": lp, "finish_reason": None}])
-            elif isinstance(ev, GenerationResult):
-                yield chunk([{"index": i, "text": "", "logprobs": None,
-                              "finish_reason": R.finish_reason(ev.finish_reason, False), "stop_reason": None}])
-            elif isinstance(ev, GenerationError):
-                yield _error_event(ev)
-        if include_usage and first_error(runs) is None:
-            usage = R.merge_usage([(r.call.prompt_index, r.final.usage)
-                                   for r in sorted(runs, key=lambda r: r.call.index)])
-            yield R.sse(R.completion_chunk(rid, model, created, [], usage, with_usage_field=True,
-                                         fingerprint=state.fingerprint))
-        yield R.SSE_DONE
-    finally:
-        if any(r.final is None for r in runs):
-            log.info("request %s: stream ended early (client disconnected?); cancelling", rid)
-        close_runs(state, runs)
+    def render(run: Run, ev) -> bytes | None:
+        i = run.call.index
+        if isinstance(ev, GenerationResult):
+            return chunk([{"index": i, "text": "", "logprobs": None,
+                           "finish_reason": R.finish_reason(ev.finish_reason, False), "stop_reason": None}])
+        if not isinstance(ev, GenerationDelta):
+            return None
+        lp = None
+        if want_logprobs and ev.logprobs:
+            lp = R.completion_logprobs(state.pieces, ev.logprobs, run.text_offset)
+        run.text_offset += len(ev.delta.text)
+        if not (ev.delta.text or lp):
+            return None
+        return chunk([{"index": i, "text": ev.delta.text, "logprobs": lp, "finish_reason": None}])
+
+    head = []
+    for r in ordered:
+        echo = plan.echo_texts[r.call.prompt_index]
+        r.text_offset = len(echo)
+        if echo:
+            head.append(chunk([{"index": r.call.index, "text": echo, "logprobs": None, "finish_reason": None}]))
+    usage = None
+    if include_usage:
+        usage = lambda: chunk([], R.merge_usage([(r.call.prompt_index, r.final.usage) for r in ordered]))
+    return sse_events(runs, head, render, usage)

@@ -177,19 +177,18 @@ def _output_options(req: _Sampling, limits: ModelLimits, **kw) -> OutputOptions:
 # ---------------------------------------------------------------------------------------------
 # Plans
 # ---------------------------------------------------------------------------------------------
-def _frontend_call(fn, *args, param: str, **kw):
-    """Run a Frontend preparation; its input errors become a 400 naming `param`."""
+def frontend_call(fn, *args, param: str, what: str = "cannot prepare the prompt", **kw):
+    """Run a Frontend preparation; its input errors become a 400 naming `param`.
+
+    NOTE: the Frontend raises PromptError (a ValueError) for what the chat template refuses
+    (e.g. "System message must be at the beginning.").
+    """
     try:
         return fn(*args, **kw)
     except APIError:
         raise
     except (ValueError, TypeError, KeyError) as e:
-        raise bad_request(f"cannot prepare the prompt: {e}", param=param) from None
-    except Exception as e:
-        # jinja2 raises TemplateError subclasses (e.g. "System message must be at the beginning.")
-        if type(e).__module__.startswith("jinja2"):
-            raise bad_request(f"chat template rejected the messages: {e}", param=param) from None
-        raise
+        raise bad_request(f"{what}: {e}", param=param) from None
 
 
 def plan_chat(frontend, req: ChatCompletionRequest, limits: ModelLimits) -> ChatPlan:
@@ -199,7 +198,7 @@ def plan_chat(frontend, req: ChatCompletionRequest, limits: ModelLimits) -> Chat
     tools = plan_tools(req)
     messages = frontend_messages(req.messages, tools.instruction)
     kwargs = dict(req.chat_template_kwargs or {})
-    prompt = _frontend_call(frontend.prepare_chat, messages, tools=list(tools.tools) or None,
+    prompt = frontend_call(frontend.prepare_chat, messages, tools=list(tools.tools) or None,
                             chat_template_kwargs=kwargs or None, param="messages")
     max_tokens = _max_tokens(req.max_completion_tokens or req.max_tokens, prompt, limits, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
@@ -233,11 +232,11 @@ def plan_completion(frontend, req: CompletionRequest, limits: ModelLimits) -> Co
     for k, item in enumerate(raw):
         param = "prompt" if len(raw) == 1 else f"prompt[{k}]"
         if isinstance(item, str):
-            prompts.append(_frontend_call(frontend.prepare_text, item, param=param))
+            prompts.append(frontend_call(frontend.prepare_text, item, param=param))
             echo.append(item if req.echo else "")
         else:
             _token_ids(item, limits, param)
-            prompts.append(_frontend_call(frontend.prepare_tokens, list(item), param=param))
+            prompts.append(frontend_call(frontend.prepare_tokens, list(item), param=param))
             echo.append(frontend.tokenizer.decode(list(item)) if req.echo else "")
     output = _output_options(req, limits, parse_tool_calls=False, parse_reasoning=False)
     calls = []
