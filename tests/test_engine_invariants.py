@@ -318,3 +318,18 @@ def test_fault_mid_commit_fails_engine_cleanly():
     with pytest.raises(EngineRequestError) as e:
         core.submit(make_prompt(2), GREEDY, max_tokens=2)
     assert e.value.kind is ErrorKind.NOT_READY
+
+
+def test_failure_cleanup_errors_are_traced_and_every_request_still_ends_once():
+    core, prog, trace, _ = make_core(max_concurrency=2, queue_size=4)
+    hs = [core.submit(make_prompt(3), GREEDY, max_tokens=10) for _ in range(4)]
+    for _ in range(8):
+        core.step()
+    prog.faults["decode"] = prog.calls.count("decode") + 1
+    prog.faults["release"] = prog.calls.count("release") + 1          # the first cleanup release fails
+    run_until_idle(core)
+    assert core.availability.state is AvailabilityState.FAILED and "decode" in core.availability.reason
+    errors = trace.kinds("cleanup_error")
+    assert [e["call"] for e in errors] == ["release"] and "InjectedFault" in errors[0]["error"]
+    assert all(final(h).kind is ErrorKind.ENGINE_FAILED for h in hs) and not trace.violations
+    assert core.capacity.used == 0 and not core.records

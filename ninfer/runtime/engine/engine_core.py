@@ -26,6 +26,7 @@ outstanding request completes with an ENGINE_FAILED error. The worker then exits
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 import traceback
@@ -49,6 +50,7 @@ from ninfer.types import (Availability, AvailabilityState, EngineMetrics, Engine
                           Usage)
 
 S = RequestState
+_log = logging.getLogger(__name__)
 _BATCH_KIND = {UnitKind.PREFILL: BatchKind.PREFILL, UnitKind.DECODE: BatchKind.DECODE,
                UnitKind.CONTROL: BatchKind.CONTROL}
 Trace = Callable[[str, dict], None]
@@ -550,6 +552,14 @@ class EngineCore:
                 self.stopped = True
         return idle
 
+    def _cleanup(self, what: str, call: Callable[[Any], Any], arg: Any) -> None:
+        """Best effort once the engine has failed: a cleanup error is logged and traced, never raised."""
+        try:
+            call(arg)
+        except Exception as e:  # noqa: BLE001 - the engine is already failed; keep cleaning up
+            _log.warning("engine failure cleanup: %s(%r) raised %s: %s", what, arg, type(e).__name__, e)
+            self._emit("cleanup_error", None, call=what, error=f"{type(e).__name__}: {e}")
+
     def fail(self, reason: str, tb: str = "") -> None:
         """Engine-wide failure: end Program's transactions, release, clear, answer everyone. Idempotent."""
         with self._cv:
@@ -560,18 +570,12 @@ class EngineCore:
         self._emit("engine_failed", None, reason=reason, traceback=tb)
         program = self.program
         if program is not None and self._pending is not None and not self._pending.consumed:
-            try:
-                program.abort_pending(self._pending)
-            except Exception:  # noqa: BLE001 - best effort: the engine is already failed
-                pass
+            self._cleanup("abort_pending", program.abort_pending, self._pending)
         self._pending = None
         if program is not None:
             for rec in self.records.values():
                 if rec.sequence is not None:
-                    try:
-                        program.release(rec.sequence)
-                    except Exception:  # noqa: BLE001
-                        pass
+                    self._cleanup("release", program.release, rec.sequence)
                     rec.sequence = None
         if self.rm is not None:
             self.rm.clear()
