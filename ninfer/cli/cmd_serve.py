@@ -24,6 +24,24 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_engine_args(p)
 
 
+def _check_listen(host: str, port: int) -> None:
+    """Fail at once, in one line, when the address cannot be bound (before any model is loaded)."""
+    import socket
+
+    if port == 0:
+        return
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except socket.gaierror as e:
+        raise CLIError(f"cannot resolve --host {host!r}: {e.strerror}") from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)   # as uvicorn binds
+        try:
+            s.bind(addr)
+        except OSError as e:
+            raise CLIError(f"cannot listen on {host}:{port}: {e.strerror}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from ninfer.serve.server import serve
 
@@ -33,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--max-body-bytes must be >= 1024, got {args.max_body_bytes}")
     if args.drain_timeout_s < 0:
         raise CLIError(f"--drain-timeout-s must be >= 0, got {args.drain_timeout_s}")
+    _check_listen(args.host, args.port)
     config = engine_config(args)
     path, name, _ = resolve_model(args.model, config=config)
     return serve(lambda: open_engine(path, config), model_name=args.served_model_name or name,
