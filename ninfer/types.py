@@ -34,11 +34,14 @@ class EngineConfig:
     request_timeout_s: float = 600.0      # default deadline of a request while waiting in the queue
     prefill_chunk_tokens: int = 512       # staged prefill size
     page_size: int = 16                   # KV page size (power of two, 16..256)
-    num_pages: int = 0                    # 0 = derived from kv_memory_fraction / max_model_len
+    num_pages: int = 0                    # 0 = max_concurrency x ceil(max_model_len / page_size)
+    # NOTE: validated but not used yet: num_pages == 0 does not size the pool from free device memory.
     kv_memory_fraction: float = 0.5       # share of free device memory for KV pages when num_pages == 0
     max_model_len: int = 8192             # prompt + output limit of one request
     enforce_eager: bool = False           # no CUDA graphs
-    seed: int = 0                         # default seed for requests without one
+    # NOTE: seeds only the synthetic weights of load_format "dummy"; a request without a seed gets
+    # Program's own per-sequence stream, not this one.
+    seed: int = 0
     # context cache (prefix reuse across requests and conversation turns)
     prefix_cache: bool = True             # reuse and publish checkpoints of hybrid state
     cache_slots: int = -1                 # StateImage slots for inactive checkpoints (-1 = 2 x max_concurrency)
