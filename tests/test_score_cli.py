@@ -108,3 +108,21 @@ def test_stride_larger_than_window_is_refused(tiny_artifact_path, tmp_path, caps
     code, _, err = _run(capsys, tiny_artifact_path("dense", layout="text"), "--input", src, "--window", 8,
                         "--stride", 9)
     assert code == 2 and "--stride" in err
+
+
+def test_unwritable_output_is_refused_before_the_model_loads(tmp_path):
+    import subprocess
+    import sys
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("hello world\n")
+    cache = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, "-m", "ninfer", "score", "--input", str(doc),
+                           "-o", str(tmp_path / "missing" / "out.jsonl")],
+                          capture_output=True, text=True, timeout=60, env={"NINFER_CACHE_DIR": str(cache),
+                                                                          "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"ninfer score: error: cannot write {tmp_path / 'missing' / 'out.jsonl'}: "
+        f"directory {tmp_path / 'missing'} does not exist"]
+    assert not cache.exists()                    # nothing was built or loaded

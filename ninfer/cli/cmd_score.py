@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import replace
@@ -95,6 +96,18 @@ def _record(index: int, res, pieces, per_token: bool) -> dict:
     return out
 
 
+def _check_writable(path: str) -> None:
+    """Refuse an unwritable --output before the model loads (the file itself is opened later)."""
+    target = os.path.abspath(path)
+    parent = os.path.dirname(target)
+    if os.path.isdir(target):
+        raise CLIError(f"cannot write {path}: it is a directory")
+    if not os.path.isdir(parent):
+        raise CLIError(f"cannot write {path}: directory {parent} does not exist")
+    if not os.access(target if os.path.exists(target) else parent, os.W_OK):
+        raise CLIError(f"cannot write {path}: permission denied")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.window is not None and args.window < 2:
         raise CLIError(f"--window must be >= 2, got {args.window}")
@@ -103,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     if not (0 <= args.top_k <= 20):
         raise CLIError(f"--top-k must be in 0..20, got {args.top_k}")
     docs = read_documents(args.input)
+    if args.output is not None:
+        _check_writable(args.output)
     config = engine_config(args, Purpose.CAUSAL_SCORING)
     if args.window is not None and args.window > config.max_model_len:
         try:
