@@ -39,8 +39,9 @@ class EngineConfig:
     kv_memory_fraction: float = 0.5       # share of free device memory for KV pages when num_pages == 0
     max_model_len: int = 8192             # prompt + output limit of one request
     enforce_eager: bool = False           # no CUDA graphs
-    # NOTE: seeds only the synthetic weights of load_format "dummy"; a request without a seed gets
-    # Program's own per-sequence stream, not this one.
+    # NOTE: the run's seed (as vLLM's --seed): requests without a seed get consecutive private RNG
+    # streams derived from it, so a run is reproducible and another seed changes it; it also seeds
+    # the synthetic weights of load_format "dummy".
     seed: int = 0
     # context cache (prefix reuse across requests and conversation turns)
     prefix_cache: bool = True             # reuse and publish checkpoints of hybrid state

@@ -23,7 +23,7 @@ _ENGINE_HELP = {
     "kv_memory_fraction": "share of free device memory for KV pages when --num-pages is 0",
     "max_model_len": "prompt + output limit of one request",
     "enforce_eager": "no CUDA graphs",
-    "seed": "default seed of requests that do not give one",
+    "seed": "the run's seed: requests without their own seed draw reproducible streams from it",
     "prefix_cache": "context cache: reuse checkpoints of earlier prompts and conversation turns",
     "cache_slots": "StateImage slots for inactive checkpoints (-1 = 2 x --max-concurrency)",
     "cache_device_bytes": "device memory budget of inactive checkpoints in bytes (0 = bounded by the pools)",
@@ -93,7 +93,7 @@ def sampling_params(args: argparse.Namespace, defaults: dict | None = None):
         if value is not None:
             kw[name] = value
     try:
-        return SamplingParams(**kw)     # the seed is EngineConfig.seed (--seed)
+        return SamplingParams(**kw)     # unseeded: the stream comes from EngineConfig.seed (--seed)
     except ValueError as e:
         raise CLIError(f"invalid sampling setting: {e}") from None
 

@@ -47,6 +47,7 @@ class ProgramConfig:
     purpose: str = "generation"
     scoring_window: int = 0
     sampleable_vocab_size: int = 0
+    seed: int = 0                 # unseeded sequences get consecutive RNG streams derived from it
     enforce_eager: bool = False
 
     def __post_init__(self) -> None:

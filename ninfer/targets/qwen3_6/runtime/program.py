@@ -64,6 +64,15 @@ from ninfer.targets.qwen3_6.runtime.sampling import RowSampling, Sampler, prompt
 from ninfer.targets.qwen3_6.runtime.scoring import WindowScorer
 
 
+def _stream_seed(run_seed: int, index: int) -> int:
+    """The seed of the index-th unseeded sequence of a run (splitmix64 of both, low 32 bits)."""
+    m = (1 << 64) - 1
+    z = (run_seed * 0x9E3779B97F4A7C15 + (index + 1) * 0xBF58476D1CE4E5B9 + 0x5EED) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return (z ^ (z >> 31)) & 0xFFFFFFFF
+
+
 @dataclass(eq=False)
 class _Seq:
     handle: SequenceHandle
@@ -112,7 +121,9 @@ class Qwen36Program(CheckpointOps):
         self._seqs: dict[int, _Seq] = {}
         self._seq_ids = itertools.count(1)
         self._plan_ids = itertools.count(1)
-        self._default_seeds = itertools.count(0x5EED)
+        # NOTE: unseeded sequences draw consecutive streams of the run seed, mixed (splitmix64) into
+        # 32 bits because the CPU generator keeps only the low 32 bits of a seed.
+        self._default_seeds = (_stream_seed(config.seed, i) for i in itertools.count())
         self._init_checkpoints()
         # NOTE: last, after every large allocation: the graphs point into the pools and weights.
         self.graphs: DecodeGraphs | None = None
