@@ -35,8 +35,9 @@ class EngineConfig:
     prefill_chunk_tokens: int = 512       # staged prefill size
     page_size: int = 16                   # KV page size (power of two, 16..256)
     num_pages: int = 0                    # 0 = max_concurrency x ceil(max_model_len / page_size)
-    # NOTE: validated but not used yet: num_pages == 0 does not size the pool from free device memory.
-    kv_memory_fraction: float = 0.5       # share of free device memory for KV pages when num_pages == 0
+    # NOTE: with num_pages == 0 on CUDA, the pool is the smaller of that full-length size and this
+    # share of the device memory free after the weights and StateImage slots (CPU: full-length size).
+    kv_memory_fraction: float = 0.5
     max_model_len: int = 8192             # prompt + output limit of one request
     enforce_eager: bool = False           # no CUDA graphs
     # NOTE: the run's seed (as vLLM's --seed): requests without a seed get consecutive private RNG

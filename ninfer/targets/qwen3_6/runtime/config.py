@@ -48,6 +48,8 @@ class ProgramConfig:
     scoring_window: int = 0
     sampleable_vocab_size: int = 0
     seed: int = 0                 # unseeded sequences get consecutive RNG streams derived from it
+    kv_memory_fraction: float = 0.0   # > 0 on CUDA: num_pages is an upper bound, the pool gets at most
+                                      # this share of the device memory free after the weights and state
     enforce_eager: bool = False
 
     def __post_init__(self) -> None:
@@ -71,6 +73,8 @@ class ProgramConfig:
             raise ValueError(f"scoring_window must be >= 0 and is only for purpose 'causal_scoring', "
                              f"got {self.scoring_window}")
 
+        if not (0.0 <= self.kv_memory_fraction <= 0.95):
+            raise ValueError(f"kv_memory_fraction must be in [0, 0.95], got {self.kv_memory_fraction}")
         if self.sampleable_vocab_size < 0:
             raise ValueError(f"sampleable_vocab_size must be >= 0, got {self.sampleable_vocab_size}")
 

@@ -41,6 +41,7 @@ sequence's slot undefined (the Engine fails as a whole on any execution error).
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -71,6 +72,26 @@ def _stream_seed(run_seed: int, index: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
     return (z ^ (z >> 31)) & 0xFFFFFFFF
+
+
+def _pool_pages(dims: Qwen36Dims, config: ProgramConfig, num_scratch: int,
+                mem_get_info: Any = None) -> int:
+    """KV pages of the pool: `config.num_pages`, or on CUDA with `kv_memory_fraction` > 0 at most
+    that share of the memory free once the weights are loaded, less the StateImage entries."""
+    if config.kv_memory_fraction <= 0 or (mem_get_info is None and config.torch_device.type != "cuda"):
+        return config.num_pages
+    free = (mem_get_info or torch.cuda.mem_get_info)(config.torch_device)[0]
+    elem = torch.empty((), dtype=config.torch_dtype).element_size()
+    page_bytes = 2 * len(dims.attention_layers) * config.page_size * dims.num_key_value_heads * dims.head_dim * elem
+    entry_bytes = sum(math.prod(shape) * torch.empty((), dtype=dt).element_size()
+                      for shape, dt in state_planes(dims, config.torch_dtype).values()) * len(dims.gdn_layers)
+    budget = int(free * config.kv_memory_fraction) - (config.num_slots + num_scratch) * entry_bytes
+    pages = min(config.num_pages, max(0, budget) // page_bytes)
+    if pages * config.page_size < config.max_model_len:
+        raise ValueError(f"kv_memory_fraction {config.kv_memory_fraction} of {free / 2**30:.1f} GiB free leaves "
+                         f"{pages} KV pages ({pages * config.page_size} tokens), fewer than max_model_len "
+                         f"{config.max_model_len}: raise the fraction or lower max_model_len / max_concurrency")
+    return pages
 
 
 @dataclass(eq=False)
@@ -107,9 +128,10 @@ class Qwen36Program(CheckpointOps):
         self.device = dev
         view = load_model_view(dims, weights, dev, dt)
         num_scratch = config.max_batch * config.max_steps
-        self._ledger = ResourceLedger(config.num_pages, config.page_size, config.num_slots, config.max_model_len)
+        num_pages = _pool_pages(dims, config, num_scratch)
+        self._ledger = ResourceLedger(num_pages, config.page_size, config.num_slots, config.max_model_len)
         self._pending = PendingLedger(num_scratch)
-        self._kv = PagedKVStore(len(dims.attention_layers), config.num_pages, config.page_size,
+        self._kv = PagedKVStore(len(dims.attention_layers), num_pages, config.page_size,
                                 dims.num_key_value_heads, dims.head_dim, dt, dev)
         self._state = StateImageStore(len(dims.gdn_layers), config.num_slots, num_scratch,
                                       state_planes(dims, dt), dev)
