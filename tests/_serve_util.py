@@ -140,10 +140,11 @@ def _distinct_tokenization(tokenizer, text: bytes, avoid: set[int]) -> list[int]
     return out
 
 
-def build_tool_script_artifact(path: Path) -> list[int]:
+def build_tool_script_artifact(path: Path, output_ids: list[int] | None = None) -> list[int]:
     """The demo weights, rewired so that after a chat prompt's last token ("\\n\\n" or "\\n") the
     model emits, with overwhelming probability at any temperature,
         <tool_call><function=get_weather><parameter=city>Paris</parameter></function></tool_call><|im_end|>
+    (or `output_ids`, when given: any chain that repeats no token and holds neither 198 nor 271).
     Each chain token's embedding is a one-hot direction and the next token's lm_head row points
     along it: a bigram model, which works because the chain repeats no token. Every layer still
     runs (with its random weights) through the real Program. Returns the scripted output ids.
@@ -152,9 +153,14 @@ def build_tool_script_artifact(path: Path) -> list[int]:
     from ninfer.product.demo_model import DEMO_IDENTITY, demo_resources, demo_tensors
     from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
 
-    tok = Qwen36Frontend.builtin().tokenizer
-    inner = _distinct_tokenization(tok, SCRIPT_TEXT.encode(), avoid={198, 271})
-    output = [TOOL_CALL_START, *inner, TOOL_CALL_END, IM_END]
+    if output_ids is None:
+        tok = Qwen36Frontend.builtin().tokenizer
+        inner = _distinct_tokenization(tok, SCRIPT_TEXT.encode(), avoid={198, 271})
+        output = [TOOL_CALL_START, *inner, TOOL_CALL_END, IM_END]
+    else:
+        output = list(output_ids)
+        if len(set(output)) != len(output) or {198, 271} & set(output):
+            raise ValueError("a scripted chain repeats no token and holds neither 198 nor 271")
     edges = [(271, output[0]), (198, output[0])] + list(zip(output[:-1], output[1:]))
 
     def tensors():
