@@ -30,6 +30,36 @@ def tiny_program(tiny_artifact_path, kind: str, **config):
     return pkg.create_program(art, ProgramConfig(**cfg))
 
 
+def tiny_parts(tiny_artifact_path, kind: str, **defaults):
+    """(Frontend, make_program) over the session's cached tiny artifact (official layout):
+    `make_program(**overrides)` builds a fresh fp32 CPU Program from `defaults` + overrides."""
+    from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
+
+    art = _artifact(str(tiny_artifact_path(kind)))
+    module = importlib.import_module(art.package.module)
+    frontend = Qwen36Frontend.from_resources(art.frontend_resources())
+
+    def make_program(**overrides):
+        return module.create_program(art, ProgramConfig(**{"device": "cpu", "dtype": "fp32", **defaults, **overrides}))
+    return frontend, make_program
+
+
+def greedy_reference(program, prompt, n: int) -> tuple[int, ...]:
+    """Greedy tokens driven on Program directly: one-shot prefill, then single-row decode steps;
+    the sequence is released and the integrity check must hold."""
+    seq = materialize(program, prompt, n)
+    step = program.prefill(seq, len(prompt))
+    out = list(step.pending.rows[0].tokens)
+    program.commit(step.pending, [1])
+    while len(out) < n:
+        batch = program.decode([seq])
+        out.extend(batch.rows[0].tokens)
+        program.commit(batch, [1])
+    program.release(seq)
+    program.check_integrity()
+    return tuple(out)
+
+
 @functools.lru_cache(maxsize=None)
 def hf_model(kind: str):
     from ninfer.testing.tiny_hf import build_hf_model

@@ -15,8 +15,9 @@ Tiny models, built once per test session and cached (each build takes ~1-2 s):
           main experts) | "vl" | "text" (no vision group). All layouts carry `mtp.*`.
   seed    0 by default. The weights equal those of
           `ninfer.testing.tiny_hf.build_hf_model(kind, "vl" or "text", seed=seed)` (same seed),
-          so that HF model is the reference for parity tests (the text and VL models give
-          identical logits). With dtype="bf16" the artifact holds the bf16-rounded weights, except
+          so that HF model is the reference for parity tests. NOTE: "vl" and "text" builds of
+          the same seed draw different random weights: compare a "text"-layout artifact with
+          `build_hf_model(kind, "text")`, any other layout with the "vl" model. With dtype="bf16" the artifact holds the bf16-rounded weights, except
           `linear_attn.A_log` / `linear_attn.norm.weight`, which stay fp32.
 
 The artifacts hold the real Qwen3.6 tokenizer files (frontend `write_tokenizer_files`).

@@ -6,14 +6,15 @@ InvariantError); every completed request's greedy output equals the no-cache ref
 end, deleting the catalog frees every page and slot."""
 from __future__ import annotations
 
-import importlib
+import functools
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from _program_util import greedy_reference, tiny_parts
 from fakes_program import FakeClock
-from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+from ninfer.runtime.contract.types import SamplingParams
 from ninfer.runtime.engine.context_cache import CacheConfig
 from ninfer.runtime.engine.engine_core import EngineCore
 from ninfer.targets.qwen3_6.frontend.types import FinishReason, OutputOptions, PreparedPrompt
@@ -25,35 +26,16 @@ NO_EOS = OutputOptions(ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def tiny(tiny_artifact_path):
-    from ninfer.artifact import open_artifact
-    from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
-    from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
-    art = open_artifact(tiny_artifact_path("dense"))
-    module = importlib.import_module(art.package.module)
-    frontend = Qwen36Frontend.from_resources(art.frontend_resources())
-
-    def program(**kw):
-        cfg = dict(device="cpu", dtype="fp32", page_size=4, num_pages=40, num_slots=9, max_model_len=64,
-                   max_batch=3, sampleable_vocab_size=frontend.vocab_size)
-        cfg.update(kw)
-        return module.create_program(art, ProgramConfig(**cfg))
+    frontend, program = tiny_parts(tiny_artifact_path, "dense", page_size=4, num_pages=40, num_slots=9,
+                                   max_model_len=64, max_batch=3)
+    program = functools.partial(program, sampleable_vocab_size=frontend.vocab_size)
     ref_prog = program(num_pages=32, num_slots=1)
     memo: dict[tuple, tuple] = {}
 
     def reference(prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
-        key = (prompt, n)
-        if key not in memo:
-            seq = ref_prog.start_materialize(ref_prog.plan_materialize(SequenceRequest(prompt, n, GREEDY))).sequence
-            step = ref_prog.prefill(seq, len(prompt))
-            out = list(step.pending.rows[0].tokens)
-            ref_prog.commit(step.pending, [1])
-            while len(out) < n:
-                b = ref_prog.decode([seq])
-                out.extend(b.rows[0].tokens)
-                ref_prog.commit(b, [1])
-            ref_prog.release(seq)
-            memo[key] = tuple(out)
-        return memo[key]
+        if (prompt, n) not in memo:
+            memo[prompt, n] = greedy_reference(ref_prog, prompt, n)
+        return memo[prompt, n]
     return frontend, program, reference
 
 

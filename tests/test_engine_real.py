@@ -3,14 +3,14 @@ identities, fp32 on CPU). Greedy output of a request is the same alone, with up 
 joining and leaving at random moments, and as the Program-level reference."""
 from __future__ import annotations
 
-import importlib
 import random
 
 import pytest
 
+from _program_util import greedy_reference, tiny_parts
 from fakes_program import ProgramProxy, Trace, make_core, run_until_idle
 from ninfer import Engine, EngineConfig
-from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+from ninfer.runtime.contract.types import SamplingParams
 from ninfer.runtime.engine.request_record import RequestState
 from ninfer.targets.qwen3_6.frontend.types import FinishReason, OutputOptions, PreparedPrompt
 from ninfer.types import AvailabilityState, GenerationDelta, GenerationStart
@@ -21,42 +21,9 @@ NO_EOS = OutputOptions(ignore_eos=True)
 
 @pytest.fixture(scope="module")
 def parts(tiny_artifact_path):
-    from ninfer.artifact import open_artifact
-    from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
-    from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+    return tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=96, num_slots=8,
+                      max_model_len=160, max_batch=8)
 
-    cache = {}
-
-    def get(kind: str):
-        if kind not in cache:
-            art = open_artifact(tiny_artifact_path(kind))
-            module = importlib.import_module(art.package.module)
-            frontend = Qwen36Frontend.from_resources(art.frontend_resources())
-
-            def program(**kw):
-                cfg = dict(device="cpu", dtype="fp32", page_size=16, num_pages=96, num_slots=8, max_model_len=160,
-                           max_batch=8)
-                cfg.update(kw)
-                return module.create_program(art, ProgramConfig(**cfg))
-            cache[kind] = (art, frontend, program)
-        return cache[kind]
-    return get
-
-
-def program_reference(program, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
-    """Greedy tokens driven on Program directly: one-shot prefill, then single-row decode steps."""
-    plan = program.plan_materialize(SequenceRequest(prompt, n, GREEDY))
-    seq = program.start_materialize(plan).sequence
-    step = program.prefill(seq, len(prompt))
-    out = list(step.pending.rows[0].tokens)
-    program.commit(step.pending, [1])
-    while len(out) < n:
-        batch = program.decode([seq])
-        out.extend(batch.rows[0].tokens)
-        program.commit(batch, [1])
-    program.release(seq)
-    program.check_integrity()
-    return tuple(out)
 
 
 def random_prompt(rng: random.Random, n: int) -> PreparedPrompt:
@@ -86,11 +53,11 @@ def test_engine_from_artifact(tiny_artifact_path):
 
 
 def test_greedy_output_alone_joined_and_program_reference(parts):
-    art, frontend, make_program = parts("dense")
+    frontend, make_program = parts
     rng = random.Random(7)
     target = random_prompt(rng, 9)
     n = 10
-    reference = program_reference(make_program(), target.token_ids, n)
+    reference = greedy_reference(make_program(), target.token_ids, n)
 
     # alone, through the Engine (staged prefill of 5-token stages)
     core, _, _, _ = make_core(make_program(), frontend=frontend, prefill_chunk_tokens=4, max_concurrency=8)
@@ -132,11 +99,11 @@ def test_greedy_output_alone_joined_and_program_reference(parts):
 
 
 def test_greedy_parity_through_the_threaded_engine(parts, tiny_artifact_path):
-    art, frontend, make_program = parts("dense")
+    frontend, make_program = parts
     rng = random.Random(11)
     prompts = [random_prompt(rng, rng.randrange(2, 12)) for _ in range(5)]
     program = make_program()
-    refs = [program_reference(program, p.token_ids, 6) for p in prompts]
+    refs = [greedy_reference(program, p.token_ids, 6) for p in prompts]
     cfg = EngineConfig(max_concurrency=8, queue_size=8, max_model_len=160, page_size=16, prefill_chunk_tokens=5)
     with Engine(tiny_artifact_path("dense"), cfg) as eng:
         assert eng.wait_ready(60).ready

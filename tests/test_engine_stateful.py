@@ -13,13 +13,13 @@ Runs against the scripted FakeProgram (breadth) and against the tiny dense model
 from __future__ import annotations
 
 import gc
-import importlib
 
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
+from _program_util import tiny_parts
 from fakes_program import FakeFrontend, FakeProgram, ProgramProxy, Trace, make_core, make_prompt
 from ninfer.runtime.contract.types import SamplingParams
 from ninfer.runtime.engine.resource_manager import LaneState
@@ -175,19 +175,9 @@ def test_stateful_engine_against_fake_program():
 # ---- against the tiny dense model on CPU ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def real_parts(tiny_artifact_path):
-    from ninfer.artifact import open_artifact
-    from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
-    from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
-
-    art = open_artifact(tiny_artifact_path("dense"))
-    module = importlib.import_module(art.package.module)
-    frontend = Qwen36Frontend.from_resources(art.frontend_resources())
-
-    def make():
-        cfg = ProgramConfig(device="cpu", dtype="fp32", page_size=4, num_pages=24, num_slots=3,
-                            max_model_len=64, max_batch=3)
-        return module.create_program(art, cfg), frontend, 1000
-    return make
+    frontend, program = tiny_parts(tiny_artifact_path, "dense", page_size=4, num_pages=24, num_slots=3,
+                                   max_model_len=64, max_batch=3)
+    return lambda: (program(), frontend, 1000)
 
 
 def test_stateful_engine_against_tiny_model(real_parts):

@@ -4,12 +4,13 @@ on and off, preserve_thinking, tool calls in the history, shared system prompts 
 anywhere, prompts shorter than one page), and the catalog/SessionIndex/metrics facts."""
 from __future__ import annotations
 
-import importlib
+import functools
 import json
 import random
 
 import pytest
 
+from _program_util import tiny_parts
 from fakes_program import FakeClock, run_until_idle
 from ninfer.runtime.contract.types import SamplingParams
 from ninfer.runtime.engine.context_cache import CacheConfig
@@ -22,19 +23,9 @@ GREEDY = SamplingParams(temperature=0.0)
 
 @pytest.fixture(scope="module")
 def tiny(tiny_artifact_path):
-    from ninfer.artifact import open_artifact
-    from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
-    from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
-    art = open_artifact(tiny_artifact_path("dense"))
-    module = importlib.import_module(art.package.module)
-    frontend = Qwen36Frontend.from_resources(art.frontend_resources())
-
-    def program(**kw):
-        cfg = dict(device="cpu", dtype="fp32", page_size=16, num_pages=64, num_slots=12, max_model_len=512,
-                   max_batch=4, sampleable_vocab_size=frontend.vocab_size)
-        cfg.update(kw)
-        return module.create_program(art, ProgramConfig(**cfg))
-    return frontend, program
+    frontend, program = tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=64, num_slots=12,
+                                   max_model_len=512, max_batch=4)
+    return frontend, functools.partial(program, sampleable_vocab_size=frontend.vocab_size)
 
 
 def make_engine(tiny, cache: CacheConfig | None, *, max_concurrency=2, chunk=7, **program_kw):
