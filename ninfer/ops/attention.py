@@ -92,6 +92,33 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> 
     return (torch.softmax(scores, dim=-1) @ vf).transpose(0, 1)
 
 
+def check_gqa(q: torch.Tensor, k_cache: torch.Tensor, scale: float | None) -> float:
+    """Validate GQA head counts (q [.., Hq, D], pool [.., Hkv, D]); return the scale (default D^-1/2)."""
+    Hq, Hkv = q.shape[-2], k_cache.shape[2]
+    if Hq % Hkv != 0:
+        raise ValueError(f"query heads {Hq} must be a multiple of kv heads {Hkv}")
+    return q.shape[-1] ** -0.5 if scale is None else scale
+
+
+def chunk_rows(q: torch.Tensor, context_lens, cu_seqlens_q) -> list[tuple[int, int, int]]:
+    """(context length, start, end) of each row's new tokens in a packed prompt chunk q [T_total, ..]
+    (host values; cu_seqlens_q None means one row owning all of q)."""
+    lens = [int(c) for c in torch.as_tensor(context_lens).tolist()]
+    if cu_seqlens_q is None:
+        if len(lens) != 1:
+            raise ValueError("cu_seqlens_q is required for more than one row")
+        cu = [0, q.shape[0]]
+    else:
+        cu = [int(c) for c in cu_seqlens_q.tolist()]
+    rows = []
+    for b, ctx in enumerate(lens):
+        s, e = cu[b], cu[b + 1]
+        if e - s > ctx:
+            raise ValueError(f"row {b}: {e - s} new tokens but context length {ctx}")
+        rows.append((ctx, s, e))
+    return rows
+
+
 def chunk_paged_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -113,23 +140,9 @@ def chunk_paged_attention(
     Returns:
         [T_total, Hq, D] in q.dtype. Row b's new token i sits at position context_lens[b] - L_b + i.
     """
-    Hq, Hkv = q.shape[1], k_cache.shape[2]
-    if Hq % Hkv != 0:
-        raise ValueError(f"query heads {Hq} must be a multiple of kv heads {Hkv}")
-    if scale is None:
-        scale = q.shape[-1] ** -0.5
-    lens = [int(c) for c in torch.as_tensor(context_lens).tolist()]
-    if cu_seqlens_q is None:
-        if len(lens) != 1:
-            raise ValueError("cu_seqlens_q is required for more than one row")
-        cu = [0, q.shape[0]]
-    else:
-        cu = [int(c) for c in cu_seqlens_q.tolist()]
+    scale = check_gqa(q, k_cache, scale)
     out = torch.empty_like(q)
-    for b, ctx in enumerate(lens):
-        s, e = cu[b], cu[b + 1]
-        if e - s > ctx:
-            raise ValueError(f"row {b}: {e - s} new tokens but context length {ctx}")
+    for b, (ctx, s, e) in enumerate(chunk_rows(q, context_lens, cu_seqlens_q)):
         if e == s:
             continue
         k = gather_kv_paged(k_cache, block_table[b], ctx)

@@ -132,26 +132,11 @@ def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seq
     """Prompt-chunk form; see `ninfer.ops.attention.chunk_paged_attention`. q [T_total, Hq, D]."""
     from torch.nn.attention.bias import causal_lower_right
 
-    Hq, D = q.shape[1], q.shape[2]
-    Hkv = k_cache.shape[2]
-    if Hq % Hkv != 0:
-        raise ValueError(f"query heads {Hq} must be a multiple of kv heads {Hkv}")
-    if scale is None:
-        scale = D ** -0.5
-    lens = [int(c) for c in torch.as_tensor(context_lens).tolist()]
-    if cu_seqlens_q is None:
-        if len(lens) != 1:
-            raise ValueError("cu_seqlens_q is required for more than one row")
-        cu = [0, q.shape[0]]
-    else:
-        cu = [int(c) for c in cu_seqlens_q.tolist()]
+    scale = _ref.check_gqa(q, k_cache, scale)
     out = torch.empty_like(q)
-    rep = Hq // Hkv
-    for b, ctx in enumerate(lens):
-        s, e = cu[b], cu[b + 1]
+    rep = q.shape[1] // k_cache.shape[2]
+    for b, (ctx, s, e) in enumerate(_ref.chunk_rows(q, context_lens, cu_seqlens_q)):
         L = e - s
-        if L > ctx:
-            raise ValueError(f"row {b}: {L} new tokens but context length {ctx}")
         if L == 0:
             continue
         k = gather_kv_paged(k_cache, block_table[b], ctx).transpose(0, 1)          # [Hkv, C, D]
