@@ -10,17 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from ninfer.paths import user_cache_dir
 from ninfer.product import demo_model as D
 
 
 def test_cache_dir_resolution(monkeypatch, tmp_path):
     monkeypatch.delenv("NINFER_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert D.cache_dir() == tmp_path / "xdg" / "ninfer"
+    assert user_cache_dir() == tmp_path / "xdg" / "ninfer"
     monkeypatch.delenv("XDG_CACHE_HOME")
-    assert D.cache_dir() == Path.home() / ".cache" / "ninfer"
+    assert user_cache_dir() == Path.home() / ".cache" / "ninfer"
     monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path / "mine"))
-    assert D.cache_dir() == tmp_path / "mine"
+    assert user_cache_dir() == tmp_path / "mine"
     assert D.demo_artifact_path().parent == tmp_path / "mine" / "demo"
 
 

@@ -25,6 +25,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from ninfer.paths import user_cache_dir
+
 DEMO_IDENTITY = "qwen3_6-tiny-dense"
 DEMO_MODEL_NAME = "ninfer-demo"
 DEMO_SEED = 1234
@@ -39,16 +41,8 @@ EMBED_OFFSET = 0.3
 PAD_ROW_WEIGHT = -30.0
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("NINFER_CACHE_DIR")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "ninfer" if xdg else Path.home() / ".cache" / "ninfer"
-
-
 def demo_artifact_path() -> Path:
-    return cache_dir() / "demo" / f"{DEMO_IDENTITY}-seed{DEMO_SEED}-v{DEMO_VERSION}.ninfer"
+    return user_cache_dir() / "demo" / f"{DEMO_IDENTITY}-seed{DEMO_SEED}-v{DEMO_VERSION}.ninfer"
 
 
 def demo_tensors(seed: int = DEMO_SEED, groups: tuple[str, ...] | None = None) -> Iterator[tuple[str, torch.Tensor]]:

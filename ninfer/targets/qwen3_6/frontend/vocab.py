@@ -23,6 +23,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
+from ninfer.paths import user_cache_dir
+
 # NOTE: bump when the produced tokenizer.json changes, so stale user-cache entries are ignored.
 _BUILDER_VERSION = "1"
 
@@ -159,14 +161,6 @@ def chat_template() -> str:
     return (resources.files(__package__) / "data" / "chat_template.jinja").read_text(encoding="utf-8")
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("NINFER_CACHE_DIR")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return Path(xdg) / "ninfer" if xdg else Path.home() / ".cache" / "ninfer"
-
-
 def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
@@ -185,7 +179,7 @@ def tokenizer_json_bytes() -> bytes:
     """Cached tokenizer.json bytes (process cache, then user cache dir, then build)."""
     src = ranks_path()
     key = hashlib.sha256(src.read_bytes() + _BUILDER_VERSION.encode()).hexdigest()[:16]
-    cached = _cache_dir() / "tokenizers" / f"qwen3_6-{key}.json"
+    cached = user_cache_dir() / "tokenizers" / f"qwen3_6-{key}.json"
     try:
         return cached.read_bytes()
     except OSError:
