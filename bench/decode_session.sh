@@ -3,12 +3,7 @@
 # step, 27B decode with/without graphs + tiny host overhead, then the rest of the fast-op tests.
 # Usage (repo root, GPU machine): NINFER_COMMIT=<sha> bash bench/decode_session.sh; logs under $OUT.
 set -o pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+. bench/_device_env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,driver_version --format=csv | tee "$OUT/gpu.txt"
 t0=$(date +%s)
 K="conv_update or recurrent_gdn or src_to_dst or moe_experts or program or rms_norm"

@@ -5,12 +5,7 @@
 #        [bench_all] = [bench_decode] [bench_prefill] [bench_serve]   (27B + 35B-A3B, synthetic weights, `ninfer bench`;
 #        ~5 min in all; JSON under $OUT/bench/)
 set -o pipefail
-OUT=${OUT:-out}; mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=$PYTHONPATH:/tmp/site
-fi
+. bench/_device_env.sh
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv | tee "$OUT/gpu.txt"
 steps=${*:-tests kernels decode}
 for s in $steps; do
