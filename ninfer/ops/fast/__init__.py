@@ -40,15 +40,25 @@ class OpSet(NamedTuple):
     chunk_paged_attention: Callable
     decode_paged_attention: Callable
     moe_experts: Callable              # routed experts (MoE post-mixer); the fast one has no host sync
+    # NOTE: the fused steps of the leaves and the schedule (`ninfer.ops.fused` has their references).
+    add_rms_norm: Callable             # (x, delta, w, eps) -> (rms_norm(x + delta), x + delta)
+    qk_norm_rope: Callable             # (q, k, wq, wk, cos, sin, eps) -> (q', k') per-head norm + rotary
+    silu_mul_halves: Callable          # gu [N, 2I] -> silu(gate) * up [N, I]
+    sigmoid_gate_mul: Callable         # (o, gate) -> o * sigmoid(gate)  (gated attention output)
+    gdn_gates: Callable                # (a, b, A_log, dt_bias) -> (g fp32, beta)
+    route_topk: Callable               # (router_logits, k) -> MoeRouting
+    linear: Callable                   # (x, w) -> x @ w.T
 
 
 @functools.cache
 def reference_ops() -> OpSet:
-    from ninfer.ops import attention, conv, gated_delta, moe, norms
+    from ninfer.ops import attention, conv, fused, gated_delta, moe, norms
     return OpSet("reference", norms.rms_norm, norms.gated_rms_norm, conv.chunk_causal_conv1d,
                  conv.causal_conv1d_update, gated_delta.chunk_gated_delta_rule,
                  gated_delta.fused_recurrent_gated_delta_rule, attention.write_kv_paged,
-                 attention.chunk_paged_attention, attention.decode_paged_attention, moe.moe_experts)
+                 attention.chunk_paged_attention, attention.decode_paged_attention, moe.moe_experts,
+                 fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, attention.attention_output_gate,
+                 gated_delta.gdn_gates, moe.route_topk, fused.linear)
 
 
 @functools.cache
@@ -68,6 +78,7 @@ def fast_ops() -> OpSet:
     """The fast set (needs Triton; fla-core is optional and imported at the first prefill call)."""
     from ninfer.ops import attention as ref_attention
     from ninfer.ops.fast import attention, conv, gated_delta, moe, norms
+    ref = reference_ops()
     nog = dict(gather_final_state=False)
     return OpSet(
         "fast", norms.rms_norm, norms.gated_rms_norm,
@@ -75,7 +86,8 @@ def fast_ops() -> OpSet:
         functools.partial(gated_delta.chunk_gated_delta_rule, **nog),
         functools.partial(gated_delta.fused_recurrent_gated_delta_rule, **nog),
         ref_attention.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention,
-        moe.moe_experts)
+        moe.moe_experts, ref.add_rms_norm, ref.qk_norm_rope, ref.silu_mul_halves, ref.sigmoid_gate_mul,
+        ref.gdn_gates, ref.route_topk, ref.linear)
 
 
 def select_ops(device: torch.device | str) -> OpSet:

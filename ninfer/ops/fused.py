@@ -1,0 +1,49 @@
+"""Compositions of the reference ops that the fast set runs as one kernel each (decode and prefill).
+
+Each function here is the oracle of its fast twin in `ninfer.ops.fast.fused` (same arguments, same
+result up to the rounding of one fused pass instead of several). They exist as named ops so the
+leaves and the schedule call one op per fused step through the `OpSet`, and the CPU path keeps
+the exact HF order of casts.
+
+    add_rms_norm(x, delta, w, eps)          x_new = x + delta (x.dtype); h = rms_norm(x_new, w)  -> (h, x_new)
+    qk_norm_rope(q, k, wq, wk, cos, sin)    per-head zero-centred RMSNorm of q and k, then partial NeoX rotary
+    silu_mul_halves(gu)                     gu [N, 2I] (gate rows first) -> silu(gate) * up  [N, I]
+    linear(x, w)                            x @ w.T (the fast set may use a GEMV for small M)
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ninfer.ops.mlp import silu_mul
+from ninfer.ops.norms import rms_norm
+from ninfer.ops.rope import apply_rotary_qk
+
+__all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "linear"]
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float = 1e-6
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Residual add then zero-centred RMSNorm. x, delta: [N, H] same dtype (delta None: no add).
+    Returns (rms_norm(x_new, weight) [N, H] in x.dtype, x_new = x + delta in x.dtype)."""
+    x_new = x if delta is None else x + delta
+    return rms_norm(x_new, weight, eps), x_new
+
+
+def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
+                 cos: torch.Tensor, sin: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [N, Hq, D], k [N, Hk, D] (may be strided views of one projection row), weights [D]
+    (zero-centred), cos/sin [N, rot] fp32 (rot <= D, rotate-half over dims [0, rot)).
+    Returns (q', k') contiguous in q.dtype: rms_norm per head, then `apply_rotary` (HF order)."""
+    return apply_rotary_qk(rms_norm(q, q_weight, eps), rms_norm(k, k_weight, eps), cos, sin)
+
+
+def silu_mul_halves(gu: torch.Tensor) -> torch.Tensor:
+    """gu [N, 2I] -> silu(gu[:, :I]) * gu[:, I:] in gu.dtype (SwiGLU after the fused gate|up GEMM)."""
+    I = gu.shape[-1] // 2
+    return silu_mul(gu[..., :I], gu[..., I:])
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [M, K] @ weight[N, K].T -> [M, N] in x.dtype."""
+    return F.linear(x, weight)
