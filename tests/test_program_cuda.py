@@ -5,7 +5,10 @@ test needs neither the converter nor the tokenizer files on the GPU machine.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
+import inspect
+import sys
 
 import pytest
 import torch
@@ -18,6 +21,50 @@ from ninfer.testing.tiny_hf import KINDS
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+# Module-level names through which transformers' (5.17 .. 5.24) Qwen3.5 GatedDeltaNet forward calls its
+# kernels. `use_kernel_func_from_hub_with_fallback` binds each, at import, to fla-core /
+# causal-conv1d when importable and to the pure-torch function otherwise; the torch function stays
+# reachable as the wrapper's `__wrapped__`.
+_GDN_FUNCS = ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule",
+              "causal_conv1d_fn", "causal_conv1d_update")
+_KERNEL_PACKAGES = ("fla", "causal_conv1d", "kernels")
+
+
+@contextlib.contextmanager
+def torch_gated_delta_net(model):
+    """Run the GatedDeltaNet layers of the HF `model` through transformers' own pure-torch functions
+    for the duration of the block, whether or not fla-core / causal-conv1d are importable (their
+    Triton kernels cannot take the CPU tensors of the reference). Fails loudly if this transformers
+    version binds the kernels in a way this does not recognise, rather than silently run fla."""
+    import transformers
+
+    layers = [m for m in model.modules() if type(m).__name__.endswith("GatedDeltaNet")]
+    if not layers:
+        raise RuntimeError(f"transformers {transformers.__version__}: no GatedDeltaNet layer in {type(model).__name__}")
+    saved = []
+    try:
+        for mod in {sys.modules[type(m).__module__] for m in layers}:
+            for name in _GDN_FUNCS:
+                bound = getattr(mod, name, None)
+                pure = inspect.unwrap(bound) if callable(bound) else None
+                if pure is None or getattr(pure, "__module__", None) != mod.__name__:
+                    raise RuntimeError(f"transformers {transformers.__version__}: cannot find the pure-torch "
+                                       f"{mod.__name__}.{name} (found {bound!r}); update torch_gated_delta_net")
+                saved.append((mod, name, bound))
+                setattr(mod, name, pure)
+        for layer in layers:
+            # NOTE: transformers 4.x bound the kernels per layer (`self.chunk_gated_delta_rule = ...`).
+            for attr, value in vars(layer).items():
+                owner = (getattr(value, "__module__", None) or "").split(".")[0]
+                if callable(value) and owner in _KERNEL_PACKAGES:
+                    raise RuntimeError(f"{type(layer).__name__}.{attr} is bound to {owner}: the reference "
+                                       "would not run the pure-torch GatedDeltaNet")
+        yield model
+    finally:
+        for mod, name, bound in reversed(saved):
+            setattr(mod, name, bound)
 
 
 def _program(kind: str, dtype: str):
@@ -50,8 +97,7 @@ def test_cuda_fp32_matches_transformers(kind):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     ids = prompt(150, seed=1)
-    with torch.no_grad():
-        hf = hf_model(kind)
+    with torch.no_grad(), torch_gated_delta_net(hf_model(kind)) as hf:
         ref = hf(torch.tensor([ids])).logits[0].float()
         gen = hf.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, 150:].tolist()
     prog = _program(kind, "fp32")
