@@ -21,6 +21,7 @@ import triton.language as tl
 
 from ninfer.ops import attention as _ref
 from ninfer.ops.attention import gather_kv_paged
+from ninfer.ops.fast._index import device_index
 
 __all__ = ["decode_paged_attention", "chunk_paged_attention", "decode_splits"]
 
@@ -110,8 +111,8 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
         scale = D ** -0.5
     BN = 64 if D <= 128 else 32
     nsplit, per = decode_splits(B, Hkv, block_table.shape[1] * page, BN)
-    bt = block_table.to(device=q.device, dtype=torch.int32)
-    lens = context_lens.to(device=q.device, dtype=torch.int32)
+    bt = device_index(block_table, q.device)
+    lens = device_index(context_lens, q.device)
     part_o = torch.empty(B * Hq * nsplit, D, dtype=torch.float32, device=q.device)
     part_ml = torch.empty(B * Hq * nsplit, 2, dtype=torch.float32, device=q.device)
     BH = max(16, triton.next_power_of_2(rep))

@@ -17,6 +17,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops import conv as _ref
+from ninfer.ops.fast._index import device_index
 
 __all__ = ["chunk_causal_conv1d", "causal_conv1d_update"]
 
@@ -135,7 +136,7 @@ def _pool(conv_state, state_indices, N, C, dtype, device):
         if tuple(conv_state.shape) != (N, C, 3):
             raise ValueError(f"state has shape {tuple(conv_state.shape)}, expected {(N, C, 3)}")
         return conv_state.clone().contiguous(), torch.arange(N, dtype=torch.int32, device=device), False
-    return conv_state, state_indices.to(device=device, dtype=torch.int32), True
+    return conv_state, device_index(state_indices, device), True
 
 
 def _ret_state(pool, idx, is_slot, gather_final_state):
@@ -163,7 +164,7 @@ def chunk_causal_conv1d(x, weight, conv_state=None, *, cu_seqlens=None, state_in
     else:
         if B != 1:
             raise ValueError(f"with cu_seqlens the batch dimension must be 1, got {B}")
-        cu = cu_seqlens.to(device=x.device, dtype=torch.int32)
+        cu = device_index(cu_seqlens, x.device)
         N, max_len = cu.numel() - 1, T
     x2 = x.reshape(B * T, C)
     if x2.stride(1) != 1:
@@ -204,7 +205,7 @@ def causal_conv1d_update(x, weight, conv_state, *, state_indices=None, activatio
     w = weight.reshape(C, 4).contiguous()
     y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
     BC = 256
-    didx = idx if dst_indices is None else dst_indices.to(device=x.device, dtype=torch.int32)
+    didx = idx if dst_indices is None else device_index(dst_indices, x.device)
     _conv_update_kernel[(B, triton.cdiv(C, BC))](
         x3, w, pool, idx, didx, y, C, x3.stride(0), x3.stride(1), pool.stride(0), T=T, BC=BC, ACT=act, num_warps=4)
     return (y.squeeze(1) if squeeze else y), _ret_state(pool, didx, is_slot, gather_final_state)

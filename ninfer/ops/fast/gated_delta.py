@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops import gated_delta as _ref
+from ninfer.ops.fast._index import device_index
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "fla_available"]
 
@@ -45,7 +46,7 @@ def _pool_and_indices(initial_state, state_indices, N, Hv, K, V, device):
             raise ValueError(f"state has shape {tuple(initial_state.shape)}, expected {(N, Hv, K, V)}")
         pool = initial_state.to(torch.float32, copy=True).contiguous()
         return pool, torch.arange(N, dtype=torch.int32, device=device), False
-    return initial_state, state_indices.to(device=device, dtype=torch.int32), True
+    return initial_state, device_index(state_indices, device), True
 
 
 def _finish(initial_state, state_indices, pool, idx, is_slot, output_final_state, gather_final_state):
@@ -151,7 +152,7 @@ def fused_recurrent_gated_delta_rule(
     BK = triton.next_power_of_2(K)
     BV = min(32, triton.next_power_of_2(V))
     grid = (N, Hv, triton.cdiv(V, BV))
-    didx = idx if dst_indices is None else dst_indices.to(device=q.device, dtype=torch.int32)
+    didx = idx if dst_indices is None else device_index(dst_indices, q.device)
     _fused_recurrent_gdn_kernel[grid](
         q, k, v, g, beta, o, pool, idx, didx, cu_seqlens if cu_seqlens is not None else idx,
         float(scale if scale is not None else K ** -0.5), T, sq, sk, sv,

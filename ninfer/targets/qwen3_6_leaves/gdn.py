@@ -2,11 +2,10 @@
 sequence's state are run by the family schedule)."""
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from typing import Any
 
-from ninfer.ops.gated_delta import gdn_gates
-from ninfer.ops.norms import gated_rms_norm
+import torch
+
 from ninfer.targets.qwen3_6.dims import Qwen36Dims
 from ninfer.targets.qwen3_6.runtime.model_view import GDNWeights
 
@@ -16,18 +15,18 @@ class GDNProjection:
         self.nv, self.dv = dims.linear_num_value_heads, dims.linear_value_head_dim
         self.eps = dims.rms_norm_eps
 
-    def project(self, w: GDNWeights, h: torch.Tensor
+    def project(self, w: GDNWeights, h: torch.Tensor, ops: Any
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """h [N, H] -> qkv [N, C] (pre-conv), z [N, nv, dv], g [N, nv] fp32, beta [N, nv]."""
         N = h.shape[0]
         C, nz, nv = w.in_proj_qkv.shape[0], self.nv * self.dv, self.nv
-        y = F.linear(h, w.in_proj)                                     # one GEMM: [qkv | z | b | a]
+        y = ops.linear(h, w.in_proj)                                   # one GEMM: [qkv | z | b | a]
         qkv = y[:, :C]
         z = y[:, C:C + nz].view(N, self.nv, self.dv)
-        g, beta = gdn_gates(y[:, C + nz + nv:], y[:, C + nz:C + nz + nv], w.A_log, w.dt_bias)
+        g, beta = ops.gdn_gates(y[:, C + nz + nv:], y[:, C + nz:C + nz + nv], w.A_log, w.dt_bias)
         return qkv, z, g, beta
 
-    def output(self, w: GDNWeights, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    def output(self, w: GDNWeights, o: torch.Tensor, z: torch.Tensor, ops: Any) -> torch.Tensor:
         """o [N, nv, dv], z [N, nv, dv] -> [N, H]."""
-        y = gated_rms_norm(o, z, w.norm, self.eps)
-        return F.linear(y.reshape(o.shape[0], self.nv * self.dv), w.out_proj)
+        y = ops.gated_rms_norm(o, z, w.norm, self.eps)
+        return ops.linear(y.reshape(o.shape[0], self.nv * self.dv), w.out_proj)

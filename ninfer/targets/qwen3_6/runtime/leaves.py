@@ -7,6 +7,9 @@ conv/recurrent state, final norm, lm_head). Leaves are the per-layer projections
     GDN projection/control h -> (qkv pre-conv, z, g, beta);                 (o, z)    -> out
     post-mixer             h -> out   (dense SwiGLU MLP or MoE)
 
+Every leaf method takes the schedule's OpSet (`ninfer.ops.fast.OpSet`) last and runs its GEMMs and
+fused steps through it (one fast kernel per step on CUDA, the PyTorch references elsewhere).
+
 Shapes: N tokens of a packed batch, H hidden; nh/nkv/hd attention heads; C conv channels,
 nv/dv GDN value heads.
 """
@@ -20,23 +23,23 @@ from ninfer.targets.qwen3_6.runtime.model_view import AttentionWeights, GDNWeigh
 
 
 class AttentionLeaf(Protocol):
-    def project(self, w: AttentionWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    def project(self, w: AttentionWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: Any
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h [N, H], cos/sin [N, rot] -> q [N, nh, hd], k [N, nkv, hd], v [N, nkv, hd], gate [N, nh*hd]."""
+        """h [N, H], cos/sin [N, rot] -> q [N, nh, hd], k [N, nkv, hd], v [N, nkv, hd], gate [N, nh, hd]."""
         ...
 
-    def output(self, w: AttentionWeights, o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """o [N, nh, hd], gate [N, nh*hd] -> [N, H]."""
+    def output(self, w: AttentionWeights, o: torch.Tensor, gate: torch.Tensor, ops: Any) -> torch.Tensor:
+        """o [N, nh, hd], gate [N, nh, hd] -> [N, H]."""
         ...
 
 
 class GDNLeaf(Protocol):
-    def project(self, w: GDNWeights, h: torch.Tensor
+    def project(self, w: GDNWeights, h: torch.Tensor, ops: Any
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """h [N, H] -> qkv [N, C] (pre-conv), z [N, nv, dv], g [N, nv] fp32 log-decay, beta [N, nv]."""
         ...
 
-    def output(self, w: GDNWeights, o: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    def output(self, w: GDNWeights, o: torch.Tensor, z: torch.Tensor, ops: Any) -> torch.Tensor:
         """o [N, nv, dv], z [N, nv, dv] -> [N, H]."""
         ...
 

@@ -93,26 +93,29 @@ class Qwen36Model:
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch,
                 meta: "_RowMeta") -> torch.Tensor:
-        rms_norm = self.ops.rms_norm
-        post_mixer = self.leaves.post_mixer
+        # NOTE: each residual add is fused with the norm that follows it (ops.add_rms_norm): the
+        #       mixer and post-mixer outputs are carried as `delta` into the next norm.
+        ops = self.ops
+        add_rms_norm, post_mixer, eps = ops.add_rms_norm, self.leaves.post_mixer, self.eps
+        delta = None
         for layer in self.view.layers:
-            h = rms_norm(x, layer.input_norm, self.eps)
+            h, x = add_rms_norm(x, delta, layer.input_norm, eps)
             if layer.kind == "full_attention":
-                x = x + self._attention(layer, h, cos, sin, fb, meta)
+                delta = self._attention(layer, h, cos, sin, fb, meta)
             else:
-                x = x + self._gdn(layer, h, fb, meta)
-            h = rms_norm(x, layer.post_norm, self.eps)
-            x = x + post_mixer(layer.mlp, h, self.ops)
-        return rms_norm(x, self.view.norm, self.eps)
+                delta = self._gdn(layer, h, fb, meta)
+            h, x = add_rms_norm(x, delta, layer.post_norm, eps)
+            delta = post_mixer(layer.mlp, h, ops)
+        return add_rms_norm(x, delta, self.view.norm, eps)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, H] -> fp32 logits [M, V]."""
-        return F.linear(hidden, self.view.lm_head).float()
+        return self.ops.linear(hidden, self.view.lm_head).float()
 
     def _attention(self, layer: LayerView, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                    fb: ForwardBatch, meta: "_RowMeta") -> torch.Tensor:
         w = layer.mixer
-        q, k, v, gate = self.leaves.attention.project(w, h, cos, sin)
+        q, k, v, gate = self.leaves.attention.project(w, h, cos, sin, self.ops)
         k_cache, v_cache = self.kv.layer(self._attn_index[layer.index])
         ops = self.ops
         ops.write_kv_paged(k_cache, v_cache, k, v, fb.block_tables, fb.positions, meta.rows)
@@ -120,12 +123,12 @@ class Qwen36Model:
             o = ops.decode_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens)
         else:
             o = ops.chunk_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens, meta.cu_seqlens)
-        return self.leaves.attention.output(w, o, gate)
+        return self.leaves.attention.output(w, o, gate, ops)
 
     def _gdn(self, layer: LayerView, h: torch.Tensor, fb: ForwardBatch, meta: "_RowMeta") -> torch.Tensor:
         w = layer.mixer
         d = self.dims
-        qkv, z, g, beta = self.leaves.gdn.project(w, h)
+        qkv, z, g, beta = self.leaves.gdn.project(w, h, self.ops)
         n = self._gdn_index[layer.index]
         conv_pool = self.state.planes["conv"][n]            # [entries, C, K-1]
         rec_pool = self.state.planes["recurrent"][n]        # [entries, nv, dk, dv] fp32
@@ -154,7 +157,7 @@ class Qwen36Model:
         o, _ = rule(q, k, v, g, beta, initial_state=rec_pool, state_indices=idx,
                     use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **src)
         o = o.reshape(-1, d.linear_num_value_heads, d.linear_value_head_dim)          # [N, nv, dv]
-        return self.leaves.gdn.output(w, o, z)
+        return self.leaves.gdn.output(w, o, z, ops)
 
 
 class _RowMeta(NamedTuple):
