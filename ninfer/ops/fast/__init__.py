@@ -9,6 +9,8 @@ reference's signature and results and is tested against it (tests/test_fast_ops_
     attention.decode_paged_attention              Triton split-K paged GQA decode
     attention.chunk_paged_attention               paged gather + PyTorch SDPA (flash), no [L, C] matrix
     norms.rms_norm / gated_rms_norm               Triton row kernels
+    fused.*                                       one Triton kernel per fused step (residual + norm, q/k norm +
+                                                  rotary, SwiGLU, sigmoid gate, GDN gates, paged KV write)
     moe.moe_experts                               Triton grouped GEMV over the selected experts (decode
                                                   sizes, no host sync; larger batches use the reference)
 
@@ -76,8 +78,7 @@ def fast_available() -> bool:
 @functools.cache
 def fast_ops() -> OpSet:
     """The fast set (needs Triton; fla-core is optional and imported at the first prefill call)."""
-    from ninfer.ops import attention as ref_attention
-    from ninfer.ops.fast import attention, conv, gated_delta, moe, norms
+    from ninfer.ops.fast import attention, conv, fused, gated_delta, moe, norms
     ref = reference_ops()
     nog = dict(gather_final_state=False)
     return OpSet(
@@ -85,9 +86,9 @@ def fast_ops() -> OpSet:
         functools.partial(conv.chunk_causal_conv1d, **nog), functools.partial(conv.causal_conv1d_update, **nog),
         functools.partial(gated_delta.chunk_gated_delta_rule, **nog),
         functools.partial(gated_delta.fused_recurrent_gated_delta_rule, **nog),
-        ref_attention.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention,
-        moe.moe_experts, ref.add_rms_norm, ref.qk_norm_rope, ref.silu_mul_halves, ref.sigmoid_gate_mul,
-        ref.gdn_gates, ref.route_topk, ref.linear)
+        fused.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention,
+        moe.moe_experts, fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, fused.sigmoid_gate_mul,
+        fused.gdn_gates, getattr(moe, "route_topk", ref.route_topk), ref.linear)
 
 
 def select_ops(device: torch.device | str) -> OpSet:
