@@ -57,13 +57,19 @@ def _unguarded(fn, saved):
     return call
 
 
-def _dense_moe(x, routing, gate_up, down):
-    """Sync-free routed experts (every expert computed, weighted by a scatter of the routing)."""
+def _dense_moe(x, routing, gate_up, down, *, shared=None):
+    """Sync-free routed experts (every expert computed, weighted by a scatter of the routing), plus
+    the gated shared expert when given (`ninfer.ops.moe.SharedExpert`, as the reference)."""
     E, I = down.shape[0], down.shape[-1]
     w = torch.zeros(x.shape[0], E, dtype=torch.float32).scatter_(1, routing.ids, routing.weights.float())
     h = torch.einsum("th,eih->tei", x.float(), gate_up.float())
     y = torch.einsum("tei,ehi->teh", F.silu(h[..., :I]) * h[..., I:], down.float())
-    return (y * w.unsqueeze(-1)).sum(1).to(x.dtype)
+    out = (y * w.unsqueeze(-1)).sum(1).to(x.dtype)
+    if shared is not None:
+        Is = shared.down.shape[1]
+        gu = shared.gate_up
+        out = out + torch.sigmoid(shared.gate) * F.linear(F.silu(gu[:, :Is]) * gu[:, Is:], shared.down)
+    return out
 
 
 def _program(identity):

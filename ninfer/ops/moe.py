@@ -6,6 +6,10 @@
     routed = Σ_k w_k · down_e(silu(gate_e x) * up_e x)         fused weights, gate rows first
     out    = routed + sigmoid(x @ shared_expert_gate.T) · SwiGLU_shared(x)
 Ties in top-k are broken by torch.topk (unspecified order, as HF).
+
+`moe_experts(..., shared=SharedExpert(gate_up, gate, down))` adds the gated shared expert to the
+routed sum (its gate|up rows and gate logit already projected, e.g. by the leaf's fused GEMM), so a
+fast implementation can run it as one more expert inside the same kernels.
 """
 
 from __future__ import annotations
@@ -15,14 +19,22 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ninfer.ops.fused import silu_mul_halves
 from ninfer.ops.mlp import silu_mul, swiglu_mlp
 
-__all__ = ["MoeRouting", "route_topk", "moe_experts", "gated_shared_expert", "sparse_moe_block"]
+__all__ = ["MoeRouting", "SharedExpert", "route_topk", "moe_experts", "gated_shared_expert", "sparse_moe_block"]
 
 
 class MoeRouting(NamedTuple):
     weights: torch.Tensor   # [T, k] in the router logits' dtype, rows sum to ~1
     ids: torch.Tensor       # [T, k] int64 expert ids, by decreasing probability
+
+
+class SharedExpert(NamedTuple):
+    """The shared expert with its input projections done: contributes sigmoid(gate) · down(SwiGLU(gate_up))."""
+    gate_up: torch.Tensor   # [T, 2Is] x @ [gate_proj | up_proj].T (gate columns first), x.dtype; may be a strided view
+    gate: torch.Tensor      # [T, 1]   x @ shared_expert_gate.T (the logit, before the sigmoid)
+    down: torch.Tensor      # [H, Is]  down_proj weight
 
 
 def route_topk(router_logits: torch.Tensor, top_k: int) -> MoeRouting:
@@ -34,16 +46,19 @@ def route_topk(router_logits: torch.Tensor, top_k: int) -> MoeRouting:
 
 
 def moe_experts(
-    x: torch.Tensor, routing: MoeRouting, gate_up: torch.Tensor, down: torch.Tensor
+    x: torch.Tensor, routing: MoeRouting, gate_up: torch.Tensor, down: torch.Tensor,
+    *, shared: SharedExpert | None = None,
 ) -> torch.Tensor:
-    """Weighted sum of the routed experts' SwiGLU outputs.
+    """Weighted sum of the routed experts' SwiGLU outputs (plus the gated shared expert if given).
 
     Args:
         x: [T, H];  routing: from `route_topk` (weights/ids [T, k]).
         gate_up: [E, 2I, H] (rows [0, I) = gate, [I, 2I) = up);  down: [E, H, I].
+        shared: optional `SharedExpert`; adds sigmoid(shared.gate) · SwiGLU_halves(shared.gate_up) @ shared.down.T.
     Returns:
         [T, H] in x.dtype. Experts are visited in increasing id order and each contribution is
-        multiplied by its weight and accumulated in x.dtype (HF's order, so bf16 rounding matches).
+        multiplied by its weight and accumulated in x.dtype (HF's order, so bf16 rounding matches);
+        the shared expert's term (x.dtype) is added last, as in HF.
     """
     out = torch.zeros_like(x)
     I = down.shape[-1]
@@ -52,6 +67,8 @@ def moe_experts(
         h = F.linear(x[tok], gate_up[e])
         h = F.linear(silu_mul(h[:, :I], h[:, I:]), down[e])
         out.index_add_(0, tok, (h * routing.weights[tok, slot, None]).to(x.dtype))
+    if shared is not None:
+        out = out + torch.sigmoid(shared.gate) * F.linear(silu_mul_halves(shared.gate_up), shared.down)
     return out
 
 

@@ -1,81 +1,333 @@
-"""Fast routed experts for decode-sized batches (CUDA, Triton): no host sync, no loop over experts.
+"""Fast MoE routing and routed experts (CUDA, Triton); no host sync on any path.
 
-`moe_experts(x, routing, gate_up, down)` has the reference's signature and result
-(`ninfer.ops.moe.moe_experts`). For T*k <= `MAX_PAIRS` (token, expert) pairs it runs two
-grouped GEMV launches over the selected experts, reading each selected expert's weights
-through its id (ids stay on the GPU, so the step is CUDA-graph capturable):
+Same signatures and results as the references in `ninfer.ops.moe` (the oracle), up to rounding:
 
-    h[p]   = gate_up[e_p] @ x[t_p]                      [P, 2I] fp32     grid (P, 2I / BN)
-    y[p]   = down[e_p] @ (silu(h[p, :I]) * h[p, I:])    [P, H]  fp32     grid (P, H / BN)
-    out[t] = Σ_j w[t, j] · y[t·k + j]                   in fp32, cast to x.dtype once
+`route_topk(logits, k)`: one program per token (one launch): fp32 softmax over the E logits, k
+rounds of (max, lowest index holding it, mask it out), renormalise, weights cast to the logits'
+dtype, ids int64. Ties go to the lowest expert id (torch.topk leaves them unspecified).
 
-Larger batches (prefill) fall back to the reference (a grouped GEMM over tokens sorted by expert
-is the missing piece). Accumulation is fp32 throughout, so the result differs from the
-reference's bf16 accumulation order by rounding only.
-In the fast op set (`OpSet.moe_experts`), so the MoE leaf uses it on CUDA; decode with
-T * k <= MAX_PAIRS is then free of host syncs and runs inside the decode CUDA graphs.
+`moe_experts(x, routing, gate_up, down, shared=None)`, decode sizes (T*k <= MAX_PAIRS), two launches:
+
+    a[p]   = silu(gate_up[e_p, :I] @ x[t_p]) * (gate_up[e_p, I:] @ x[t_p])    [P, I] x.dtype   grid (P, I/BN)
+    out[t] = Σ_j w[t, j] · down[e_tj] @ a[t·k + j]                            [T, H] x.dtype   grid (T, H/BN)
+             (+ sigmoid(shared.gate[t]) · shared.down @ silu_mul(shared.gate_up[t]))
+
+Each program of the first kernel reads BN gate rows and the BN matching up rows of one selected
+expert; the second loops over the token's k experts (and the shared expert) inside the program and
+accumulates in fp32, so no [P, H] intermediate, torch sum or cast is left. Expert ids stay on the GPU
+(CUDA-graph capturable).
+
+Prefill (T*k > MAX_PAIRS): a grouped GEMM over the (token, expert) pairs sorted by expert. The sort,
+the per-expert offsets and the block -> expert table are computed on the GPU (torch.sort,
+searchsorted, cumsum) and the grid is an upper bound on the number of row blocks
+(P // BM + min(E, P)); surplus programs exit at once, so there is no host sync either:
+
+    a_s[m] = silu(gate_up[e] x[tok_m] | gate) * up     rows m sorted by expert       [P, I] x.dtype
+    y[p_m] = w_m · down[e] @ a_s[m]                     scattered back to pair order  [P, H] x.dtype
+    out    = Σ_j y[t·k + j]  (+ shared expert in torch)
+
+Each weighted contribution is rounded to x.dtype as in the reference; accumulation is fp32. Token
+batches above PREFILL_CHUNK are processed in chunks (bounds the [P, H] buffer to 256 MiB in bf16).
+fp32 inputs use IEEE fp32 dots (no TF32) so the fp32 Program stays close to the reference.
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ninfer.ops import moe as _ref
-from ninfer.ops.moe import MoeRouting
+from ninfer.ops.fused import silu_mul_halves
+from ninfer.ops.moe import MoeRouting, SharedExpert
 
-__all__ = ["moe_experts", "MAX_PAIRS"]
+__all__ = ["route_topk", "moe_experts", "MAX_PAIRS", "PREFILL_CHUNK"]
 
-MAX_PAIRS = 128
+MAX_PAIRS = 128          # (token, expert) pairs up to which the grouped GEMV (decode) path runs
+PREFILL_CHUNK = 8192     # tokens per grouped-GEMM pass
+
+
+# ------------------------------------------------------------------------------------------------
+# routing
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _route_topk_kernel(logits, w_out, id_out, E, stride_l, K: tl.constexpr, BE: tl.constexpr,
+                       BK: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    o_e = tl.arange(0, BE)
+    me = o_e < E
+    lg = tl.load(logits + t * stride_l + o_e, mask=me, other=float("-inf")).to(tl.float32)
+    ex = tl.where(me, tl.exp(lg - tl.max(lg, 0)), 0.0)
+    p = ex / tl.sum(ex, 0)
+    q = tl.where(me, p, -1.0)                         # NOTE: probabilities are >= 0; -1 marks taken / padding
+    o_k = tl.arange(0, BK)
+    wv = tl.zeros([BK], dtype=tl.float32)
+    iv = tl.zeros([BK], dtype=tl.int64)
+    for j in tl.static_range(K):
+        v = tl.max(q, 0)
+        idx = tl.min(tl.where(q == v, o_e, BE), 0)    # lowest id among ties
+        idx = tl.minimum(idx, E - 1)                  # NaN logits: stay in range (no stray weight reads)
+        wv = tl.where(o_k == j, v, wv)
+        iv = tl.where(o_k == j, idx.to(tl.int64), iv)
+        q = tl.where(o_e == idx, -1.0, q)
+    wv = wv / tl.sum(wv, 0)
+    mk = o_k < K
+    tl.store(w_out + t * K + o_k, wv.to(w_out.dtype.element_ty), mask=mk)
+    tl.store(id_out + t * K + o_k, iv, mask=mk)
+
+
+def route_topk(router_logits: torch.Tensor, top_k: int) -> MoeRouting:
+    """See `ninfer.ops.moe.route_topk`. router_logits [T, E] (rows may be strided) -> weights [T, k]
+    in the logits' dtype, ids [T, k] int64, by decreasing probability."""
+    T, E = router_logits.shape
+    if not 0 < top_k <= E:
+        raise ValueError(f"top_k must be in 1..{E}, got {top_k}")
+    lg = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
+    w = torch.empty(T, top_k, dtype=lg.dtype, device=lg.device)
+    ids = torch.empty(T, top_k, dtype=torch.int64, device=lg.device)
+    if T:
+        BE = triton.next_power_of_2(E)
+        _route_topk_kernel[(T,)](lg, w, ids, E, lg.stride(0), K=top_k, BE=BE,
+                                 BK=triton.next_power_of_2(top_k), num_warps=4 if BE >= 512 else 2)
+    return MoeRouting(w, ids)
+
+
+# ------------------------------------------------------------------------------------------------
+# decode: grouped GEMV
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _gate_up_act_kernel(x, ids, w, act, I, H, stride_x, stride_we, stride_wn, stride_act,
+                        TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """act[p, n] = silu(Σ_h w[e_p, n, h] x[t_p, h]) · Σ_h w[e_p, I + n, h] x[t_p, h], t_p = p // TOPK."""
+    p = tl.program_id(0)
+    o_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    mn = o_n < I
+    e = tl.load(ids + p).to(tl.int64)
+    xr = x + (p // TOPK).to(tl.int64) * stride_x
+    wg = w + e * stride_we + o_n[:, None].to(tl.int64) * stride_wn
+    wu = wg + I * stride_wn
+    accg = tl.zeros([BN, BK], dtype=tl.float32)
+    accu = tl.zeros([BN, BK], dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        o_k = k0 + tl.arange(0, BK)
+        if EVEN_K:
+            xv = tl.load(xr + o_k).to(tl.float32)
+            g = tl.load(wg + o_k[None, :], mask=mn[:, None], other=0.0).to(tl.float32)
+            u = tl.load(wu + o_k[None, :], mask=mn[:, None], other=0.0).to(tl.float32)
+        else:
+            mk = o_k < H
+            xv = tl.load(xr + o_k, mask=mk, other=0.0).to(tl.float32)
+            g = tl.load(wg + o_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0).to(tl.float32)
+            u = tl.load(wu + o_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        accg += g * xv[None, :]
+        accu += u * xv[None, :]
+    gs = tl.sum(accg, 1)
+    a = gs / (1.0 + tl.exp(-gs)) * tl.sum(accu, 1)
+    tl.store(act + p.to(tl.int64) * stride_act + o_n, a.to(act.dtype.element_ty), mask=mn)
 
 
 @triton.jit
-def _expert_gemv_kernel(x, ids, w, out, N, Kdim, stride_x, stride_we, TOPK: tl.constexpr,
-                        SWIGLU_IN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """out[p, n] = Σ_k w[ids[p], n, k] · in[p, k]; in = x[p // TOPK] (plain) or silu(x[p, :K]) * x[p, K:2K]."""
-    p = tl.program_id(0)
-    i_n = tl.program_id(1)
-    e = tl.load(ids + p).to(tl.int64)
-    o_n = i_n * BN + tl.arange(0, BN)
-    mn = o_n < N
+def _down_sum_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is,
+                     stride_act, stride_de, stride_dn, stride_out, stride_sgu, stride_sg, stride_sdn,
+                     TOPK: tl.constexpr, HAS_SHARED: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                     BKS: tl.constexpr):
+    """out[t, n] = Σ_j rw[t, j] Σ_i down[ids[t, j], n, i] act[t·TOPK + j, i]  (+ the shared expert)."""
+    t = tl.program_id(0).to(tl.int64)
+    o_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    mn = o_n < H
     acc = tl.zeros([BN], dtype=tl.float32)
-    if SWIGLU_IN:
-        row = x + p.to(tl.int64) * stride_x
+    for j in tl.static_range(TOPK):
+        e = tl.load(ids + t * TOPK + j).to(tl.int64)
+        wj = tl.load(rw + t * TOPK + j).to(tl.float32)
+        ar = act + (t * TOPK + j) * stride_act
+        dr = down + e * stride_de + o_n[:, None].to(tl.int64) * stride_dn
+        part = tl.zeros([BN, BK], dtype=tl.float32)
+        for k0 in range(0, I, BK):
+            o_k = k0 + tl.arange(0, BK)
+            mk = o_k < I
+            av = tl.load(ar + o_k, mask=mk, other=0.0).to(tl.float32)
+            d = tl.load(dr + o_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0).to(tl.float32)
+            part += d * av[None, :]
+        acc += wj * tl.sum(part, 1)
+    if HAS_SHARED:
+        gl = tl.load(sg + t * stride_sg).to(tl.float32)
+        gr = sgu + t * stride_sgu
+        dr = sdown + o_n[:, None].to(tl.int64) * stride_sdn
+        part = tl.zeros([BN, BKS], dtype=tl.float32)
+        for k0 in range(0, Is, BKS):
+            o_k = k0 + tl.arange(0, BKS)
+            mk = o_k < Is
+            g = tl.load(gr + o_k, mask=mk, other=0.0).to(tl.float32)
+            u = tl.load(gr + Is + o_k, mask=mk, other=0.0).to(tl.float32)
+            d = tl.load(dr + o_k[None, :], mask=mn[:, None] & mk[None, :], other=0.0).to(tl.float32)
+            part += d * (g / (1.0 + tl.exp(-g)) * u)[None, :]
+        acc += tl.sum(part, 1) / (1.0 + tl.exp(-gl))
+    tl.store(out + t * stride_out + o_n, acc.to(out.dtype.element_ty), mask=mn)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _decode(x, ids, weights, gate_up, down, shared):
+    T, H = x.shape
+    k = ids.shape[1]
+    P, I = T * k, down.shape[-1]
+    act = torch.empty(P, I, dtype=x.dtype, device=x.device)
+    # NOTE: bandwidth: one selected expert is 2·I·H weights for gate|up (4 MiB at 35B: I=512, H=2048,
+    #       bf16) and H·I for down (2 MiB); the vectors are noise. T=1 reads 8 experts = 48 MiB + 2 MiB
+    #       shared, ~11 us at 4.8 TB/s. Kernel 1 at BN=16: (P, I/16) = 256 programs (2 per SM on 132 SMs),
+    #       each streaming a 16x256 gate and up tile per step (16 KiB in flight per program, 4 MiB in all).
+    #       Kernel 2 at BN=16 and BK=I: H/16 = 128 programs per token with a 16 KiB tile per expert,
+    #       the k expert loop unrolled so the loads of the next experts can be issued early.
+    BN1, BK1 = 16, min(256, triton.next_power_of_2(H))
+    _gate_up_act_kernel[(P, triton.cdiv(I, BN1))](
+        x, ids, gate_up, act, I, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
+        TOPK=k, BN=BN1, BK=BK1, EVEN_K=H % BK1 == 0, num_warps=4)
+    out = torch.empty(T, H, dtype=x.dtype, device=x.device)
+    BN2 = 8 if T <= 2 else 16                        # T <= 2: 256+ programs, 2 per SM, for latency hiding
+    BK2 = min(512, triton.next_power_of_2(I))
+    if shared is not None:
+        sgu, sg, sdown = _rows(shared.gate_up), shared.gate, _rows(shared.down)
+        Is = sdown.shape[1]
+        s_args = (sgu, sg, sdown)
+        s_strides = (sgu.stride(0), sg.stride(0), sdown.stride(0))
     else:
-        row = x + (p // TOPK).to(tl.int64) * stride_x
-    for k0 in range(0, Kdim, BK):
-        o_k = k0 + tl.arange(0, BK)
-        mk = o_k < Kdim
-        if SWIGLU_IN:
-            gt = tl.load(row + o_k, mask=mk, other=0.0).to(tl.float32)
-            up = tl.load(row + Kdim + o_k, mask=mk, other=0.0).to(tl.float32)
-            xin = gt / (1.0 + tl.exp(-gt)) * up
-        else:
-            xin = tl.load(row + o_k, mask=mk, other=0.0).to(tl.float32)
-        wt = tl.load(w + e * stride_we + o_n[:, None] * Kdim + o_k[None, :], mask=mn[:, None] & mk[None, :],
-                     other=0.0).to(tl.float32)
-        acc += tl.sum(wt * xin[None, :], 1)
-    tl.store(out + p.to(tl.int64) * N + o_n, acc, mask=mn)
+        Is, s_args, s_strides = 1, (act, act, act), (0, 0, 0)
+    _down_sum_kernel[(T, triton.cdiv(H, BN2))](
+        act, ids, weights, down, out, *s_args, H, I, Is,
+        act.stride(0), down.stride(0), down.stride(1), out.stride(0), *s_strides,
+        TOPK=k, HAS_SHARED=shared is not None, BN=BN2, BK=BK2,
+        BKS=min(512, triton.next_power_of_2(Is)), num_warps=4)
+    return out
 
 
-def moe_experts(x: torch.Tensor, routing: MoeRouting, gate_up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    """See `ninfer.ops.moe.moe_experts`. x [T, H]; routing ids/weights [T, k]; gate_up [E, 2I, H]; down [E, H, I]."""
+# ------------------------------------------------------------------------------------------------
+# prefill: grouped GEMM over pairs sorted by expert
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _block_rows(block_expert, starts, bstart, E, BM: tl.constexpr):
+    """(expert, first row, end row) of this program's row block; expert == E: surplus program."""
+    b = tl.program_id(0)
+    e = tl.load(block_expert + b)
+    e_safe = tl.minimum(e, E - 1)
+    start = tl.load(starts + e_safe)
+    row0 = start + (b - tl.load(bstart + e_safe)) * BM
+    end = tl.load(starts + e_safe + 1)
+    return e, row0, end
+
+
+@triton.jit
+def _grouped_gate_up_kernel(x, sorted_tok, block_expert, starts, bstart, w, act, E, I, H,
+                            stride_x, stride_we, stride_wn, stride_act,
+                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    e, row0, end = _block_rows(block_expert, starts, bstart, E, BM)
+    if e < E:
+        o_m = row0 + tl.arange(0, BM)
+        mm = o_m < end
+        tok = tl.load(sorted_tok + o_m, mask=mm, other=0).to(tl.int64)
+        o_n = tl.program_id(1) * BN + tl.arange(0, BN)
+        mn = o_n < I
+        o_k = tl.arange(0, BK)
+        xp = x + tok[:, None] * stride_x + o_k[None, :]
+        wg = w + e.to(tl.int64) * stride_we + o_n[None, :].to(tl.int64) * stride_wn + o_k[:, None]
+        wu = wg + I * stride_wn
+        accg = tl.zeros([BM, BN], dtype=tl.float32)
+        accu = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(0, H, BK):
+            mk = o_k < H - k0
+            a = tl.load(xp, mask=mm[:, None] & mk[None, :], other=0.0)
+            bg = tl.load(wg, mask=mk[:, None] & mn[None, :], other=0.0)
+            bu = tl.load(wu, mask=mk[:, None] & mn[None, :], other=0.0)
+            accg = tl.dot(a, bg, accg, input_precision=PREC)
+            accu = tl.dot(a, bu, accu, input_precision=PREC)
+            xp += BK
+            wg += BK
+            wu += BK
+        h = accg / (1.0 + tl.exp(-accg)) * accu
+        tl.store(act + o_m[:, None].to(tl.int64) * stride_act + o_n[None, :], h.to(act.dtype.element_ty),
+                 mask=mm[:, None] & mn[None, :])
+
+
+@triton.jit
+def _grouped_down_kernel(act, order, sorted_w, block_expert, starts, bstart, w, y, E, H, I,
+                         stride_act, stride_we, stride_wn, stride_y,
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+    e, row0, end = _block_rows(block_expert, starts, bstart, E, BM)
+    if e < E:
+        o_m = row0 + tl.arange(0, BM)
+        mm = o_m < end
+        o_n = tl.program_id(1) * BN + tl.arange(0, BN)
+        mn = o_n < H
+        o_k = tl.arange(0, BK)
+        ap = act + o_m[:, None].to(tl.int64) * stride_act + o_k[None, :]
+        wp = w + e.to(tl.int64) * stride_we + o_n[None, :].to(tl.int64) * stride_wn + o_k[:, None]
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+        for k0 in range(0, I, BK):
+            mk = o_k < I - k0
+            a = tl.load(ap, mask=mm[:, None] & mk[None, :], other=0.0)
+            b = tl.load(wp, mask=mk[:, None] & mn[None, :], other=0.0)
+            acc = tl.dot(a, b, acc, input_precision=PREC)
+            ap += BK
+            wp += BK
+        acc = acc * tl.load(sorted_w + o_m, mask=mm, other=0.0).to(tl.float32)[:, None]
+        pair = tl.load(order + o_m, mask=mm, other=0).to(tl.int64)
+        tl.store(y + pair[:, None] * stride_y + o_n[None, :], acc.to(y.dtype.element_ty),
+                 mask=mm[:, None] & mn[None, :])
+
+
+def _prefill_routed(x, ids, weights, gate_up, down):
+    """Routed experts only, [T, H] in x.dtype. All bookkeeping on the GPU (no host sync)."""
+    T, H = x.shape
+    k = ids.shape[1]
+    P, E, I = T * k, down.shape[0], down.shape[-1]
+    dev = x.device
+    flat = ids.reshape(P)
+    sorted_e, order = torch.sort(flat, stable=True)
+    # starts[e]: first sorted row of expert e (starts[E] == P); blocks of BM rows never span experts.
+    starts = torch.searchsorted(sorted_e, torch.arange(E + 1, device=dev, dtype=sorted_e.dtype))
+    BM = 64
+    nblk = (starts[1:] - starts[:-1] + BM - 1) // BM
+    bend = torch.cumsum(nblk, 0)
+    bstart = bend - nblk
+    NB = P // BM + min(E, P)                          # >= Σ_e ceil(count_e / BM), known on the host
+    block_expert = torch.searchsorted(bend, torch.arange(NB, device=dev, dtype=bend.dtype), right=True)
+    sorted_tok = order // k
+    sorted_w = weights.reshape(P)[order]
+    prec = "ieee" if x.dtype == torch.float32 else "tf32"
+
+    act = torch.empty(P, I, dtype=x.dtype, device=dev)
+    BN1, BK1 = 64, 64
+    _grouped_gate_up_kernel[(NB, triton.cdiv(I, BN1))](
+        x, sorted_tok, block_expert, starts, bstart, gate_up, act, E, I, H,
+        x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
+        BM=BM, BN=BN1, BK=BK1, PREC=prec, num_warps=4, num_stages=3)
+    y = torch.empty(P, H, dtype=x.dtype, device=dev)
+    BN2, BK2 = 128, 64
+    _grouped_down_kernel[(NB, triton.cdiv(H, BN2))](
+        act, order, sorted_w, block_expert, starts, bstart, down, y, E, H, I,
+        act.stride(0), down.stride(0), down.stride(1), y.stride(0),
+        BM=BM, BN=BN2, BK=BK2, PREC=prec, num_warps=4, num_stages=3)
+    return y.view(T, k, H).sum(1)                   # NOTE: torch reduces bf16 in fp32, rounds once
+
+
+def moe_experts(x: torch.Tensor, routing: MoeRouting, gate_up: torch.Tensor, down: torch.Tensor,
+                *, shared: SharedExpert | None = None) -> torch.Tensor:
+    """See `ninfer.ops.moe.moe_experts`. x [T, H]; routing ids/weights [T, k]; gate_up [E, 2I, H];
+    down [E, H, I]; shared: optional `SharedExpert` (gate_up [T, 2Is], gate [T, 1], down [H, Is]).
+    Returns [T, H] in x.dtype."""
     T, H = x.shape
     k = routing.ids.shape[1]
-    P = T * k
-    if P > MAX_PAIRS or P == 0 or not (gate_up.is_contiguous() and down.is_contiguous()):
-        return _ref.moe_experts(x, routing, gate_up, down)
-    I2 = gate_up.shape[1]
-    ids = routing.ids.reshape(P)
-    xc = x if x.stride(1) == 1 else x.contiguous()
-    h = torch.empty(P, I2, dtype=torch.float32, device=x.device)
-    BN, BK = 32, 128
-    _expert_gemv_kernel[(P, triton.cdiv(I2, BN))](
-        xc, ids, gate_up, h, I2, H, xc.stride(0), gate_up.stride(0), TOPK=k, SWIGLU_IN=False, BN=BN, BK=BK,
-        num_warps=4)
-    y = torch.empty(P, H, dtype=torch.float32, device=x.device)
-    _expert_gemv_kernel[(P, triton.cdiv(H, BN))](
-        h, ids, down, y, H, I2 // 2, h.stride(0), down.stride(0), TOPK=k, SWIGLU_IN=True, BN=BN, BK=BK,
-        num_warps=4)
-    out = (y.view(T, k, H) * routing.weights.float().unsqueeze(-1)).sum(1)
-    return out.to(x.dtype)
+    if T == 0:
+        return torch.zeros_like(x)
+    x = _rows(x)
+    gate_up, down = _rows(gate_up), _rows(down)
+    ids, weights = routing.ids.contiguous(), routing.weights.contiguous()
+    if T * k <= MAX_PAIRS:
+        return _decode(x, ids, weights, gate_up, down, shared)
+    step = max(1, PREFILL_CHUNK)
+    parts = [_prefill_routed(x[s:s + step], ids[s:s + step], weights[s:s + step], gate_up, down)
+             for s in range(0, T, step)]
+    out = parts[0] if len(parts) == 1 else torch.cat(parts)
+    if shared is not None:
+        out = out + torch.sigmoid(shared.gate) * F.linear(silu_mul_halves(shared.gate_up), shared.down)
+    return out

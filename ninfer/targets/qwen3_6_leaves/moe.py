@@ -4,16 +4,16 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 import torch
-import torch.nn.functional as F
 
-from ninfer.ops.mlp import silu_mul
-from ninfer.ops.moe import route_topk
+from ninfer.ops.moe import SharedExpert
 from ninfer.targets.qwen3_6.dims import Qwen36Dims
 
 
 class SparseMoE:
-    # NOTE: the schedule passes its OpSet (`ops`): the routed experts follow the op selection (the
-    #       fast grouped GEMV on CUDA has no host sync, so decode with it is CUDA-graph capturable).
+    # NOTE: the schedule passes its OpSet (`ops`): routing and the routed experts follow the op
+    #       selection (the fast ones have no host sync, so decode is CUDA-graph capturable). The shared
+    #       expert's down projection and gate run inside `ops.moe_experts` (`shared=`), so a decode
+    #       step is: one GEMM, routing, and the expert kernels.
 
     def __init__(self, dims: Qwen36Dims) -> None:
         if not dims.is_moe:
@@ -27,9 +27,8 @@ class SparseMoE:
         shape = h.shape
         x2 = h.reshape(-1, shape[-1])
         Is = mlp["shared_expert.gate_proj.weight"].shape[0]
-        y = F.linear(x2, mlp["shared_in.weight"])
-        routing = route_topk(y[:, 2 * Is + 1:], self.top_k)
-        routed = ops.moe_experts(x2, routing, mlp["experts.gate_up_proj"], mlp["experts.down_proj"])
-        shared = F.linear(silu_mul(y[:, :Is], y[:, Is:2 * Is]), mlp["shared_expert.down_proj.weight"])
-        shared = torch.sigmoid(y[:, 2 * Is:2 * Is + 1]) * shared
-        return (routed + shared).reshape(shape)
+        y = ops.linear(x2, mlp["shared_in.weight"])
+        routing = ops.route_topk(y[:, 2 * Is + 1:], self.top_k)
+        shared = SharedExpert(y[:, :2 * Is], y[:, 2 * Is:2 * Is + 1], mlp["shared_expert.down_proj.weight"])
+        out = ops.moe_experts(x2, routing, mlp["experts.gate_up_proj"], mlp["experts.down_proj"], shared=shared)
+        return out.reshape(shape)
