@@ -1,0 +1,381 @@
+"""Decode GEMV bench: cuBLAS (F.linear) vs the Triton skinny GEMM (ninfer/ops/fast/gemv.py) at every
+weight shape of one Qwen3.6 decode step (27B and 35B-A3B, from the dimension facts), M = 1, 2, 4, 8.
+
+    PYTHONPATH=$PWD python3 bench/gemv.py [--out FILE]                  sweep (< 4 min on an H200)
+    PYTHONPATH=$PWD python3 bench/gemv.py --graph [--out FILE]          sweep, then the 27B step graph
+    PYTHONPATH=$PWD python3 bench/gemv.py --graph --no-sweep [--configs FILE]   graph only
+    python3 bench/gemv.py --dry-run                                     shapes and sweep sizes (no GPU)
+    TRITON_INTERPRET=1 python3 bench/gemv.py --device cpu --models '' --shapes 40x96 --m 1,3   smoke run
+
+Sweep: per (N, K, M) the median device time (CUDA events, L2 flushed before every run) of F.linear
+and of every config of `gemv.sweep_space`; a config counts only if its relative RMS error vs the
+fp32 product is < 1e-2. Prints a table and the copy ceiling of this run; `--out FILE` gets one JSON
+line (every result) and then `CONFIGS = {...}` / `USE_TRITON = {...}` python literals to paste into
+ninfer/ops/fast/gemv.py (USE_TRITON: shapes where the best config beats cuBLAS by >= --min-speedup).
+
+Graph: all weight GEMMs of one 27B decode step (each layer its own weight buffer, 51.2 GB, so
+nothing stays in L2) captured in one CUDA graph and replayed: cuBLAS, Triton for every GEMM, and
+"table" (per shape the faster of the two, what `gemv.linear` does with the pasted table); ms and
+x the floor (weight bytes / copy bandwidth of this run).
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import os
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from ninfer.targets.qwen3_6.dims import Qwen36Dims  # noqa: E402
+
+TOL = 1e-2
+DEVICE = "cuda"
+
+
+def decode_gemms(dims: Qwen36Dims) -> list[tuple[str, int, int, int]]:
+    """(name, N, K, layers) of the dense weight GEMMs of one decode step (routed experts excluded)."""
+    H = dims.hidden_size
+    nv = dims.linear_num_value_heads
+    vdim = nv * dims.linear_value_head_dim
+    qdim = dims.num_attention_heads * dims.head_dim
+    n_gdn, n_att, n_all = len(dims.gdn_layers), len(dims.attention_layers), dims.num_hidden_layers
+    out = [("gdn.in_proj", dims.conv_dim + vdim + 2 * nv, H, n_gdn), ("gdn.out_proj", H, vdim, n_gdn),
+           ("attn.in_proj", 2 * qdim + 2 * dims.num_key_value_heads * dims.head_dim, H, n_att),
+           ("attn.o_proj", H, qdim, n_att)]
+    if dims.is_moe:
+        Is = dims.shared_expert_intermediate_size
+        out += [("moe.shared_in", 2 * Is + 1 + dims.num_experts, H, n_all), ("moe.shared_down", H, Is, n_all)]
+    else:
+        out += [("mlp.gate_up", 2 * dims.intermediate_size, H, n_all), ("mlp.down", H, dims.intermediate_size, n_all)]
+    out.append(("lm_head", dims.vocab_size, H, 1))
+    return out
+
+
+def model_dims(name: str) -> Qwen36Dims:
+    if name == "27b":
+        from ninfer.targets.qwen3_6_27b import DIMS
+    elif name == "35b":
+        from ninfer.targets.qwen3_6_35b_a3b import DIMS
+    else:
+        raise SystemExit(f"unknown model {name!r} (27b, 35b)")
+    return DIMS
+
+
+def unique_shapes(models: list[str], extra: list[tuple[int, int]] = ()) -> list[tuple[int, int, list[str]]]:
+    seen: dict[tuple[int, int], list[str]] = {(n, k): ["--shapes"] for n, k in extra}
+    for mdl in models:
+        for name, n, k, count in decode_gemms(model_dims(mdl)):
+            seen.setdefault((n, k), []).append(f"{mdl}:{name}x{count}")
+    return [(n, k, names) for (n, k), names in seen.items()]
+
+
+def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    a = a.float()
+    if not torch.isfinite(a).all():
+        return math.inf
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def fp32_reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return torch.cat([F.linear(xf, w[i:i + 32768].float()) for i in range(0, w.shape[0], 32768)], dim=1)
+
+
+_FLUSH: list[torch.Tensor] = []
+
+
+def time_us(fn, warmup_ms: int, rep_ms: int, max_reps: int = 100) -> float:
+    """Median device time of fn in us, as triton.testing.do_bench (a 256 MB write flushes L2 before
+    every run and keeps the GPU busy while the host queues the next call), with the repetitions
+    capped so that microsecond kernels do not take thousands of flushes."""
+    if DEVICE == "cpu":                                    # NOTE: the smoke path (Triton interpreter)
+        t0 = time.perf_counter()
+        fn()
+        return 1e6 * (time.perf_counter() - t0)
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(256 << 20, dtype=torch.int8, device="cuda"))
+    cache = _FLUSH[0]
+    fn()
+    torch.cuda.synchronize()
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    for _ in range(3):
+        cache.zero_()
+        fn()
+    e1.record()
+    torch.cuda.synchronize()
+    est_ms = max(e0.elapsed_time(e1) / 3, 1e-3)
+    for _ in range(min(max(1, int(warmup_ms / est_ms)), 10)):
+        fn()
+    reps = min(max(10, int(rep_ms / est_ms)), max_reps)
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for i in range(reps):
+        cache.zero_()
+        starts[i].record()
+        fn()
+        ends[i].record()
+    torch.cuda.synchronize()
+    return 1e3 * statistics.median(s.elapsed_time(e) for s, e in zip(starts, ends))
+
+
+# ------------------------------------------------------------------------------------------------
+# sweep
+# ------------------------------------------------------------------------------------------------
+def sweep(args, gemv, num_sms: int) -> list[dict]:
+    t_start = time.perf_counter()
+    results = []
+    shapes = unique_shapes(args.models, args.shapes)
+    total = len(shapes) * len(args.m)
+    done = 0
+    for n, k, names in shapes:
+        w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16)
+        for m in args.m:
+            done += 1
+            x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+            ref = fp32_reference(x, w)
+            nbytes = 2 * (n * k + m * k + m * n)
+            t_cublas = time_us(lambda: F.linear(x, w), args.warmup_ms, args.rep_ms)
+            over = time.perf_counter() - t_start > args.budget_s
+            space = gemv.sweep_space(n, k, m, num_sms)
+            if over:                                        # NOTE: keep the whole run inside its budget
+                space = [gemv.default_config(n, k, m, num_sms)]
+            best, best_us, best_err, tried, bad = None, math.inf, None, [], []
+            for cfg in space:
+                try:
+                    err = rel_rms(gemv.gemv(x, w, cfg), ref)
+                    if not err < TOL:
+                        bad.append([list(cfg), f"rel RMS {err:.3g}"])
+                        continue
+                    us = time_us(lambda: gemv.gemv(x, w, cfg), args.warmup_ms, args.rep_ms)
+                except Exception as e:  # noqa: BLE001 - a config that does not compile is skipped, reported
+                    bad.append([list(cfg), f"{type(e).__name__}: {str(e)[:200]}"])
+                    continue
+                tried.append([list(cfg), round(us, 2)])
+                if us < best_us:
+                    best, best_us, best_err = cfg, us, err
+            r = {"shape": f"{n}x{k}", "N": n, "K": k, "M": m, "uses": names, "bytes": nbytes,
+                 "cublas_us": round(t_cublas, 2), "cublas_TBps": round(nbytes / t_cublas / 1e6, 3),
+                 "best": list(best) if best else None, "triton_us": round(best_us, 2) if best else None,
+                 "triton_TBps": round(nbytes / best_us / 1e6, 3) if best else None,
+                 "speedup": round(t_cublas / best_us, 3) if best else None, "err": best_err,
+                 "tried": tried, "failed": bad, "budget_cut": over}
+            results.append(r)
+            tb = f"{r['triton_TBps']:.2f}" if best else "-"
+            print(f"[{done}/{total} {time.perf_counter() - t_start:5.0f}s] {n}x{k} M={m}: cuBLAS "
+                  f"{t_cublas:8.1f} us {r['cublas_TBps']:.2f} TB/s | triton {best_us:8.1f} us {tb} TB/s "
+                  f"{tuple(best) if best else None} ({len(tried)} ok, {len(bad)} failed"
+                  f"{', budget cut' if over else ''})", flush=True)
+            for cfg, why in bad[:2]:
+                print(f"    failed {tuple(cfg)}: {why}", flush=True)
+            x = ref = None
+        w = None
+        if DEVICE == "cuda":
+            torch.cuda.empty_cache()
+    return results
+
+
+def print_sweep(results: list[dict], copy_tbs: float) -> None:
+    from ninfer.bench.common import print_table
+    rows = [[r["shape"], r["M"], f"{r['bytes'] / 1e6:.1f}", r["cublas_us"], r["cublas_TBps"],
+             str(tuple(r["best"])) if r["best"] else "-", r["triton_us"], r["triton_TBps"], r["speedup"],
+             f"{r['err']:.1e}" if r["err"] is not None else "-", " ".join(r["uses"])] for r in results]
+    print(f"\ncopy ceiling {copy_tbs:.3f} TB/s; config = (BLOCK_N, BLOCK_K, SPLIT_K, warps, stages, dot)")
+    print_table(["shape", "M", "MB", "cuBLAS us", "TB/s", "best config", "triton us", "TB/s", "speedup", "err",
+                 "uses"], rows)
+
+
+def tables_literal(results: list[dict], min_speedup: float) -> str:
+    """Keys (N, K, M bucket); rows measured at an M that is not a bucket (1, 2, 4, 8) are left out."""
+    best = [r for r in results if r["best"] and r["M"] in (1, 2, 4, 8)]
+    configs = {(r["N"], r["K"], r["M"]): tuple(r["best"]) for r in best}
+    use = {(r["N"], r["K"], r["M"]): True for r in best if r["speedup"] >= min_speedup}
+    lines = ["CONFIGS: dict[tuple[int, int, int], tuple] = {"]
+    lines += [f"    {key}: {val}," for key, val in sorted(configs.items())]
+    lines += ["}", "USE_TRITON: dict[tuple[int, int, int], bool] = {"]
+    lines += [f"    {key}: True," for key in sorted(use)]
+    lines.append("}")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------
+# 27B decode step in one CUDA graph
+# ------------------------------------------------------------------------------------------------
+def step_graph(args, gemv, results: list[dict] | None, copy_tbs: float) -> dict:
+    dims = model_dims("27b")
+    gemms = decode_gemms(dims)
+    total_bytes = sum(2 * n * k * c for _, n, k, c in gemms)
+    print(f"\n[graph] allocating {total_bytes / 1e9:.1f} GB of distinct 27B weights", flush=True)
+    weights = [(n, k, [torch.empty(n, k, device="cuda", dtype=torch.bfloat16).normal_() for _ in range(c)])
+               for _, n, k, c in gemms]
+    best = {(r["N"], r["K"], r["M"]): r for r in (results or [])}
+    out: dict = {"total_bytes": total_bytes, "floor_ms": total_bytes / (copy_tbs * 1e9), "runs": []}
+    for m in args.graph_m:
+        xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k, _ in gemms}
+
+        def pick(n, k, mode):
+            r = best.get((n, k, gemv.m_bucket(m)))
+            cfg = gemv.GemvConfig(*r["best"]) if r and r["best"] else gemv.config_for(n, k, m)
+            if mode == "triton":
+                return cfg
+            if mode == "table":
+                fast = (r["speedup"] or 0) >= args.min_speedup if r and r["best"] else gemv.use_triton(n, k, m)
+                return cfg if fast else None
+            return None
+
+        for mode in ("cublas", "triton", "table"):
+            plan = [(k, ws, pick(n, k, mode)) for n, k, ws in weights]
+
+            def step():
+                for k, ws, cfg in plan:
+                    for w in ws:
+                        gemv.gemv(xs[k], w, cfg) if cfg is not None else F.linear(xs[k], w)
+
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                step()                                     # NOTE: compiles, allocates split-K counters
+            torch.cuda.current_stream().wait_stream(s)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g):
+                step()
+            for _ in range(3):
+                g.replay()
+            times = []
+            for _ in range(args.graph_reps):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                g.replay()
+                e1.record()
+                e1.synchronize()
+                times.append(e0.elapsed_time(e1))
+            ms = statistics.median(times)
+            n_tri = sum(len(ws) for _, ws, cfg in plan if cfg is not None)
+            row = {"M": m, "mode": mode, "ms": round(ms, 3), "x_floor": round(ms / out["floor_ms"], 3),
+                   "TBps": round(total_bytes / (ms * 1e9), 3), "triton_gemms": n_tri,
+                   "gemms": sum(len(ws) for _, _, ws in weights)}
+            out["runs"].append(row)
+            print(f"[graph] 27B step M={m} {mode:6s}: {ms:7.3f} ms  {row['x_floor']:.3f} x floor "
+                  f"({row['TBps']:.2f} TB/s, {n_tri}/{row['gemms']} GEMMs in Triton)", flush=True)
+            del g
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+    print(f"[graph] floor {out['floor_ms']:.3f} ms = {total_bytes / 1e9:.2f} GB / {copy_tbs:.3f} TB/s", flush=True)
+    del weights
+    torch.cuda.empty_cache()
+    return out
+
+
+def load_results(path: str) -> list[dict]:
+    with open(path) as f:
+        first = f.readline()
+    return json.loads(first.removeprefix("JSON "))["results"]
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    ints = lambda s: [int(v) for v in s.split(",") if v]  # noqa: E731
+    p.add_argument("--models", type=lambda s: [v for v in s.split(",") if v], default=["27b", "35b"],
+                   help="27b,35b (empty: only --shapes)")
+    p.add_argument("--shapes", type=lambda s: [tuple(int(d) for d in v.split("x")) for v in s.split(",") if v],
+                   default=[], help="extra NxK shapes (comma list), e.g. 52224x5120")
+    p.add_argument("--device", default="cuda", help="cuda; cpu = smoke run under TRITON_INTERPRET=1 (tiny "
+                   "--shapes, --models '', wall-clock times)")
+    p.add_argument("--m", type=ints, default=[1, 2, 4, 8], help="rows (comma list; 1..8)")
+    p.add_argument("--out", help="file for the JSON line and the CONFIGS / USE_TRITON literals")
+    p.add_argument("--graph", action="store_true", help="also time the 27B step GEMMs in one CUDA graph")
+    p.add_argument("--graph-m", type=ints, default=[1], help="rows of the graph runs (comma list)")
+    p.add_argument("--graph-reps", type=int, default=20)
+    p.add_argument("--no-sweep", action="store_true", help="skip the sweep (with --graph)")
+    p.add_argument("--configs", help="a previous --out file: its best configs for --graph --no-sweep")
+    p.add_argument("--min-speedup", type=float, default=1.02, help="USE_TRITON threshold vs cuBLAS")
+    p.add_argument("--budget-s", type=float, default=200.0,
+                   help="sweep time after which only the default config is timed")
+    p.add_argument("--warmup-ms", type=int, default=5)
+    p.add_argument("--rep-ms", type=int, default=25)
+    p.add_argument("--dry-run", action="store_true", help="print the shapes and sweep sizes; no GPU needed")
+    a = p.parse_args(argv)
+    if any(not 1 <= m <= 8 for m in a.m + a.graph_m):
+        p.error("--m / --graph-m rows must be in 1..8")
+    for mdl in a.models:
+        model_dims(mdl)
+    return a
+
+
+def dry_run(args) -> int:
+    try:
+        from ninfer.ops.fast import gemv
+    except ImportError as e:
+        gemv = None
+        print(f"(no Triton here: {e}; sweep sizes not shown)")
+    for n, k, names in unique_shapes(args.models, args.shapes):
+        sizes = [len(gemv.sweep_space(n, k, m)) for m in args.m] if gemv else "-"
+        print(f"{n:>7} x {k:<6} {2 * n * k / 1e6:9.1f} MB  configs per M {sizes}  {' '.join(names)}")
+    for mdl in args.models:
+        gb = sum(2 * n * k * c for _, n, k, c in decode_gemms(model_dims(mdl))) / 1e9
+        print(f"{mdl}: dense weight GEMMs of one decode step read {gb:.2f} GB")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.dry_run:
+        return dry_run(args)
+    global DEVICE
+    DEVICE = args.device
+    if DEVICE == "cpu":
+        if os.environ.get("TRITON_INTERPRET") != "1" or args.graph:
+            print("--device cpu is a smoke run: needs TRITON_INTERPRET=1 and no --graph", file=sys.stderr)
+            return 2
+    elif not torch.cuda.is_available():
+        print("bench/gemv.py needs a CUDA GPU (try --dry-run for the shapes)", file=sys.stderr)
+        return 2
+    try:
+        from ninfer.ops.fast import gemv
+    except ImportError as e:
+        print(f"bench/gemv.py needs Triton: {e}", file=sys.stderr)
+        return 2
+    from ninfer.bench.common import env_record, json_line, measure_ceilings, print_ceilings
+    env = env_record()
+    print(f"{env['gpu']} torch {env['torch']} triton {env['triton']} commit {env['commit']}", flush=True)
+    ceil = measure_ceilings(DEVICE)
+    print_ceilings(ceil)
+    copy_tbs = ceil["copy_TBps"]
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count if DEVICE == "cuda" else 132
+    results = None
+    if not args.no_sweep:
+        results = sweep(args, gemv, num_sms)
+        print_sweep(results, copy_tbs)
+    elif args.configs:
+        results = load_results(args.configs)
+    graph = step_graph(args, gemv, results, copy_tbs) if args.graph else None
+    payload = {**env, "ceilings": ceil, "models": args.models, "rows": args.m, "results": results or [],
+               "graph": graph}
+    json_line("gemv", payload)
+    if results and not args.no_sweep:
+        lit = tables_literal(results, args.min_speedup)
+        print(lit)
+        if args.out:
+            with open(args.out, "w") as f:
+                f.write("JSON " + json.dumps({"bench": "gemv", **payload}, sort_keys=True, default=str) + "\n")
+                f.write(lit + "\n")
+            ast.parse(lit)
+            print(f"wrote {args.out}")
+    elif args.out:
+        with open(args.out, "w") as f:
+            f.write("JSON " + json.dumps({"bench": "gemv", **payload}, sort_keys=True, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""Skinny GEMM for decode (Triton): y = x @ w.T for x [M, K] with M <= 8 rows, w [N, K] (nn.Linear layout).
+
+`linear(x, w)` has the signature and result of `ninfer.ops.fused.linear`. It runs the Triton kernel
+only for bf16/fp16 inputs with M <= 8 rows on shapes the decision table `USE_TRITON` marks as
+measured faster than cuBLAS (empty by default: everything goes to `F.linear` until the lead pastes
+the output of `bench/gemv.py --out FILE`). `gemv(x, w, config)` forces the kernel (tests, bench).
+
+Decode reads each weight once, so the kernel is a weight stream: program (n, s) reads the tile
+sequence w[n*BN:(n+1)*BN, K-range s] in [BN, BK] blocks (16-byte vector loads along K, evict-first,
+no masks when BK divides the range: rows past N are clamped to N-1 and never stored), x rows are
+loaded once per K block and reused for all M rows. Two inner products (`GemvConfig.dot`):
+
+    dot=False  fp32 FMA: M_PAD == 1 accumulates acc[BN, BK] += w * x and reduces once at the end;
+               M_PAD > 1 reduces sum_k(w[None] * x[:, None]) per block into acc[M_PAD, BN]
+    dot=True   tensor cores on the transposed product: acc[BN, 16] += w[BN, BK] @ x[16, BK].T
+               (rows past M duplicate row M-1 and are dropped); the loads feed tl.dot, so Triton
+               pipelines them over num_stages shared-memory buffers (cp.async)
+
+Split-K (SPLIT_K > 1, for few rows and long K, e.g. 5120 x 17408 where 5120 / BN programs cannot
+keep 132 SMs streaming): every split writes its fp32 partial to ws[s, M, N] (torch.empty from the
+caller's stream allocator), then bumps an arrival counter of its N tile; the last split to arrive
+sums the SPLIT_K partials in a fixed order (deterministic), writes y in x.dtype and resets the
+counter to 0. One launch, no memset, no host sync: CUDA-graph capturable.
+
+    counters (int32, per device, zero between launches; one per N tile, allocated outside capture)
+    ws       [SPLIT_K, M, N] fp32   written by every split, read by the last one
+
+NOTE: the counters are shared by all launches on a device, so split-K launches must not run
+      concurrently on two streams (the Program issues its decode on one stream).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+__all__ = ["GemvConfig", "CONFIGS", "USE_TRITON", "MAX_ROWS", "linear", "gemv", "use_triton", "m_bucket",
+           "config_for", "default_config", "sweep_space"]
+
+MAX_ROWS = 8
+
+
+class GemvConfig(NamedTuple):
+    block_n: int
+    block_k: int
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+    dot: bool = False
+
+
+# NOTE: measured tables, pasted from `bench/gemv.py --out FILE` (H200). Keys (N, K, M bucket) with
+#       the bucket m_bucket(M) in (1, 2, 4, 8); CONFIGS values are GemvConfig fields as a tuple.
+#       USE_TRITON starts empty: a shape uses the kernel only once measured faster than cuBLAS.
+CONFIGS: dict[tuple[int, int, int], tuple] = {}
+USE_TRITON: dict[tuple[int, int, int], bool] = {}
+
+
+def m_bucket(m: int) -> int:
+    return 1 if m <= 1 else 2 if m == 2 else 4 if m <= 4 else 8
+
+
+def use_triton(n: int, k: int, m: int) -> bool:
+    return USE_TRITON.get((n, k, m_bucket(m)), False)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 132
+
+
+def default_config(n: int, k: int, m: int, num_sms: int = 132) -> GemvConfig:
+    """Unmeasured fallback: FMA tiles for one row, tensor-core tiles for more; split K until about
+    four programs per SM stream (each split keeps >= 4 K blocks)."""
+    bk = min(512 if m <= 1 else 128, max(16, triton.next_power_of_2(k)))
+    cfg = GemvConfig(16, bk, 1, 4, 1, False) if m <= 1 else GemvConfig(64, bk, 1, 4, 4, True)
+    return cfg._replace(split_k=auto_split(n, k, cfg.block_n, cfg.block_k, num_sms))
+
+
+def auto_split(n: int, k: int, block_n: int, block_k: int, num_sms: int = 132, per_sm: int = 4) -> int:
+    tiles, kblocks, s = triton.cdiv(n, block_n), triton.cdiv(k, block_k), 1
+    while tiles * s < per_sm * num_sms and kblocks >= 8 * s:
+        s *= 2
+    return s
+
+
+def config_for(n: int, k: int, m: int, device: torch.device | None = None) -> GemvConfig:
+    c = CONFIGS.get((n, k, m_bucket(m)))
+    if c is not None:
+        return GemvConfig(*c)
+    return default_config(n, k, m, _num_sms(device) if device is not None else 132)
+
+
+def sweep_space(n: int, k: int, m: int, num_sms: int = 132, full: bool = False) -> list[GemvConfig]:
+    """The configs bench/gemv.py times for one (N, K, M) (and the tests run at small sizes). Tile
+    shapes x {split 1, auto split (and half / double of it)} for shapes with few N tiles."""
+    if m <= 1:
+        tiles = [GemvConfig(8, 512, 1, 4, 1), GemvConfig(16, 512, 1, 4, 1), GemvConfig(16, 256, 1, 4, 1),
+                 GemvConfig(32, 256, 1, 8, 1), GemvConfig(16, 512, 1, 4, 3), GemvConfig(32, 128, 1, 4, 1),
+                 GemvConfig(32, 128, 1, 4, 4, True), GemvConfig(64, 128, 1, 4, 4, True)]
+    else:
+        tiles = [GemvConfig(32, 128, 1, 4, 4, True), GemvConfig(64, 128, 1, 4, 4, True),
+                 GemvConfig(64, 256, 1, 4, 3, True), GemvConfig(128, 128, 1, 4, 4, True),
+                 GemvConfig(32, 256, 1, 4, 3, True), GemvConfig(128, 64, 1, 8, 6, True)]
+        if m <= 2:
+            tiles += [GemvConfig(16, 256, 1, 4, 1), GemvConfig(8, 512, 1, 4, 1)]
+        elif m <= 4 or full:
+            tiles += [GemvConfig(16, 128, 1, 4, 1)]
+    if full:
+        tiles += [GemvConfig(16, 64, 1, 2, 1), GemvConfig(16, 64, 1, 4, 2, True)]
+    out: list[GemvConfig] = []
+    for t in tiles:
+        bk = min(t.block_k, max(16, triton.next_power_of_2(k)))
+        t = t._replace(block_k=bk)
+        s = auto_split(n, k, t.block_n, bk, num_sms)
+        splits = {1, s} | ({max(1, s // 2), s * 2} if s > 1 and triton.cdiv(k, bk) >= 16 * s else set())
+        if full:
+            splits |= {2, 3}
+        out += [t._replace(split_k=sp) for sp in sorted(splits)]
+    return list(dict.fromkeys(out))
+
+
+# ------------------------------------------------------------------------------------------------
+# kernel
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
+                 M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
+                 DOT: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr):
+    """y[m, n] = sum_k x[m, k] w[n, k]; program (pid_n, pid_k) covers rows pid_n*BLOCK_N.. and the K range
+    [pid_k * k_per_split, +k_per_split) (k_per_split a multiple of BLOCK_K)."""
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, M_PAD)
+    # NOTE: clamped row indices keep every load in bounds without a mask; the duplicates are not stored.
+    w_rows = w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
+    x_rows = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_xm
+    k_start = pid_k * k_per_split
+    k_end = tl.minimum(k_start + k_per_split, K)
+    if DOT:
+        acc = tl.zeros([BLOCK_N, M_PAD], dtype=tl.float32)
+    elif M_PAD == 1:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    else:
+        acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+    for k0 in range(k_start, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
+            w = tl.load(w_rows + offs_k[None, :], eviction_policy="evict_first")
+            xv = tl.load(x_rows + offs_k[None, :])
+        else:
+            km = offs_k < k_end
+            w = tl.load(w_rows + offs_k[None, :], mask=km[None, :], other=0.0, eviction_policy="evict_first")
+            xv = tl.load(x_rows + offs_k[None, :], mask=km[None, :], other=0.0)
+        if DOT:
+            acc = tl.dot(w, tl.trans(xv), acc, input_precision=PREC)
+        elif M_PAD == 1:
+            acc += w.to(tl.float32) * xv.to(tl.float32)
+        else:
+            acc += tl.sum(w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :], axis=2)
+    if DOT:
+        res = tl.trans(acc)
+    elif M_PAD == 1:
+        res = tl.sum(acc, axis=1)[None, :]
+    else:
+        res = acc
+    mask = (offs_m < M)[:, None] & (offs_n < N)[None, :]
+    if SPLIT:
+        part = offs_m[:, None] * N + offs_n[None, :]
+        tl.store(ws_ptr + pid_k * M * N + part, res, mask=mask)
+        # NOTE: all threads' partial stores happen before the release of the (single-thread) arrival.
+        tl.debug_barrier()
+        arrived = tl.atomic_add(cnt_ptr + pid_n, 1, sem="acq_rel", scope="gpu")
+        if arrived == tl.num_programs(1) - 1:
+            total = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
+            for s in range(0, tl.num_programs(1)):
+                total += tl.load(ws_ptr + s * M * N + part, mask=mask, other=0.0, cache_modifier=".cg")
+            tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], total.to(y_ptr.dtype.element_ty),
+                     mask=mask)
+            tl.store(cnt_ptr + pid_n, 0)
+    else:
+        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], res.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+_WARNED: set[str] = set()
+
+
+def _counters(device: torch.device, n_tiles: int) -> torch.Tensor | None:
+    """The device's zeroed arrival counters (>= n_tiles); None when they would have to be allocated
+    during a CUDA-graph capture (the caller then falls back to cuBLAS)."""
+    c = _COUNTERS.get(device)
+    if c is not None and c.numel() >= n_tiles:
+        return c
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    c = torch.zeros(max(1 << 16, triton.next_power_of_2(n_tiles)), dtype=torch.int32, device=device)
+    _COUNTERS[device] = c
+    return c
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None) -> torch.Tensor:
+    """The kernel, forced: x [M, K] (unit last stride, 1 <= M <= 8) @ w[N, K].T -> [M, N] in x.dtype.
+    fp32 accumulation; fp32 inputs are allowed (tests) and use IEEE fp32 dot products."""
+    M, K = x.shape
+    N = w.shape[0]
+    if not (1 <= M <= MAX_ROWS) or w.shape[1] != K or x.stride(1) != 1 or w.stride(1) != 1 or x.dtype != w.dtype:
+        raise ValueError(f"gemv: unsupported x {tuple(x.shape)} {x.dtype} strides {x.stride()}, "
+                         f"w {tuple(w.shape)} {w.dtype} strides {w.stride()}")
+    cfg = config if config is not None else config_for(N, K, M, x.device)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    if N == 0:
+        return y
+    if K == 0:
+        return y.zero_()
+    bn, bk = cfg.block_n, cfg.block_k
+    kblocks = triton.cdiv(K, bk)
+    split = max(1, min(cfg.split_k, kblocks))
+    k_per_split = triton.cdiv(kblocks, split) * bk
+    split = triton.cdiv(K, k_per_split)                    # no empty splits
+    n_tiles = triton.cdiv(N, bn)
+    if split > 1:
+        cnt = _counters(x.device, n_tiles)
+        if cnt is None:
+            if "capture" not in _WARNED:
+                _WARNED.add("capture")
+                warnings.warn("ninfer gemv: split-K counters first needed during CUDA-graph capture; "
+                              "using F.linear (run the op once before capturing)")
+            return F.linear(x, w)
+        ws = torch.empty(split, M, N, dtype=torch.float32, device=x.device)
+    else:
+        cnt, ws = y, y                                     # unused (SPLIT=False)
+    m_pad = 16 if cfg.dot else triton.next_power_of_2(M)
+    prec = "ieee" if x.dtype == torch.float32 else "tf32"
+    _gemv_kernel[(n_tiles, split)](
+        x, w, y, ws, cnt, M, N, K, x.stride(0), w.stride(0), y.stride(0), k_per_split,
+        M_PAD=m_pad, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1, DOT=cfg.dot, EVEN_K=K % bk == 0, PREC=prec,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    return y
+
+
+def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [..., K] @ w[N, K].T -> [..., N] in x.dtype (`ninfer.ops.fused.linear`). The Triton kernel for
+    CUDA bf16/fp16 with <= 8 rows on shapes USE_TRITON marks faster; F.linear otherwise."""
+    if (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and w.dtype == x.dtype and w.dim() == 2
+            and x.dim() >= 1 and x.shape[-1] == w.shape[1] and x.stride(-1) == 1 and w.stride(1) == 1):
+        x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1]) if x.dim() > 2 else x.unsqueeze(0)
+        M = x2.shape[0]
+        if 1 <= M <= MAX_ROWS and use_triton(w.shape[0], w.shape[1], M) and x2.stride(-1) == 1:
+            return gemv(x2, w).reshape(*x.shape[:-1], w.shape[0])
+    return F.linear(x, w)

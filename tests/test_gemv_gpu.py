@@ -1,0 +1,201 @@
+"""Decode GEMV kernel (ninfer/ops/fast/gemv.py) vs F.linear in fp32 math.
+
+Run on the GPU machine (`pytest -m gpu`); skipped without CUDA. With TRITON_INTERPRET=1 and
+NINFER_FAST_TEST_DEVICE=cpu the kernel runs through Triton's CPU interpreter (bf16 tl.dot is wrong
+there, so the tensor-core configs are checked with fp32 inputs in that mode).
+
+Checks: every config of the bench's sweep space (plus extra splits) at small odd sizes, M = 1..8,
+strided x (row stride not a multiple of 16, a sliced view), N smaller than a tile, split-K
+deterministic with its arrival counters back at zero, the dispatch of `linear` (cuBLAS unless the
+decision table says otherwise), outputs from NaN-poisoned memory, CUDA-graph replay.
+The bench script's argument parsing and --dry-run run on the CPU too (no mark).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+_DEV = os.environ.get("NINFER_FAST_TEST_DEVICE", "cuda")
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and _DEV == "cpu"
+
+_NEEDS_KERNEL = pytest.mark.skipif(not (torch.cuda.is_available() or _INTERPRET), reason="needs CUDA")
+
+TOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}
+ROWS = list(range(1, 9)) if not _INTERPRET else [1, 2, 3, 8]
+# odd N / K, even K with split-K, N below one tile (smaller in the interpreter, which is slow)
+SHAPES = [(1000, 333), (200, 1024), (5, 64)] if not _INTERPRET else [(300, 333), (100, 1024), (5, 64)]
+
+
+def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all(), "non-finite values in the kernel output"
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def poison_allocator() -> None:
+    if _DEV == "cuda":
+        torch.full((64 << 20,), float("nan"), dtype=torch.float32, device="cuda")
+
+
+def randn(*shape, dtype, seed):
+    g = torch.Generator(device=_DEV)
+    g.manual_seed(seed)
+    return torch.randn(*shape, generator=g, device=_DEV, dtype=torch.float32).to(dtype)
+
+
+def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.linear(x.float(), w.float())
+
+
+def dtype_for(cfg) -> torch.dtype:
+    return torch.float32 if (_INTERPRET and cfg.dot) else torch.bfloat16
+
+
+def configs(n: int, k: int, m: int):
+    from ninfer.ops.fast import gemv
+    return gemv.sweep_space(n, k, m, num_sms=4, full=True)
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("m", ROWS)
+def test_every_config(n, k, m):
+    from ninfer.ops.fast import gemv
+    cfgs = configs(n, k, m)
+    assert any(c.split_k > 1 for c in cfgs) and any(c.dot for c in cfgs) and any(not c.dot for c in cfgs)
+    for i, cfg in enumerate(cfgs):
+        dt = dtype_for(cfg)
+        x = randn(m, k, dtype=dt, seed=i)
+        w = randn(n, k, dtype=dt, seed=100 + i)
+        poison_allocator()
+        y = gemv.gemv(x, w, cfg)
+        assert y.shape == (m, n) and y.dtype == dt
+        err = rel_rms(y, reference(x, w))
+        assert err < TOL[dt], f"{cfg} M={m}: rel RMS {err:.3g}"
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_strided_x(m):
+    from ninfer.ops.fast import gemv
+    n, k = 300, 333
+    for cfg in (gemv.GemvConfig(16, 128, 1, 4, 1), gemv.GemvConfig(32, 64, 3, 4, 2, True)):
+        dt = dtype_for(cfg)
+        big = randn(2 * m, k + 7, dtype=dt, seed=m)
+        x = big[::2, 5:5 + k]                                   # row stride 2 (k + 7), column offset 5
+        assert x.stride() == (2 * (k + 7), 1)
+        w = randn(n, k, dtype=dt, seed=7)
+        y = gemv.gemv(x, w, cfg)
+        assert rel_rms(y, reference(x, w)) < TOL[dt]
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+def test_split_k_deterministic_counters_reset():
+    from ninfer.ops.fast import gemv
+    n, k, m = 200, 1024, 4
+    cfg = gemv.GemvConfig(16, 64, 4, 4, 1)
+    x = randn(m, k, dtype=torch.bfloat16, seed=1)
+    w = randn(n, k, dtype=torch.bfloat16, seed=2)
+    y1 = gemv.gemv(x, w, cfg)
+    y2 = gemv.gemv(x, w, cfg)
+    assert torch.equal(y1, y2)
+    assert int(gemv._COUNTERS[x.device].abs().sum()) == 0
+    # a different split of the same product agrees to rounding
+    y3 = gemv.gemv(x, w, cfg._replace(split_k=3))
+    assert rel_rms(y3, y1) < 1e-2
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+def test_bad_inputs_rejected():
+    from ninfer.ops.fast import gemv
+    w = randn(16, 64, dtype=torch.bfloat16, seed=0)
+    with pytest.raises(ValueError):
+        gemv.gemv(randn(9, 64, dtype=torch.bfloat16, seed=0), w)       # too many rows
+    with pytest.raises(ValueError):
+        gemv.gemv(randn(64, 2, dtype=torch.bfloat16, seed=0).t(), w)    # non-unit last stride
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+def test_default_configs_cover_decode_shapes():
+    from ninfer.ops.fast import gemv
+    for n, k in [(16480, 5120), (5120, 17408), (248320, 5120), (2048, 512), (1281, 2048)]:
+        for m in (1, 2, 4, 8):
+            c = gemv.default_config(n, k, m)
+            assert c.split_k >= 1 and c.block_k <= max(16, k)
+            assert c in gemv.sweep_space(n, k, m) or c._replace(split_k=1) in gemv.sweep_space(n, k, m)
+    assert gemv.default_config(5120, 17408, 1).split_k > 1                # few N tiles, long K
+    assert gemv.default_config(248320, 5120, 1).split_k == 1
+    assert [gemv.m_bucket(m) for m in range(1, 9)] == [1, 2, 4, 4, 8, 8, 8, 8]
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+def test_linear_dispatch(monkeypatch):
+    from ninfer.ops.fast import gemv
+    x = randn(3, 256, dtype=torch.bfloat16, seed=0)
+    w = randn(96, 256, dtype=torch.bfloat16, seed=1)
+    monkeypatch.setattr(gemv, "USE_TRITON", {})
+    assert torch.equal(gemv.linear(x, w), F.linear(x, w))               # empty table: cuBLAS
+    if _DEV != "cuda":
+        return                                                          # the kernel path needs CUDA tensors
+    calls = []
+    real = gemv.gemv
+    monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    monkeypatch.setattr(gemv, "USE_TRITON", {(96, 256, 4): True})
+    y = gemv.linear(x, w)
+    assert calls and rel_rms(y, reference(x, w)) < 1e-2
+    x3 = randn(1, 3, 256, dtype=torch.bfloat16, seed=2)                 # leading dims flattened
+    assert gemv.linear(x3, w).shape == (1, 3, 96)
+    calls.clear()
+    assert torch.equal(gemv.linear(randn(9, 256, dtype=torch.bfloat16, seed=3), w),
+                       F.linear(randn(9, 256, dtype=torch.bfloat16, seed=3), w)) and not calls
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+@pytest.mark.skipif(_DEV != "cuda", reason="CUDA graphs need CUDA")
+def test_cuda_graph_replay():
+    from ninfer.ops.fast import gemv
+    n, k, m = 512, 2048, 2
+    cfg = gemv.GemvConfig(16, 128, 4, 4, 2)
+    x = randn(m, k, dtype=torch.bfloat16, seed=0)
+    w = randn(n, k, dtype=torch.bfloat16, seed=1)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        gemv.gemv(x, w, cfg)                                            # warm-up: compile, counters
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        y = gemv.gemv(x, w, cfg)
+    for seed in (5, 6):
+        x.copy_(randn(m, k, dtype=torch.bfloat16, seed=seed))
+        g.replay()
+        torch.cuda.synchronize()
+        assert rel_rms(y, reference(x, w)) < 1e-2
+
+
+def test_bench_dry_run():
+    """bench/gemv.py parses its arguments and lists the decode shapes without a GPU (and without Triton)."""
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, str(root / "bench" / "gemv.py"), "--dry-run", "--m", "1,8"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    for shape in ("16480 x 5120", "5120 x 17408", "248320 x 5120", "1281 x 2048", "2048 x 512"):
+        assert shape in r.stdout
+    assert "27b: dense weight GEMMs of one decode step read 51.24 GB" in r.stdout
+    r = subprocess.run([sys.executable, str(root / "bench" / "gemv.py"), "--m", "9"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "1..8" in r.stderr
