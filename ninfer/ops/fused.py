@@ -9,6 +9,7 @@ the exact HF order of casts.
     qk_norm_rope(q, k, wq, wk, cos, sin)    per-head zero-centred RMSNorm of q and k, then partial NeoX rotary
     silu_mul_halves(gu)                     gu [N, 2I] (gate rows first) -> silu(gate) * up  [N, I]
     linear(x, w)                            x @ w.T (the fast set may use a GEMV for small M)
+    gdn_conv_recurrent(qkv, ..., src, dst)  GDN decode state step: conv update, then the gated delta rule
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from ninfer.ops.mlp import silu_mul
 from ninfer.ops.norms import rms_norm
 from ninfer.ops.rope import apply_rotary_qk
 
-__all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "linear"]
+__all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "linear", "gdn_conv_recurrent"]
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float = 1e-6
@@ -47,3 +48,25 @@ def silu_mul_halves(gu: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ weight[N, K].T -> [M, N] in x.dtype."""
     return F.linear(x, weight)
+
+
+def gdn_conv_recurrent(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor, g: torch.Tensor,
+                       beta: torch.Tensor, rec_state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor | None, *,
+                       num_k_heads: int, head_k_dim: int, head_v_dim: int) -> torch.Tensor:
+    """The state part of one GDN decode token per row: `causal_conv1d_update` (SiLU) of qkv [B, C]
+    (C = 2 * H * K + HV * V: q heads, k heads, v heads), then `fused_recurrent_gated_delta_rule` with
+    q/k L2-norm, g [B, HV] fp32 log-decay, beta [B, HV]. Both states are read at the entries src [B]
+    and the stepped states written at dst [B] (None: in place at src). conv_state [S, C, K-1],
+    rec_state [S, HV, K, V] fp32. Returns o [B, HV, V] in qkv.dtype."""
+    from ninfer.ops.conv import causal_conv1d_update
+    from ninfer.ops.gated_delta import fused_recurrent_gated_delta_rule
+
+    B = qkv.shape[0]
+    H, K, V = num_k_heads, head_k_dim, head_v_dim
+    HV = g.shape[-1]
+    u, _ = causal_conv1d_update(qkv, conv_weight, conv_state, state_indices=src, dst_indices=dst)
+    q, k, v = torch.split(u, (H * K, H * K, HV * V), dim=-1)
+    o, _ = fused_recurrent_gated_delta_rule(
+        q.reshape(B, 1, H, K), k.reshape(B, 1, H, K), v.reshape(B, 1, HV, V), g.unsqueeze(1), beta.unsqueeze(1),
+        initial_state=rec_state, state_indices=src, dst_indices=dst, use_qk_l2norm_in_kernel=True)
+    return o.reshape(B, HV, V)

@@ -50,6 +50,7 @@ class OpSet(NamedTuple):
     gdn_gates: Callable                # (a, b, A_log, dt_bias) -> (g fp32, beta)
     route_topk: Callable               # (router_logits, k) -> MoeRouting
     linear: Callable                   # (x, w) -> x @ w.T
+    gdn_conv_recurrent: Callable       # GDN decode state step (conv update + delta rule), src -> dst entries
 
 
 @functools.cache
@@ -60,7 +61,7 @@ def reference_ops() -> OpSet:
                  gated_delta.fused_recurrent_gated_delta_rule, attention.write_kv_paged,
                  attention.chunk_paged_attention, attention.decode_paged_attention, moe.moe_experts,
                  fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, attention.attention_output_gate,
-                 gated_delta.gdn_gates, moe.route_topk, fused.linear)
+                 gated_delta.gdn_gates, moe.route_topk, fused.linear, fused.gdn_conv_recurrent)
 
 
 @functools.cache
@@ -78,7 +79,7 @@ def fast_available() -> bool:
 @functools.cache
 def fast_ops() -> OpSet:
     """The fast set (needs Triton; fla-core is optional and imported at the first prefill call)."""
-    from ninfer.ops.fast import attention, conv, fused, gated_delta, moe, norms
+    from ninfer.ops.fast import attention, conv, fused, gated_delta, gdn_decode, moe, norms
     ref = reference_ops()
     nog = dict(gather_final_state=False)
     return OpSet(
@@ -88,7 +89,7 @@ def fast_ops() -> OpSet:
         functools.partial(gated_delta.fused_recurrent_gated_delta_rule, **nog),
         fused.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention,
         moe.moe_experts, fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, fused.sigmoid_gate_mul,
-        fused.gdn_gates, getattr(moe, "route_topk", ref.route_topk), ref.linear)
+        fused.gdn_gates, getattr(moe, "route_topk", ref.route_topk), ref.linear, gdn_decode.gdn_conv_recurrent)
 
 
 def select_ops(device: torch.device | str) -> OpSet:

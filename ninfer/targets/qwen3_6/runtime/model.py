@@ -134,12 +134,14 @@ class Qwen36Model:
         rec_pool = self.state.planes["recurrent"][n]        # [entries, nv, dk, dv] fp32
         idx = fb.state_entries
         ops = self.ops
-        src = {}
         if meta.decode and meta.src_entries is not None:
-            src = {"dst_indices": idx}                      # read meta.src_entries, write idx
-            idx = meta.src_entries
+            # NOTE: the graph's decode step: one op reads both states at src and writes them at idx.
+            o = ops.gdn_conv_recurrent(qkv, w.conv1d, conv_pool, g, beta, rec_pool, meta.src_entries, idx,
+                                       num_k_heads=d.linear_num_key_heads, head_k_dim=d.linear_key_head_dim,
+                                       head_v_dim=d.linear_value_head_dim)
+            return self.leaves.gdn.output(w, o, z, ops)
         if meta.decode:
-            u, _ = ops.causal_conv1d_update(qkv, w.conv1d, conv_pool, state_indices=idx, **src)      # [B, C]
+            u, _ = ops.causal_conv1d_update(qkv, w.conv1d, conv_pool, state_indices=idx)            # [B, C]
             u = u.unsqueeze(1)                                                           # [B, 1, C]
             g, beta = g.unsqueeze(1), beta.unsqueeze(1)
             cu = None
@@ -155,7 +157,7 @@ class Qwen36Model:
         v = v.reshape(Bq, T, d.linear_num_value_heads, d.linear_value_head_dim)
         rule = ops.fused_recurrent_gated_delta_rule if meta.decode else ops.chunk_gated_delta_rule
         o, _ = rule(q, k, v, g, beta, initial_state=rec_pool, state_indices=idx,
-                    use_qk_l2norm_in_kernel=True, cu_seqlens=cu, **src)
+                    use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
         o = o.reshape(-1, d.linear_num_value_heads, d.linear_value_head_dim)          # [N, nv, dv]
         return self.leaves.gdn.output(w, o, z, ops)
 

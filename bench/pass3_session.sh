@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Device session of decode pass 3 (issue 8): fused small ops, fast MoE routing/experts, GEMV.
+# Usage (repo root, GPU machine): NINFER_COMMIT=<sha> bash bench/pass3_session.sh <part>...
+#   tests    every GPU test file (fused ops, MoE, GEMV, graphs, Program on CUDA, HF parity, fast ops)
+#   kernels  CUDA kernels per decode step (bench/graph_kernels.py, 27B B=1,8)
+#   decode   27B + 35B-A3B decode step, ctx 1k, B=1,2,4,8, graphs, tiny host overhead
+#   gemv     GEMV sweep vs cuBLAS (bench/gemv.py), per-step GEMM graph
+#   prefill  TTFT 1k/8k, 27B and 35B-A3B
+# Everything goes to $OUT/run.log (the device returns at most 8 files); Triton's cache to $OUT/tcache.tgz.
+set -o pipefail
+. bench/_device_env.sh
+LOG="$OUT/run.log"
+t0=$(date +%s)
+stamp() { echo "== $1 t=$(( $(date +%s) - t0 ))s" | tee -a "$LOG"; }
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv 2>&1 | tee -a "$LOG"
+for part in "$@"; do
+  stamp "$part"
+  case $part in
+    tests)   timeout ${T_TESTS:-240} python3 -m pytest -q -m gpu -p no:cacheprovider -rf \
+               tests/test_fused_ops_gpu.py tests/test_fast_moe_gpu.py tests/test_gemv_gpu.py \
+               tests/test_cuda_graphs_gpu.py tests/test_program_cuda.py tests/test_hf_parity_gpu.py -s 2>&1 \
+               | grep -v "^\(PASSED\|SKIPPED\)" | tee -a "$LOG" | tail -40 ;;
+    fastops) timeout ${T_FASTOPS:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/test_fast_ops_gpu.py 2>&1 \
+               | tee -a "$LOG" | tail -15 ;;
+    kernels) timeout ${T_KERNELS:-90} python3 bench/graph_kernels.py --identity qwen3_6-27b qwen3_6-35b-a3b --batches 1 8 2>&1 \
+               | tee -a "$LOG" | tail -30 ;;
+    decode)  timeout ${T_DECODE:-200} python3 -m ninfer.cli.main bench decode --identity qwen3_6-27b qwen3_6-35b-a3b \
+               --ctx 1024 --batches 1 2 4 8 --reps 10 --no-ref --prefill-ref-gdn --host-overhead --no-hf-baseline \
+               --step-timeout 80 2>&1 | tee -a "$LOG" | tail -30 ;;
+    gemv)    timeout ${T_GEMV:-300} python3 bench/gemv.py --out "$OUT/gemv_configs.txt" ${GEMV_ARGS:-} 2>&1 \
+               | tee -a "$LOG" | tail -60 ;;
+    prefill) timeout ${T_PREFILL:-200} python3 -m ninfer.cli.main bench prefill --identity qwen3_6-27b qwen3_6-35b-a3b \
+               --lengths 1024 8192 --reps 3 --chunk 8192 --step-timeout 120 2>&1 | tee -a "$LOG" | tail -20 ;;
+  esac
+done
+stamp end
+save_tcache

@@ -1,0 +1,115 @@
+"""One Triton kernel for the state part of a GDN decode step: causal conv update + gated delta rule.
+
+`gdn_conv_recurrent` has the arguments and result of `ninfer.ops.fused.gdn_conv_recurrent` (the
+oracle: `causal_conv1d_update` then `fused_recurrent_gated_delta_rule` with q/k L2-norm). Program
+(b, hv, v-block) recomputes the depthwise conv of the channels it reads (its q/k head, 2 x K
+channels, and its BV value channels: 4 taps each, cheap) instead of reading a conv output that a
+separate launch wrote, so the step is one launch instead of two.
+
+Conv state: read at src[b], stepped state written at dst[b]. The q/k channels of a key head are
+read by every program of that head, so dst must differ from src (the decode graph's committed
+slot -> provisional entry); the v channels are read and written by one program only. With
+dst == src the caller must use the two separate ops.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ninfer.ops import fused as _ref
+from ninfer.ops.fast._index import device_index
+
+__all__ = ["gdn_conv_recurrent"]
+
+
+@triton.jit
+def _conv_step(x_row, w, cs_src, cs_dst, ch, m, WRITE: tl.constexpr, OUT_TY: tl.constexpr):
+    """silu(conv) of channels ch (rounded to the activation dtype like the unfused op), state stepped at dst."""
+    s0 = tl.load(cs_src + ch * 3 + 0, mask=m, other=0.0).to(tl.float32)
+    s1 = tl.load(cs_src + ch * 3 + 1, mask=m, other=0.0).to(tl.float32)
+    s2 = tl.load(cs_src + ch * 3 + 2, mask=m, other=0.0).to(tl.float32)
+    xt = tl.load(x_row + ch, mask=m, other=0.0).to(tl.float32)
+    acc = (tl.load(w + ch * 4 + 0, mask=m, other=0.0).to(tl.float32) * s0
+           + tl.load(w + ch * 4 + 1, mask=m, other=0.0).to(tl.float32) * s1
+           + tl.load(w + ch * 4 + 2, mask=m, other=0.0).to(tl.float32) * s2
+           + tl.load(w + ch * 4 + 3, mask=m, other=0.0).to(tl.float32) * xt)
+    acc = acc / (1.0 + tl.exp(-acc))
+    if WRITE:
+        ty = cs_dst.dtype.element_ty
+        tl.store(cs_dst + ch * 3 + 0, s1.to(ty), mask=m)
+        tl.store(cs_dst + ch * 3 + 1, s2.to(ty), mask=m)
+        tl.store(cs_dst + ch * 3 + 2, xt.to(ty), mask=m)
+    return acc.to(OUT_TY).to(tl.float32)
+
+
+@triton.jit
+def _gdn_conv_recurrent_kernel(
+    x, w, conv, g, beta, o, state, src, dst, scale,
+    stride_x, stride_cs, stride_g, stride_beta,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+):
+    i_b = tl.program_id(0)
+    i_hv = tl.program_id(1)
+    i_v = tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    s_src = tl.load(src + i_b).to(tl.int64)
+    s_dst = tl.load(dst + i_b).to(tl.int64)
+    x_row = x + i_b.to(tl.int64) * stride_x
+    cs_src = conv + s_src * stride_cs
+    cs_dst = conv + s_dst * stride_cs
+    out_ty = o.dtype.element_ty
+    o_k = tl.arange(0, BK)
+    mk = o_k < K
+    o_v = i_v * BV + tl.arange(0, BV)
+    mv = o_v < V
+    # NOTE: one program per key head writes its q/k conv state (the first value head of the group,
+    #       first V block); every program writes its own value channels.
+    qk_writer = (i_v == 0) & (i_hv % (HV // H) == 0)
+    if qk_writer:
+        bq = _conv_step(x_row, w, cs_src, cs_dst, i_h * K + o_k, mk, True, out_ty)
+        bk = _conv_step(x_row, w, cs_src, cs_dst, H * K + i_h * K + o_k, mk, True, out_ty)
+    else:
+        bq = _conv_step(x_row, w, cs_src, cs_dst, i_h * K + o_k, mk, False, out_ty)
+        bk = _conv_step(x_row, w, cs_src, cs_dst, H * K + i_h * K + o_k, mk, False, out_ty)
+    bv = _conv_step(x_row, w, cs_src, cs_dst, 2 * H * K + i_hv * V + o_v, mv, True, out_ty)
+    bg = tl.load(g + i_b.to(tl.int64) * stride_g + i_hv).to(tl.float32)
+    bb = tl.load(beta + i_b.to(tl.int64) * stride_beta + i_hv).to(tl.float32)
+    bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
+    bk = bk * tl.rsqrt(tl.sum(bk * bk) + 1e-6)
+    ms = mk[:, None] & mv[None, :]
+    p_s = state + s_src * (HV * K * V) + i_hv * (K * V) + o_k[:, None] * V + o_v[None, :]
+    S = tl.load(p_s, mask=ms, other=0.0) * tl.exp(bg)
+    kv = tl.sum(S * bk[:, None], 0)
+    delta = (bv - kv) * bb
+    S = S + bk[:, None] * delta[None, :]
+    bo = tl.sum(S * bq[:, None], 0)
+    tl.store(o + (i_b.to(tl.int64) * HV + i_hv) * V + o_v, bo.to(out_ty), mask=mv)
+    p_d = state + s_dst * (HV * K * V) + i_hv * (K * V) + o_k[:, None] * V + o_v[None, :]
+    tl.store(p_d, S.to(state.dtype.element_ty), mask=ms)
+
+
+def gdn_conv_recurrent(qkv, conv_weight, conv_state, g, beta, rec_state, src, dst, *, num_k_heads, head_k_dim,
+                       head_v_dim):
+    """See `ninfer.ops.fused.gdn_conv_recurrent`. qkv [B, C] (unit last stride), g [B, HV] fp32,
+    beta [B, HV], conv_state [S, C, 3], rec_state [S, HV, K, V] fp32, src/dst [B] -> o [B, HV, V]."""
+    B, C = qkv.shape
+    H, K, V = num_k_heads, head_k_dim, head_v_dim
+    HV = g.shape[-1]
+    w = conv_weight.reshape(C, -1)
+    ok = (dst is not None and w.shape[1] == 4 and w.is_contiguous() and qkv.stride(1) == 1
+          and conv_state.is_contiguous() and conv_state.shape[-1] == 3 and rec_state.dtype == torch.float32
+          and rec_state.is_contiguous() and HV % H == 0 and C == 2 * H * K + HV * V and K <= 256
+          and g.stride(-1) == 1 and beta.stride(-1) == 1 and B > 0)
+    if not ok:
+        return _ref.gdn_conv_recurrent(qkv, conv_weight, conv_state, g, beta, rec_state, src, dst,
+                                       num_k_heads=H, head_k_dim=K, head_v_dim=V)
+    src_i, dst_i = device_index(src, qkv.device), device_index(dst, qkv.device)
+    o = torch.empty(B, HV, V, dtype=qkv.dtype, device=qkv.device)
+    BK = triton.next_power_of_2(K)
+    BV = min(32, triton.next_power_of_2(V))
+    _gdn_conv_recurrent_kernel[(B, HV, triton.cdiv(V, BV))](
+        qkv, w, conv_state, g, beta, o, rec_state, src_i, dst_i, float(K ** -0.5),
+        qkv.stride(0), conv_state.stride(0), g.stride(0), beta.stride(0),
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, num_warps=4)
+    return o

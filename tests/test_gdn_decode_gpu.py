@@ -1,0 +1,72 @@
+"""The fused GDN decode state step (`ninfer.ops.fast.gdn_decode.gdn_conv_recurrent`: conv update +
+gated delta rule in one launch) vs its reference composition (`ninfer.ops.fused.gdn_conv_recurrent`).
+
+GPU test (`pytest -m gpu`), skipped without CUDA; with TRITON_INTERPRET=1 NINFER_FAST_TEST_DEVICE=cpu
+it runs through Triton's CPU interpreter. Checks: output, the conv and recurrent states written at
+dst, the src entries and every other entry untouched (NaN-poisoned where never read).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+_DEV = os.environ.get("NINFER_FAST_TEST_DEVICE", "cuda")
+_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and _DEV == "cpu"
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not (torch.cuda.is_available() or _INTERPRET), reason="needs CUDA"),
+]
+
+
+def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all(), "non-finite values in the fast result"
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+# (H, HV, K, V): the 27B heads (16 key, 48 value, 128) and a small grouping for the interpreter.
+SHAPES = [(2, 6, 32, 32)] if _INTERPRET else [(16, 48, 128, 128), (2, 6, 32, 32)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B", [1, 3, 8])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_gdn_conv_recurrent_vs_reference(dtype, B, shape):
+    from ninfer.ops import fused as ref
+    from ninfer.ops.fast.gdn_decode import gdn_conv_recurrent
+
+    H, HV, K, V = shape
+    C = 2 * H * K + HV * V
+    S = 3 * B + 2
+    g0 = torch.Generator(device=_DEV).manual_seed(B * 7 + HV)
+    rnd = lambda *s, scale=1.0: torch.randn(*s, generator=g0, device=_DEV) * scale  # noqa: E731
+    wide = rnd(B, C + 2 * HV + 5).to(dtype)               # qkv is a strided slice of a wider row
+    qkv = wide[:, :C]
+    conv_w = rnd(C, 1, 4, scale=0.5).to(dtype)
+    g = -torch.rand(B, HV, generator=g0, device=_DEV)     # fp32 log decay
+    beta = torch.sigmoid(rnd(B, HV)).to(dtype)
+    conv0 = torch.full((S, C, 3), float("nan"), device=_DEV, dtype=dtype)
+    rec0 = torch.full((S, HV, K, V), float("nan"), device=_DEV)
+    src = torch.arange(0, 2 * B, 2, device=_DEV)          # every other entry; dst after them
+    dst = torch.arange(2 * B, 3 * B, device=_DEV)
+    conv0[src] = rnd(B, C, 3).to(dtype)
+    rec0[src] = rnd(B, HV, K, V, scale=0.3)
+    outs = {}
+    for name, fn in (("fast", gdn_conv_recurrent), ("ref", ref.gdn_conv_recurrent)):
+        conv, rec = conv0.clone(), rec0.clone()
+        o = fn(qkv, conv_w, conv, g, beta, rec, src, dst, num_k_heads=H, head_k_dim=K, head_v_dim=V)
+        outs[name] = (o, conv, rec)
+    (o, conv, rec), (o_r, conv_r, rec_r) = outs["fast"], outs["ref"]
+    tol = 2e-3 if dtype == torch.float32 else 2e-2
+    assert o.shape == (B, HV, V) and o.dtype == dtype
+    assert rel_rms(o, o_r) < tol
+    assert rel_rms(rec[dst], rec_r[dst]) < tol
+    assert torch.equal(conv[dst], conv_r[dst])            # the stepped window is a pure shift + the new input
+    assert torch.equal(conv[src], conv0[src]) and torch.equal(rec[src], rec0[src])   # src never written
+    untouched = torch.ones(S, dtype=torch.bool)
+    untouched[src.cpu()] = False
+    untouched[dst.cpu()] = False
+    assert conv[untouched.to(_DEV)].isnan().all() and rec[untouched.to(_DEV)].isnan().all()
