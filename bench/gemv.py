@@ -209,17 +209,43 @@ def tables_literal(results: list[dict], min_speedup: float) -> str:
 # ------------------------------------------------------------------------------------------------
 # 27B decode step in one CUDA graph
 # ------------------------------------------------------------------------------------------------
+def replay_ms(step, reps: int) -> float:
+    """Median ms of one replay of `step` captured in a CUDA graph (warmed up on a side stream first:
+    Triton compiles, split-K counters are allocated outside the capture)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        step()
+    for _ in range(3):
+        g.replay()
+    times = []
+    for _ in range(reps):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        g.replay()
+        e1.record()
+        e1.synchronize()
+        times.append(e0.elapsed_time(e1))
+    del g
+    return statistics.median(times)
+
+
 def step_graph(args, gemv, results: list[dict] | None, copy_tbs: float) -> dict:
     dims = model_dims("27b")
     gemms = decode_gemms(dims)
     total_bytes = sum(2 * n * k * c for _, n, k, c in gemms)
     print(f"\n[graph] allocating {total_bytes / 1e9:.1f} GB of distinct 27B weights", flush=True)
-    weights = [(n, k, [torch.empty(n, k, device="cuda", dtype=torch.bfloat16).normal_() for _ in range(c)])
+    weights = [(n, k, [torch.empty(n, k, device=DEVICE, dtype=torch.bfloat16).normal_() for _ in range(c)])
                for _, n, k, c in gemms]
     best = {(r["N"], r["K"], r["M"]): r for r in (results or [])}
     out: dict = {"total_bytes": total_bytes, "floor_ms": total_bytes / (copy_tbs * 1e9), "runs": []}
     for m in args.graph_m:
-        xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _, _, k, _ in gemms}
+        xs = {k: torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16) for _, _, k, _ in gemms}
 
         def pick(n, k, mode):
             r = best.get((n, k, gemv.m_bucket(m)))
@@ -239,26 +265,12 @@ def step_graph(args, gemv, results: list[dict] | None, copy_tbs: float) -> dict:
                     for w in ws:
                         gemv.gemv(xs[k], w, cfg) if cfg is not None else F.linear(xs[k], w)
 
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                step()                                     # NOTE: compiles, allocates split-K counters
-            torch.cuda.current_stream().wait_stream(s)
-            torch.cuda.synchronize()
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g):
-                step()
-            for _ in range(3):
-                g.replay()
-            times = []
-            for _ in range(args.graph_reps):
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                g.replay()
-                e1.record()
-                e1.synchronize()
-                times.append(e0.elapsed_time(e1))
-            ms = statistics.median(times)
+            try:
+                ms = replay_ms(step, args.graph_reps)
+            except Exception as e:  # noqa: BLE001 - report the mode that failed, time the others
+                print(f"[graph] 27B step M={m} {mode}: failed: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                out["runs"].append({"M": m, "mode": mode, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                continue
             n_tri = sum(len(ws) for _, ws, cfg in plan if cfg is not None)
             row = {"M": m, "mode": mode, "ms": round(ms, 3), "x_floor": round(ms / out["floor_ms"], 3),
                    "TBps": round(total_bytes / (ms * 1e9), 3), "triton_gemms": n_tri,
@@ -266,12 +278,10 @@ def step_graph(args, gemv, results: list[dict] | None, copy_tbs: float) -> dict:
             out["runs"].append(row)
             print(f"[graph] 27B step M={m} {mode:6s}: {ms:7.3f} ms  {row['x_floor']:.3f} x floor "
                   f"({row['TBps']:.2f} TB/s, {n_tri}/{row['gemms']} GEMMs in Triton)", flush=True)
-            del g
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
     print(f"[graph] floor {out['floor_ms']:.3f} ms = {total_bytes / 1e9:.2f} GB / {copy_tbs:.3f} TB/s", flush=True)
-    del weights
-    torch.cuda.empty_cache()
+    weights = None
+    if DEVICE == "cuda":
+        torch.cuda.empty_cache()
     return out
 
 
