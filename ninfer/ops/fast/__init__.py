@@ -11,8 +11,11 @@ reference's signature and results and is tested against it (tests/test_fast_ops_
     norms.rms_norm / gated_rms_norm               Triton row kernels
     fused.*                                       one Triton kernel per fused step (residual + norm, q/k norm +
                                                   rotary, SwiGLU, sigmoid gate, GDN gates, paged KV write)
-    moe.moe_experts                               Triton grouped GEMV over the selected experts (decode
-                                                  sizes, no host sync; larger batches use the reference)
+    moe.route_topk / moe_experts                  Triton routing (one kernel) and routed experts: grouped GEMV
+                                                  at decode (shared expert folded in), grouped GEMM over pairs
+                                                  sorted by expert at prefill; no host sync
+    gemv.linear                                   skinny GEMM for M <= 8 where measured faster than cuBLAS
+    gdn_decode.gdn_conv_recurrent                 GDN decode state step (conv + delta rule) in one launch
 
 `select_ops(device)` returns the `OpSet` a model should use: the fast set on CUDA when Triton is
 importable, the reference set otherwise. Nothing here is imported on the CPU path (no Triton, no
@@ -79,8 +82,7 @@ def fast_available() -> bool:
 @functools.cache
 def fast_ops() -> OpSet:
     """The fast set (needs Triton; fla-core is optional and imported at the first prefill call)."""
-    from ninfer.ops.fast import attention, conv, fused, gated_delta, gdn_decode, moe, norms
-    ref = reference_ops()
+    from ninfer.ops.fast import attention, conv, fused, gated_delta, gdn_decode, gemv, moe, norms
     nog = dict(gather_final_state=False)
     return OpSet(
         "fast", norms.rms_norm, norms.gated_rms_norm,
@@ -89,7 +91,7 @@ def fast_ops() -> OpSet:
         functools.partial(gated_delta.fused_recurrent_gated_delta_rule, **nog),
         fused.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention,
         moe.moe_experts, fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, fused.sigmoid_gate_mul,
-        fused.gdn_gates, getattr(moe, "route_topk", ref.route_topk), ref.linear, gdn_decode.gdn_conv_recurrent)
+        fused.gdn_gates, moe.route_topk, gemv.linear, gdn_decode.gdn_conv_recurrent)
 
 
 def select_ops(device: torch.device | str) -> OpSet:
