@@ -2,9 +2,9 @@
 
 Same signatures and results as the references in `ninfer.ops.moe` (the oracle), up to rounding:
 
-`route_topk(logits, k)`: one program per token (one launch): fp32 softmax over the E logits, k
-rounds of (max, lowest index holding it, mask it out), renormalise, weights cast to the logits'
-dtype, ids int64. Ties go to the lowest expert id (torch.topk leaves them unspecified).
+`route_topk(logits, k)`: one program (one warp) per token, one launch: fp32 softmax over the E
+logits, k rounds of one max over packed (probability bits, id) keys, renormalise, weights cast to
+the logits' dtype, ids int64. Ties go to the lowest expert id (torch.topk leaves them unspecified).
 
 `moe_experts(x, routing, gate_up, down, shared=None)`, decode sizes (T*k <= MAX_PAIRS), two launches:
 
@@ -58,17 +58,22 @@ def _route_topk_kernel(logits, w_out, id_out, E, stride_l, K: tl.constexpr, BE: 
     lg = tl.load(logits + t * stride_l + o_e, mask=me, other=float("-inf")).to(tl.float32)
     ex = tl.where(me, tl.exp(lg - tl.max(lg, 0)), 0.0)
     p = ex / tl.sum(ex, 0)
-    q = tl.where(me, p, -1.0)                         # NOTE: probabilities are >= 0; -1 marks taken / padding
+    # NOTE: one max per round on a packed key: p >= 0, so its fp32 bits order like the values; the low
+    #       word (BE - 1 - e) makes the lowest id win a tie. Taken and padding lanes hold -1.
+    key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BE - 1 - o_e).to(tl.int64)
+    key = tl.where(me, key, -1)
     o_k = tl.arange(0, BK)
     wv = tl.zeros([BK], dtype=tl.float32)
     iv = tl.zeros([BK], dtype=tl.int64)
     for j in tl.static_range(K):
-        v = tl.max(q, 0)
-        idx = tl.min(tl.where(q == v, o_e, BE), 0)    # lowest id among ties
-        idx = tl.minimum(idx, E - 1)                  # NaN logits: stay in range (no stray weight reads)
+        best = tl.max(key, 0)
+        hi = best >> 32
+        v = hi.to(tl.int32).to(tl.float32, bitcast=True)
+        idx = BE - 1 - (best - (hi << 32))
+        idx = tl.minimum(tl.maximum(idx, 0), E - 1)   # NaN logits: stay in range (no stray weight reads)
         wv = tl.where(o_k == j, v, wv)
-        iv = tl.where(o_k == j, idx.to(tl.int64), iv)
-        q = tl.where(o_e == idx, -1.0, q)
+        iv = tl.where(o_k == j, idx, iv)
+        key = tl.where(key == best, -1, key)
     wv = wv / tl.sum(wv, 0)
     mk = o_k < K
     tl.store(w_out + t * K + o_k, wv.to(w_out.dtype.element_ty), mask=mk)
@@ -87,7 +92,7 @@ def route_topk(router_logits: torch.Tensor, top_k: int) -> MoeRouting:
     if T:
         BE = triton.next_power_of_2(E)
         _route_topk_kernel[(T,)](lg, w, ids, E, lg.stride(0), K=top_k, BE=BE,
-                                 BK=triton.next_power_of_2(top_k), num_warps=4 if BE >= 512 else 2)
+                                 BK=triton.next_power_of_2(top_k), num_warps=1 if BE <= 1024 else 4)
     return MoeRouting(w, ids)
 
 
@@ -177,8 +182,9 @@ def _decode(x, ids, weights, gate_up, down, shared):
     #       bf16) and H·I for down (2 MiB); the vectors are noise. T=1 reads 8 experts = 48 MiB + 2 MiB
     #       shared, ~11 us at 4.8 TB/s. Kernel 1 at BN=16: (P, I/16) = 256 programs (2 per SM on 132 SMs),
     #       each streaming a 16x256 gate and up tile per step (16 KiB in flight per program, 4 MiB in all).
-    #       Kernel 2 at BN=16 and BK=I: H/16 = 128 programs per token with a 16 KiB tile per expert,
-    #       the k expert loop unrolled so the loads of the next experts can be issued early.
+    #       Kernel 2 with BK=I: H/BN programs per token (BN=8 for T <= 2: 256 programs, 8 KiB tile per
+    #       expert), the k expert loop unrolled so the loads of the next experts can be issued early.
+    #       Not yet tuned on the H200 (no GPU where this was written): BN/BK/num_warps are the knobs.
     BN1, BK1 = 16, min(256, triton.next_power_of_2(H))
     _gate_up_act_kernel[(P, triton.cdiv(I, BN1))](
         x, ids, gate_up, act, I, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
@@ -285,7 +291,9 @@ def _prefill_routed(x, ids, weights, gate_up, down):
     sorted_e, order = torch.sort(flat, stable=True)
     # starts[e]: first sorted row of expert e (starts[E] == P); blocks of BM rows never span experts.
     starts = torch.searchsorted(sorted_e, torch.arange(E + 1, device=dev, dtype=sorted_e.dtype))
-    BM = 64
+    # NOTE: BM=128 once experts average >= 256 rows (8k-token prefill of the 35B: P/E = 256): half the
+    #       weight re-reads and larger MMAs; BM=64 wastes less on the partial last block below that.
+    BM, warps = (128, 8) if P >= 256 * E else (64, 4)
     nblk = (starts[1:] - starts[:-1] + BM - 1) // BM
     bend = torch.cumsum(nblk, 0)
     bstart = bend - nblk
@@ -300,13 +308,13 @@ def _prefill_routed(x, ids, weights, gate_up, down):
     _grouped_gate_up_kernel[(NB, triton.cdiv(I, BN1))](
         x, sorted_tok, block_expert, starts, bstart, gate_up, act, E, I, H,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
-        BM=BM, BN=BN1, BK=BK1, PREC=prec, num_warps=4, num_stages=3)
+        BM=BM, BN=BN1, BK=BK1, PREC=prec, num_warps=warps, num_stages=3)
     y = torch.empty(P, H, dtype=x.dtype, device=dev)
     BN2, BK2 = 128, 64
     _grouped_down_kernel[(NB, triton.cdiv(H, BN2))](
         act, order, sorted_w, block_expert, starts, bstart, down, y, E, H, I,
         act.stride(0), down.stride(0), down.stride(1), y.stride(0),
-        BM=BM, BN=BN2, BK=BK2, PREC=prec, num_warps=4, num_stages=3)
+        BM=BM, BN=BN2, BK=BK2, PREC=prec, num_warps=warps, num_stages=3)
     return y.view(T, k, H).sum(1)                   # NOTE: torch reduces bf16 in fp32, rounds once
 
 
