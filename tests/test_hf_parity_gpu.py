@@ -1,9 +1,10 @@
 """Greedy parity with Hugging Face transformers in bf16 on the GPU (tiny dense and MoE).
 
 NInfer side: the Program over the bf16 `.ninfer` artifact (text layout), fast op set, decode CUDA
-graphs (the CUDA default), one-shot prefill then single-row decode steps. HF side: the same
-random weights (`build_hf_model(kind, "text")`) cast to bf16 on CUDA, `generate` greedy (fla-core
-kernels when importable: that is fine on CUDA).
+graphs (the CUDA default), one-shot prefill then single-row decode steps. HF side: the checkpoint
+that artifact was converted from, loaded as HF loads bf16 (`from_pretrained(dtype=bfloat16)`: the
+RoPE `inv_freq` stays fp32, which a `.to(bfloat16)` would round) on CUDA, `generate` greedy
+(fla-core kernels when importable: that is fine on CUDA).
 
 bf16 rounding makes exact token equality over a long greedy run too strong a claim, so each
 prompt passes when the token sequences are equal, or when at the first divergence (same context on
@@ -99,12 +100,16 @@ def _program(tiny_artifact_path, kind: str):
     return prog
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_bf16_greedy_parity_with_transformers(tiny_artifact_path, kind):
-    from ninfer.testing.tiny_hf import build_hf_model
+def _hf_model(tiny_checkpoint_dir, kind: str):
+    from transformers import AutoModelForCausalLM
 
+    return AutoModelForCausalLM.from_pretrained(tiny_checkpoint_dir(kind, "text"), dtype=torch.bfloat16).to("cuda")
+
+
+@pytest.mark.parametrize("kind", ["dense", "moe"])
+def test_bf16_greedy_parity_with_transformers(tiny_artifact_path, tiny_checkpoint_dir, kind):
     prog = _program(tiny_artifact_path, kind)
-    hf = build_hf_model(kind, "text").to(device="cuda", dtype=torch.bfloat16)
+    hf = _hf_model(tiny_checkpoint_dir, kind).eval()
     report = []
     with torch.no_grad():
         for length, seed in PROMPTS:
