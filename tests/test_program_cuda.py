@@ -100,13 +100,21 @@ def test_cuda_fp32_matches_transformers(kind):
     with torch.no_grad(), torch_gated_delta_net(hf_model(kind)) as hf:
         ref = hf(torch.tensor([ids])).logits[0].float()
         gen = hf.generate(torch.tensor([ids]), max_new_tokens=16, do_sample=False)[0, 150:].tolist()
-    prog = _program(kind, "fp32")
-    seq, logits, toks = _run(prog, ids, 64, 15)
-    assert logits.device.type == "cuda"
-    assert rel_rms(logits.cpu(), ref) < 1e-5
-    assert toks == gen
-    prog.release(seq)
-    prog.check_integrity()
+    # NOTE: the reference op set on CUDA is the exact check of the Program's math (1e-5); the fast set
+    #       (its default on CUDA) runs fla-core's chunk kernels, whose fp32 tl.dot products use TF32
+    #       tensor cores (10-bit mantissa): measured 2.2e-4 / 3.2e-4 rel RMS on the H200, bound 2e-3.
+    from ninfer.ops.fast import reference_ops
+    for ops, bound in ((reference_ops(), 1e-5), (None, 2e-3)):
+        prog = _program(kind, "fp32")
+        if ops is not None:
+            prog.model.ops = ops
+            prog.graphs_enabled = False
+        seq, logits, toks = _run(prog, ids, 64, 15)
+        assert logits.device.type == "cuda"
+        assert rel_rms(logits.cpu(), ref) < bound, prog.model.ops.name
+        assert toks == gen, prog.model.ops.name
+        prog.release(seq)
+        prog.check_integrity()
 
 
 @pytest.mark.parametrize("kind", ["dense", "moe"])

@@ -2,8 +2,8 @@
 
 `linear(x, w)` has the signature and result of `ninfer.ops.fused.linear`. It runs the Triton kernel
 only for bf16/fp16 inputs with M <= 8 rows on shapes the decision table `USE_TRITON` marks as
-measured faster than cuBLAS (empty by default: everything goes to `F.linear` until the lead pastes
-the output of `bench/gemv.py --out FILE`). `gemv(x, w, config)` forces the kernel (tests, bench).
+measured faster than cuBLAS on the H200 (pasted from `bench/gemv.py --out FILE`; every other shape goes
+to `F.linear`). `gemv(x, w, config)` forces the kernel (tests, bench).
 
 Decode reads each weight once, so the kernel is a weight stream: program (n, s) reads the tile
 sequence w[n*BN:(n+1)*BN, K-range s] in [BN, BK] blocks (16-byte vector loads along K, evict-first,
@@ -55,9 +55,96 @@ class GemvConfig(NamedTuple):
 
 # NOTE: measured tables, pasted from `bench/gemv.py --out FILE` (H200). Keys (N, K, M bucket) with
 #       the bucket m_bucket(M) in (1, 2, 4, 8); CONFIGS values are GemvConfig fields as a tuple.
-#       USE_TRITON starts empty: a shape uses the kernel only once measured faster than cuBLAS.
-CONFIGS: dict[tuple[int, int, int], tuple] = {}
-USE_TRITON: dict[tuple[int, int, int], bool] = {}
+#       Measured on the H200, 2026-11-29, `python3 bench/gemv.py --out FILE --budget-s 170` (commit
+#       ce35b43; bench/NOTES.md "Decode pass 3"): per-call medians with L2 flushed; a shape is listed
+#       in USE_TRITON when the best config beat cuBLAS by >= 2 %.
+CONFIGS: dict[tuple[int, int, int], tuple] = {
+    (1281, 2048, 1): (64, 128, 4, 4, 4, True),
+    (1281, 2048, 2): (64, 128, 4, 4, 4, True),
+    (1281, 2048, 4): (64, 128, 4, 4, 4, True),
+    (1281, 2048, 8): (64, 128, 4, 4, 4, True),
+    (2048, 512, 1): (8, 512, 1, 4, 1, False),
+    (2048, 512, 2): (8, 512, 1, 4, 1, False),
+    (2048, 512, 4): (64, 128, 1, 4, 4, True),
+    (2048, 512, 8): (64, 128, 1, 4, 4, True),
+    (2048, 4096, 1): (8, 512, 2, 4, 1, False),
+    (2048, 4096, 2): (64, 256, 4, 4, 3, True),
+    (2048, 4096, 4): (64, 256, 4, 4, 3, True),
+    (2048, 4096, 8): (64, 256, 4, 4, 3, True),
+    (5120, 6144, 1): (8, 512, 1, 4, 1, False),
+    (5120, 6144, 2): (32, 128, 4, 4, 4, True),
+    (5120, 6144, 4): (32, 128, 4, 4, 4, True),
+    (5120, 6144, 8): (32, 128, 4, 4, 4, True),
+    (5120, 17408, 1): (8, 512, 1, 4, 1, False),
+    (5120, 17408, 2): (64, 128, 8, 4, 4, True),
+    (5120, 17408, 4): (64, 128, 8, 4, 4, True),
+    (5120, 17408, 8): (64, 128, 8, 4, 4, True),
+    (9216, 2048, 1): (8, 512, 1, 4, 1, False),
+    (9216, 2048, 2): (128, 64, 1, 8, 6, True),
+    (9216, 2048, 4): (128, 64, 1, 8, 6, True),
+    (9216, 2048, 8): (128, 128, 1, 4, 4, True),
+    (12352, 2048, 1): (8, 512, 1, 4, 1, False),
+    (12352, 2048, 2): (128, 128, 1, 4, 4, True),
+    (12352, 2048, 4): (128, 128, 1, 4, 4, True),
+    (12352, 2048, 8): (128, 128, 1, 4, 4, True),
+    (14336, 5120, 1): (16, 256, 1, 4, 1, False),
+    (14336, 5120, 2): (128, 64, 1, 8, 6, True),
+    (14336, 5120, 4): (128, 128, 1, 4, 4, True),
+    (14336, 5120, 8): (128, 128, 1, 4, 4, True),
+    (16480, 5120, 1): (8, 512, 1, 4, 1, False),
+    (16480, 5120, 2): (128, 64, 1, 8, 6, True),
+    (16480, 5120, 4): (128, 128, 1, 4, 4, True),
+    (16480, 5120, 8): (128, 128, 1, 4, 4, True),
+    (34816, 5120, 1): (8, 512, 1, 4, 1, False),
+    (34816, 5120, 2): (128, 64, 2, 8, 6, True),
+    (34816, 5120, 4): (64, 128, 1, 4, 4, True),
+    (34816, 5120, 8): (128, 64, 2, 8, 6, True),
+    (248320, 2048, 1): (8, 512, 1, 4, 1, False),
+    (248320, 2048, 2): (128, 64, 1, 8, 6, True),
+    (248320, 2048, 4): (128, 128, 1, 4, 4, True),
+    (248320, 2048, 8): (128, 128, 1, 4, 4, True),
+    (248320, 5120, 1): (64, 128, 1, 4, 4, True),
+    (248320, 5120, 2): (128, 128, 1, 4, 4, True),
+    (248320, 5120, 4): (128, 128, 1, 4, 4, True),
+    (248320, 5120, 8): (128, 128, 1, 4, 4, True),
+}
+USE_TRITON: dict[tuple[int, int, int], bool] = {
+    (1281, 2048, 2): True,
+    (1281, 2048, 4): True,
+    (1281, 2048, 8): True,
+    (2048, 512, 1): True,
+    (2048, 512, 2): True,
+    (2048, 512, 4): True,
+    (2048, 512, 8): True,
+    (2048, 4096, 1): True,
+    (2048, 4096, 2): True,
+    (2048, 4096, 4): True,
+    (2048, 4096, 8): True,
+    (5120, 6144, 1): True,
+    (5120, 17408, 1): True,
+    (9216, 2048, 1): True,
+    (9216, 2048, 4): True,
+    (9216, 2048, 8): True,
+    (12352, 2048, 1): True,
+    (12352, 2048, 2): True,
+    (12352, 2048, 4): True,
+    (12352, 2048, 8): True,
+    (14336, 5120, 1): True,
+    (14336, 5120, 2): True,
+    (14336, 5120, 4): True,
+    (14336, 5120, 8): True,
+    (16480, 5120, 1): True,
+    (16480, 5120, 2): True,
+    (16480, 5120, 4): True,
+    (16480, 5120, 8): True,
+    (34816, 5120, 1): True,
+    (248320, 2048, 2): True,
+    (248320, 2048, 4): True,
+    (248320, 2048, 8): True,
+    (248320, 5120, 2): True,
+    (248320, 5120, 4): True,
+    (248320, 5120, 8): True,
+}
 
 
 def m_bucket(m: int) -> int:
