@@ -6,6 +6,8 @@
 #   decode   27B + 35B-A3B decode step, ctx 1k, B=1,2,4,8, graphs, tiny host overhead
 #   gemv     GEMV sweep vs cuBLAS (bench/gemv.py), per-step GEMM graph
 #   prefill  TTFT 1k/8k, 27B and 35B-A3B
+#   hfbase   decode B=1 with the transformers baseline in the same run
+#   serve    OpenAI API end to end (`ninfer serve --load-format dummy`), concurrency 1/2/4/8
 # Everything goes to $OUT/run.log (the device returns at most 8 files); Triton's cache to $OUT/tcache.tgz.
 set -o pipefail
 . bench/_device_env.sh
@@ -16,10 +18,11 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --f
 for part in "$@"; do
   stamp "$part"
   case $part in
-    tests)   timeout ${T_TESTS:-240} python3 -m pytest -q -m gpu -p no:cacheprovider -rf \
-               tests/test_fused_ops_gpu.py tests/test_fast_moe_gpu.py tests/test_gemv_gpu.py \
-               tests/test_cuda_graphs_gpu.py tests/test_program_cuda.py tests/test_hf_parity_gpu.py -s 2>&1 \
-               | grep -v "^\(PASSED\|SKIPPED\)" | tee -a "$LOG" | tail -40 ;;
+    tests)   timeout ${T_TESTS:-240} python3 -m pytest -v -m gpu -p no:cacheprovider -rf --timeout 150 \
+               ${TEST_FILES:-tests/test_fused_ops_gpu.py tests/test_gdn_decode_gpu.py tests/test_fast_moe_gpu.py \
+               tests/test_gemv_gpu.py tests/test_cuda_graphs_gpu.py tests/test_program_cuda.py tests/test_hf_parity_gpu.py} \
+               -s > "$OUT/tests.log" 2>&1
+             grep -E "FAILED|ERROR|matched prefix|passed|failed" "$OUT/tests.log" | tee -a "$LOG" | tail -40 ;;
     fastops) timeout ${T_FASTOPS:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/test_fast_ops_gpu.py 2>&1 \
                | tee -a "$LOG" | tail -15 ;;
     kernels) timeout ${T_KERNELS:-90} python3 bench/graph_kernels.py --identity qwen3_6-27b qwen3_6-35b-a3b --batches 1 8 2>&1 \
@@ -29,6 +32,12 @@ for part in "$@"; do
                --step-timeout 80 2>&1 | tee -a "$LOG" | tail -30 ;;
     gemv)    timeout ${T_GEMV:-300} python3 bench/gemv.py --out "$OUT/gemv_configs.txt" ${GEMV_ARGS:-} 2>&1 \
                | tee -a "$LOG" | tail -60 ;;
+    hfbase)  timeout ${T_HF:-200} python3 -m ninfer.cli.main bench decode --identity qwen3_6-27b qwen3_6-35b-a3b \
+               --ctx 1024 --batches 1 --reps 5 --no-ref --prefill-ref-gdn --hf-baseline --hf-batches 1 \
+               --step-timeout 90 2>&1 | tee -a "$LOG" | grep -v "^JSON" | tail -14 ;;
+    serve)   timeout ${T_SERVE:-200} python3 -m ninfer.cli.main bench serve --identity qwen3_6-27b qwen3_6-35b-a3b \
+               --concurrency 1 2 4 8 --prompt-len 1024 --output-len 32 --requests-per-client 1 \
+               --startup-timeout 120 --step-timeout 40 2>&1 | tee -a "$LOG" | grep -v "^JSON" | tail -16 ;;
     prefill) timeout ${T_PREFILL:-200} python3 -m ninfer.cli.main bench prefill --identity qwen3_6-27b qwen3_6-35b-a3b \
                --lengths 1024 8192 --reps 3 --chunk 8192 --step-timeout 120 2>&1 | tee -a "$LOG" | tail -20 ;;
   esac
