@@ -1,5 +1,5 @@
-"""The fused GDN decode state step (`ninfer.ops.fast.gdn_decode.gdn_conv_recurrent`: conv update +
-gated delta rule in one launch) vs its reference composition (`ninfer.ops.fused.gdn_conv_recurrent`).
+"""The fused GDN decode state step (`ninfer.ops.fast.gdn_decode.gdn_conv_recurrent`: gates, conv
+update and gated delta rule in one launch) vs its reference composition (`ninfer.ops.fused.gdn_conv_recurrent`).
 
 GPU test (`pytest -m gpu`), skipped without CUDA; with TRITON_INTERPRET=1 NINFER_FAST_TEST_DEVICE=cpu
 it runs through Triton's CPU interpreter. Checks: output, the conv and recurrent states written at
@@ -43,11 +43,12 @@ def test_gdn_conv_recurrent_vs_reference(dtype, B, shape):
     S = 3 * B + 2
     g0 = torch.Generator(device=_DEV).manual_seed(B * 7 + HV)
     rnd = lambda *s, scale=1.0: torch.randn(*s, generator=g0, device=_DEV) * scale  # noqa: E731
-    wide = rnd(B, C + 2 * HV + 5).to(dtype)               # qkv is a strided slice of a wider row
-    qkv = wide[:, :C]
+    wide = rnd(B, C + 2 * HV + 5, scale=2.0).to(dtype)   # qkv, b, a are strided slices of one wider row
+    qkv, b, a = wide[:, :C], wide[:, C:C + HV], wide[:, C + HV:C + 2 * HV]
+    wide[0, C + HV] = 30.0                                # softplus past torch's threshold (20)
     conv_w = rnd(C, 1, 4, scale=0.5).to(dtype)
-    g = -torch.rand(B, HV, generator=g0, device=_DEV)     # fp32 log decay
-    beta = torch.sigmoid(rnd(B, HV)).to(dtype)
+    A_log = rnd(HV, scale=0.5)
+    dt_bias = rnd(HV, scale=0.5)
     conv0 = torch.full((S, C, 3), float("nan"), device=_DEV, dtype=dtype)
     rec0 = torch.full((S, HV, K, V), float("nan"), device=_DEV)
     src = torch.arange(0, 2 * B, 2, device=_DEV)          # every other entry; dst after them
@@ -57,7 +58,7 @@ def test_gdn_conv_recurrent_vs_reference(dtype, B, shape):
     outs = {}
     for name, fn in (("fast", gdn_conv_recurrent), ("ref", ref.gdn_conv_recurrent)):
         conv, rec = conv0.clone(), rec0.clone()
-        o = fn(qkv, conv_w, conv, g, beta, rec, src, dst, num_k_heads=H, head_k_dim=K, head_v_dim=V)
+        o = fn(qkv, conv_w, conv, a, b, A_log, dt_bias, rec, src, dst, num_k_heads=H, head_k_dim=K, head_v_dim=V)
         outs[name] = (o, conv, rec)
     (o, conv, rec), (o_r, conv_r, rec_r) = outs["fast"], outs["ref"]
     tol = 2e-3 if dtype == torch.float32 else 2e-2

@@ -9,7 +9,7 @@ the exact HF order of casts.
     qk_norm_rope(q, k, wq, wk, cos, sin)    per-head zero-centred RMSNorm of q and k, then partial NeoX rotary
     silu_mul_halves(gu)                     gu [N, 2I] (gate rows first) -> silu(gate) * up  [N, I]
     linear(x, w)                            x @ w.T (the fast set may use a GEMV for small M)
-    gdn_conv_recurrent(qkv, ..., src, dst)  GDN decode state step: conv update, then the gated delta rule
+    gdn_conv_recurrent(qkv, a, b, ...)     GDN decode state step: gates, conv update, gated delta rule
 """
 from __future__ import annotations
 
@@ -50,20 +50,22 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight)
 
 
-def gdn_conv_recurrent(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor, g: torch.Tensor,
-                       beta: torch.Tensor, rec_state: torch.Tensor, src: torch.Tensor, dst: torch.Tensor | None, *,
+def gdn_conv_recurrent(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor, a: torch.Tensor,
+                       b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, rec_state: torch.Tensor,
+                       src: torch.Tensor, dst: torch.Tensor | None, *,
                        num_k_heads: int, head_k_dim: int, head_v_dim: int) -> torch.Tensor:
-    """The state part of one GDN decode token per row: `causal_conv1d_update` (SiLU) of qkv [B, C]
-    (C = 2 * H * K + HV * V: q heads, k heads, v heads), then `fused_recurrent_gated_delta_rule` with
-    q/k L2-norm, g [B, HV] fp32 log-decay, beta [B, HV]. Both states are read at the entries src [B]
-    and the stepped states written at dst [B] (None: in place at src). conv_state [S, C, K-1],
-    rec_state [S, HV, K, V] fp32. Returns o [B, HV, V] in qkv.dtype."""
+    """The state part of one GDN decode token per row: `gdn_gates(a, b, A_log, dt_bias)` (a, b [B, HV]
+    raw projections), `causal_conv1d_update` (SiLU) of qkv [B, C] (C = 2 * H * K + HV * V: q heads,
+    k heads, v heads), then `fused_recurrent_gated_delta_rule` with q/k L2-norm. Both states are read
+    at the entries src [B] and the stepped states written at dst [B] (None: in place at src).
+    conv_state [S, C, K-1], rec_state [S, HV, K, V] fp32. Returns o [B, HV, V] in qkv.dtype."""
     from ninfer.ops.conv import causal_conv1d_update
-    from ninfer.ops.gated_delta import fused_recurrent_gated_delta_rule
+    from ninfer.ops.gated_delta import fused_recurrent_gated_delta_rule, gdn_gates
 
     B = qkv.shape[0]
     H, K, V = num_k_heads, head_k_dim, head_v_dim
-    HV = g.shape[-1]
+    HV = a.shape[-1]
+    g, beta = gdn_gates(a, b, A_log, dt_bias)
     u, _ = causal_conv1d_update(qkv, conv_weight, conv_state, state_indices=src, dst_indices=dst)
     q, k, v = torch.split(u, (H * K, H * K, HV * V), dim=-1)
     o, _ = fused_recurrent_gated_delta_rule(

@@ -1,10 +1,11 @@
-"""One Triton kernel for the state part of a GDN decode step: causal conv update + gated delta rule.
+"""One Triton kernel for the state part of a GDN decode step: gates, causal conv update, gated delta rule.
 
 `gdn_conv_recurrent` has the arguments and result of `ninfer.ops.fused.gdn_conv_recurrent` (the
-oracle: `causal_conv1d_update` then `fused_recurrent_gated_delta_rule` with q/k L2-norm). Program
+oracle: `gdn_gates`, `causal_conv1d_update`, then `fused_recurrent_gated_delta_rule` with q/k
+L2-norm). Each program computes its head's gates from the raw projections a, b. Program
 (b, hv, v-block) recomputes the depthwise conv of the channels it reads (its q/k head, 2 x K
 channels, and its BV value channels: 4 taps each, cheap) instead of reading a conv output that a
-separate launch wrote, so the step is one launch instead of two.
+separate launch wrote, so the step is one launch instead of three.
 
 Conv state: read at src[b], stepped state written at dst[b]. The q/k channels of a key head are
 read by every program of that head, so dst must differ from src (the decode graph's committed
@@ -45,8 +46,8 @@ def _conv_step(x_row, w, cs_src, cs_dst, ch, m, WRITE: tl.constexpr, OUT_TY: tl.
 
 @triton.jit
 def _gdn_conv_recurrent_kernel(
-    x, w, conv, g, beta, o, state, src, dst, scale,
-    stride_x, stride_cs, stride_g, stride_beta,
+    x, w, conv, a, b, A_log, dt_bias, o, state, src, dst, scale,
+    stride_x, stride_cs, stride_a, stride_b,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
 ):
     i_b = tl.program_id(0)
@@ -73,8 +74,16 @@ def _gdn_conv_recurrent_kernel(
         bq = _conv_step(x_row, w, cs_src, cs_dst, i_h * K + o_k, mk, False, out_ty)
         bk = _conv_step(x_row, w, cs_src, cs_dst, H * K + i_h * K + o_k, mk, False, out_ty)
     bv = _conv_step(x_row, w, cs_src, cs_dst, 2 * H * K + i_hv * V + o_v, mv, True, out_ty)
-    bg = tl.load(g + i_b.to(tl.int64) * stride_g + i_hv).to(tl.float32)
-    bb = tl.load(beta + i_b.to(tl.int64) * stride_beta + i_hv).to(tl.float32)
+    # NOTE: gates as `ops.gdn_gates`: g = -exp(A_log) * softplus(a + dt_bias) (torch's threshold 20,
+    #       log1p kept exact for tiny exp), beta = sigmoid(b) rounded to b's dtype.
+    xa = (tl.load(a + i_b.to(tl.int64) * stride_a + i_hv).to(tl.float32)
+          + tl.load(dt_bias + i_hv).to(tl.float32))
+    u = tl.exp(tl.minimum(xa, 20.0))
+    w1 = 1.0 + u
+    lp = tl.where(w1 == 1.0, u, tl.log(w1) * (u / tl.where(w1 == 1.0, 1.0, w1 - 1.0)))
+    bg = -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * tl.where(xa > 20.0, xa, lp)
+    bv_raw = tl.load(b + i_b.to(tl.int64) * stride_b + i_hv).to(tl.float32)
+    bb = (1.0 / (1.0 + tl.exp(-bv_raw))).to(b.dtype.element_ty).to(tl.float32)
     bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
     bk = bk * tl.rsqrt(tl.sum(bk * bk) + 1e-6)
     ms = mk[:, None] & mv[None, :]
@@ -89,27 +98,29 @@ def _gdn_conv_recurrent_kernel(
     tl.store(p_d, S.to(state.dtype.element_ty), mask=ms)
 
 
-def gdn_conv_recurrent(qkv, conv_weight, conv_state, g, beta, rec_state, src, dst, *, num_k_heads, head_k_dim,
-                       head_v_dim):
-    """See `ninfer.ops.fused.gdn_conv_recurrent`. qkv [B, C] (unit last stride), g [B, HV] fp32,
-    beta [B, HV], conv_state [S, C, 3], rec_state [S, HV, K, V] fp32, src/dst [B] -> o [B, HV, V]."""
+def gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_state, src, dst, *, num_k_heads,
+                       head_k_dim, head_v_dim):
+    """See `ninfer.ops.fused.gdn_conv_recurrent`. qkv [B, C] (unit last stride), a, b [B, HV] raw
+    projections (column slices allowed), A_log, dt_bias [HV], conv_state [S, C, 3], rec_state
+    [S, HV, K, V] fp32, src/dst [B] -> o [B, HV, V]."""
     B, C = qkv.shape
     H, K, V = num_k_heads, head_k_dim, head_v_dim
-    HV = g.shape[-1]
+    HV = a.shape[-1]
     w = conv_weight.reshape(C, -1)
     ok = (dst is not None and w.shape[1] == 4 and w.is_contiguous() and qkv.stride(1) == 1
           and conv_state.is_contiguous() and conv_state.shape[-1] == 3 and rec_state.dtype == torch.float32
           and rec_state.is_contiguous() and HV % H == 0 and C == 2 * H * K + HV * V and K <= 256
-          and g.stride(-1) == 1 and beta.stride(-1) == 1 and B > 0)
+          and a.stride(-1) == 1 and b.stride(-1) == 1 and a.dim() == 2 and b.shape == a.shape and B > 0
+          and A_log.is_contiguous() and dt_bias.is_contiguous())
     if not ok:
-        return _ref.gdn_conv_recurrent(qkv, conv_weight, conv_state, g, beta, rec_state, src, dst,
+        return _ref.gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_state, src, dst,
                                        num_k_heads=H, head_k_dim=K, head_v_dim=V)
     src_i, dst_i = device_index(src, qkv.device), device_index(dst, qkv.device)
     o = torch.empty(B, HV, V, dtype=qkv.dtype, device=qkv.device)
     BK = triton.next_power_of_2(K)
     BV = min(32, triton.next_power_of_2(V))
     _gdn_conv_recurrent_kernel[(B, HV, triton.cdiv(V, BV))](
-        qkv, w, conv_state, g, beta, o, rec_state, src_i, dst_i, float(K ** -0.5),
-        qkv.stride(0), conv_state.stride(0), g.stride(0), beta.stride(0),
+        qkv, w, conv_state, a, b, A_log, dt_bias, o, rec_state, src_i, dst_i, float(K ** -0.5),
+        qkv.stride(0), conv_state.stride(0), a.stride(0), b.stride(0),
         H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, num_warps=4)
     return o

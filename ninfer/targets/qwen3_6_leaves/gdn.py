@@ -15,15 +15,20 @@ class GDNProjection:
         self.nv, self.dv = dims.linear_num_value_heads, dims.linear_value_head_dim
         self.eps = dims.rms_norm_eps
 
-    def project(self, w: GDNWeights, h: torch.Tensor, ops: Any
+    def project(self, w: GDNWeights, h: torch.Tensor, ops: Any, gates: bool = True
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h [N, H] -> qkv [N, C] (pre-conv), z [N, nv, dv], g [N, nv] fp32, beta [N, nv]."""
+        """h [N, H] -> qkv [N, C] (pre-conv), z [N, nv, dv], g [N, nv] fp32, beta [N, nv].
+        gates=False: the raw projections a, b [N, nv] instead of (g, beta), for an op that computes
+        the gates itself (`ops.gdn_conv_recurrent`, from w.A_log and w.dt_bias)."""
         N = h.shape[0]
         C, nz, nv = w.in_proj_qkv.shape[0], self.nv * self.dv, self.nv
         y = ops.linear(h, w.in_proj)                                   # one GEMM: [qkv | z | b | a]
         qkv = y[:, :C]
         z = y[:, C:C + nz].view(N, self.nv, self.dv)
-        g, beta = ops.gdn_gates(y[:, C + nz + nv:], y[:, C + nz:C + nz + nv], w.A_log, w.dt_bias)
+        a, b = y[:, C + nz + nv:], y[:, C + nz:C + nz + nv]
+        if not gates:
+            return qkv, z, a, b
+        g, beta = ops.gdn_gates(a, b, w.A_log, w.dt_bias)
         return qkv, z, g, beta
 
     def output(self, w: GDNWeights, o: torch.Tensor, z: torch.Tensor, ops: Any) -> torch.Tensor:

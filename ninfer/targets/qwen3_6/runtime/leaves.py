@@ -34,9 +34,10 @@ class AttentionLeaf(Protocol):
 
 
 class GDNLeaf(Protocol):
-    def project(self, w: GDNWeights, h: torch.Tensor, ops: Any
+    def project(self, w: GDNWeights, h: torch.Tensor, ops: Any, gates: bool = True
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h [N, H] -> qkv [N, C] (pre-conv), z [N, nv, dv], g [N, nv] fp32 log-decay, beta [N, nv]."""
+        """h [N, H] -> qkv [N, C] (pre-conv), z [N, nv, dv], g [N, nv] fp32 log-decay, beta [N, nv];
+        gates=False: the raw projections a, b [N, nv] in place of (g, beta)."""
         ...
 
     def output(self, w: GDNWeights, o: torch.Tensor, z: torch.Tensor, ops: Any) -> torch.Tensor:

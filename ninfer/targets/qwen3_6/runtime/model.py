@@ -128,18 +128,20 @@ class Qwen36Model:
     def _gdn(self, layer: LayerView, h: torch.Tensor, fb: ForwardBatch, meta: "_RowMeta") -> torch.Tensor:
         w = layer.mixer
         d = self.dims
-        qkv, z, g, beta = self.leaves.gdn.project(w, h, self.ops)
         n = self._gdn_index[layer.index]
         conv_pool = self.state.planes["conv"][n]            # [entries, C, K-1]
         rec_pool = self.state.planes["recurrent"][n]        # [entries, nv, dk, dv] fp32
         idx = fb.state_entries
         ops = self.ops
         if meta.decode and meta.src_entries is not None:
-            # NOTE: the graph's decode step: one op reads both states at src and writes them at idx.
-            o = ops.gdn_conv_recurrent(qkv, w.conv1d, conv_pool, g, beta, rec_pool, meta.src_entries, idx,
-                                       num_k_heads=d.linear_num_key_heads, head_k_dim=d.linear_key_head_dim,
-                                       head_v_dim=d.linear_value_head_dim)
+            # NOTE: the graph's decode step: one op computes the gates, reads both states at src and
+            #       writes them at idx.
+            qkv, z, a, b = self.leaves.gdn.project(w, h, ops, gates=False)
+            o = ops.gdn_conv_recurrent(qkv, w.conv1d, conv_pool, a, b, w.A_log, w.dt_bias, rec_pool,
+                                       meta.src_entries, idx, num_k_heads=d.linear_num_key_heads,
+                                       head_k_dim=d.linear_key_head_dim, head_v_dim=d.linear_value_head_dim)
             return self.leaves.gdn.output(w, o, z, ops)
+        qkv, z, g, beta = self.leaves.gdn.project(w, h, ops)
         if meta.decode:
             u, _ = ops.causal_conv1d_update(qkv, w.conv1d, conv_pool, state_indices=idx)            # [B, C]
             u = u.unsqueeze(1)                                                           # [B, 1, C]
