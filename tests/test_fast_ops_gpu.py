@@ -11,7 +11,6 @@ KV pages outside a row's context NaN-poisoned (never read).
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -19,25 +18,13 @@ import torch.nn.functional as F
 
 from ninfer import ops as ref
 
-_DEV = os.environ.get("NINFER_FAST_TEST_DEVICE", "cuda")
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and _DEV == "cpu"
+from _fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, rel_rms  # noqa: F401
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (torch.cuda.is_available() or _INTERPRET), reason="needs CUDA"),
-]
+pytestmark = GPU_MARKS
 
 TOL = {torch.float32: 2e-3, torch.bfloat16: 1e-2}
-# NOTE: Triton's interpreter rounds fp32 -> bf16 towards zero (the GPU rounds to nearest even), so
-#       the tighter element-wise bound only holds on the GPU.
-STRICT = 1 if _INTERPRET else 4
 LENS = [1, 63, 64, 65, 500] if not _INTERPRET else [1, 5, 64, 65]
 
-
-def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all(), "non-finite values in the fast output"
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def poison_allocator() -> None:

@@ -10,7 +10,6 @@ written stay NaN (checked untouched).
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -18,26 +17,16 @@ import torch
 from ninfer import ops as ref
 from ninfer.ops import fused as ref_fused
 
-_DEV = os.environ.get("NINFER_FAST_TEST_DEVICE", "cuda")
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and _DEV == "cpu"
+from _fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, rel_rms  # noqa: F401
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (torch.cuda.is_available() or _INTERPRET), reason="needs CUDA"),
-]
+pytestmark = GPU_MARKS
 
 DTYPES = [torch.float32, torch.bfloat16]
 TOL = {torch.float32: 2e-5, torch.bfloat16: 1e-2}
 # NOTE: Triton's interpreter rounds fp32 -> bf16 towards zero (the GPU rounds to nearest even).
-STRICT = 1 if _INTERPRET else 4
 NS = [1, 3, 8, 63, 65, 500] if not _INTERPRET else [1, 3, 65]
 HIDDEN, NH, NKV, HD, ROT, NV, DV = 5120, 24, 4, 256, 64, 48, 128
 
-
-def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all(), "non-finite values in the fast output"
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def close(a: torch.Tensor, b: torch.Tensor, roundings: int = 1) -> None:

@@ -7,24 +7,14 @@ dst, the src entries and every other entry untouched (NaN-poisoned where never r
 """
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-_DEV = os.environ.get("NINFER_FAST_TEST_DEVICE", "cuda")
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and _DEV == "cpu"
+from _fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, rel_rms  # noqa: F401
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not (torch.cuda.is_available() or _INTERPRET), reason="needs CUDA"),
-]
+pytestmark = GPU_MARKS
 
-
-def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all(), "non-finite values in the fast result"
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 # (H, HV, K, V): the 27B heads (16 key, 48 value, 128) and a small grouping for the interpreter.

@@ -21,8 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-_DEV = os.environ.get("NINFER_FAST_TEST_DEVICE", "cuda")
-_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and _DEV == "cpu"
+from _fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, rel_rms  # noqa: F401
 
 _NEEDS_KERNEL = pytest.mark.skipif(not (torch.cuda.is_available() or _INTERPRET), reason="needs CUDA")
 
@@ -31,11 +30,6 @@ ROWS = list(range(1, 9)) if not _INTERPRET else [1, 2, 3, 8]
 # odd N / K, even K with split-K, N below one tile (smaller in the interpreter, which is slow)
 SHAPES = [(1000, 333), (200, 1024), (5, 64)] if not _INTERPRET else [(300, 333), (100, 1024), (5, 64)]
 
-
-def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all(), "non-finite values in the kernel output"
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def poison_allocator() -> None:

@@ -1,0 +1,28 @@
+"""Shared setup of the fast-kernel test files (`tests/test_*_gpu.py` for Triton kernels).
+
+They run on the GPU machine (`pytest -m gpu`) and are skipped without CUDA. With TRITON_INTERPRET=1
+and NINFER_FAST_TEST_DEVICE=cpu the kernels run through Triton's CPU interpreter instead (slow; bf16
+rounding there is towards zero, hence STRICT)."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+DEV = os.environ.get("NINFER_FAST_TEST_DEVICE", "cuda")
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1" and DEV == "cpu"
+GPU_MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not (torch.cuda.is_available() or INTERPRET), reason="needs CUDA"),
+]
+# NOTE: Triton's interpreter rounds fp32 -> bf16 towards zero (the GPU rounds to nearest even), so
+#       the tighter element-wise bounds only hold on the GPU.
+STRICT = 1 if INTERPRET else 4
+
+
+def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| in float64; a (the fast result) must be finite."""
+    a, b = a.double(), b.double()
+    assert torch.isfinite(a).all(), "non-finite values in the fast result"
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
