@@ -115,3 +115,18 @@ def test_decode_body_matches_eager_and_never_touches_the_host(identity):
     torch.testing.assert_close(logits, ref_logits[:, 0], rtol=1e-5, atol=1e-5)
     # the provisional entries hold the stepped state; the committed slots are untouched by the copy
     assert torch.equal(prog._state.planes["recurrent"][:, ns:ns + B].isfinite().all(), torch.tensor(True))
+
+
+def test_static_inputs_fill_the_graph_layout():
+    """The host buffer of a decode graph gets ids, positions, src, dst, context lengths and each
+    row's pages at its row offset; entries past a row's pages are left as they were (never read)."""
+    from ninfer.targets.qwen3_6.runtime.cuda_graphs import fill_static_inputs
+
+    B, W = 3, 5
+    host = torch.full((5 * B + B * W,), -7, dtype=torch.long)
+    fill_static_inputs(host, W, [11, 12, 13], [4, 70, 0], [1, 2, 3], [9, 8, 7], [[5], [6, 2], [4, 4, 4, 4, 4]])
+    assert host[:5 * B].tolist() == [11, 12, 13, 4, 70, 0, 1, 2, 3, 9, 8, 7, 5, 71, 1]
+    tables = host[5 * B:].view(B, W).tolist()
+    assert tables == [[5, -7, -7, -7, -7], [6, 2, -7, -7, -7], [4, 4, 4, 4, 4]]
+    with pytest.raises(ValueError, match="6 pages"):
+        fill_static_inputs(host, W, [1], [1], [1], [1], [[0] * 6])
