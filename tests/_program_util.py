@@ -32,7 +32,9 @@ def tiny_program(tiny_artifact_path, kind: str, **config):
 
 def tiny_parts(tiny_artifact_path, kind: str, **defaults):
     """(Frontend, make_program) over the session's cached tiny artifact (official layout):
-    `make_program(**overrides)` builds a fresh fp32 CPU Program from `defaults` + overrides."""
+    `make_program(**overrides)` builds a fresh fp32 CPU Program from `defaults` + overrides.
+    As `Engine` does, the Program samples only ids of the tokenizer's vocabulary (the lm_head's
+    padding rows are masked): an Engine test must not see padding ids the real Engine never emits."""
     from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
 
     art = _artifact(str(tiny_artifact_path(kind)))
@@ -40,7 +42,9 @@ def tiny_parts(tiny_artifact_path, kind: str, **defaults):
     frontend = Qwen36Frontend.from_resources(art.frontend_resources())
 
     def make_program(**overrides):
-        return module.create_program(art, ProgramConfig(**{"device": "cpu", "dtype": "fp32", **defaults, **overrides}))
+        return module.create_program(art, ProgramConfig(**{"device": "cpu", "dtype": "fp32",
+                                                           "sampleable_vocab_size": frontend.vocab_size,
+                                                           **defaults, **overrides}))
     return frontend, make_program
 
 
