@@ -8,6 +8,7 @@
 #   prefill  TTFT 1k/8k, 27B and 35B-A3B
 #   hfbase   decode B=1 with the transformers baseline in the same run
 #   serve    OpenAI API end to end (`ninfer serve --load-format dummy`), concurrency 1/2/4/8
+#   serve_engine  the same workload through the public Engine in process (what the gateway adds)
 # Everything goes to $OUT/run.log (the device returns at most 8 files); Triton's cache to $OUT/tcache.tgz.
 set -o pipefail
 . bench/_device_env.sh
@@ -38,6 +39,9 @@ for part in "$@"; do
     serve)   timeout ${T_SERVE:-200} python3 -m ninfer.cli.main bench serve --identity qwen3_6-27b qwen3_6-35b-a3b \
                --concurrency 1 2 4 8 --prompt-len 1024 --output-len 32 --requests-per-client 1 \
                --startup-timeout 120 --step-timeout 40 2>&1 | tee -a "$LOG" | grep -v "^JSON" | tail -16 ;;
+    serve_engine) timeout ${T_SERVE:-200} python3 -m ninfer.cli.main bench serve --in-process \
+               --identity qwen3_6-27b qwen3_6-35b-a3b --concurrency 1 2 4 8 --prompt-len 1024 --output-len 32 \
+               --requests-per-client 1 --startup-timeout 120 --step-timeout 60 2>&1 | tee -a "$LOG" | grep -v "^JSON" | tail -16 ;;
     prefill) timeout ${T_PREFILL:-200} python3 -m ninfer.cli.main bench prefill --identity qwen3_6-27b qwen3_6-35b-a3b \
                --lengths 1024 8192 --reps 3 --chunk 8192 --step-timeout 120 2>&1 | tee -a "$LOG" | tail -20 ;;
   esac

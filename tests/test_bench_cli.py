@@ -59,6 +59,28 @@ def test_bench_serve_cpu(capsys, tmp_path):
     assert (tmp_path / "serve.json").exists() and (tmp_path / "serve-qwen3_6-tiny-dense.log").exists()
 
 
+def test_bench_serve_in_process_cpu(capsys):
+    """The same levels through the public Engine in this process: every output full, queueing
+    (admit) recorded, and the Engine closed afterwards (no worker thread left)."""
+    import threading
+
+    before = {t.ident for t in threading.enumerate()}
+    rc = main(["bench", "serve", "--in-process", "--identity", "qwen3_6-tiny-dense", "--device", "cpu",
+               "--concurrency", "1", "3", "--prompt-len", "16", "--output-len", "5", "--requests-per-client", "2",
+               "--step-timeout", "60", "--startup-timeout", "60"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    data = _json_line(out)
+    assert not data["errors"] and data["path"] == "engine"
+    rows = [r for r in data["results"] if r["kind"] == "serve"]
+    assert [r["concurrency"] for r in rows] == [1, 3]
+    for r in rows:
+        assert r["path"] == "engine" and r["all_outputs_full"] and r["synthetic_fingerprint"]
+        assert r["output_tokens"] == 5 * 2 * r["concurrency"]
+        assert 0 <= r["admit_mean_ms"] <= r["ttft_mean_ms"] and r["tpot_mean_ms"] > 0
+    assert {t.ident for t in threading.enumerate() if t.is_alive()} <= before
+
+
 def test_bench_unknown_identity(capsys):
     assert main(["bench", "decode", "--identity", "nope"]) == 2
     assert "unknown model identity 'nope'" in capsys.readouterr().err

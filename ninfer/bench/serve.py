@@ -17,6 +17,12 @@ chunk) / (output tokens - 1). Per level: TTFT mean/p50/p99, TPOT mean/p50/p99, o
 all output tokens / wall time of the level. Floors (performance.md, ceilings measured in this
 run): TTFT >= prefill FLOPs / matmul rate; TPOT >= decode bytes at batch c and the mean context /
 copy bandwidth; tokens/s <= c / TPOT floor.
+
+`--in-process` drives the same workload through the public `Engine` in this process instead
+(`Engine.from_config(load_format="dummy")`, `Frontend.prepare_tokens`, one thread per client
+reading its handle's events): no HTTP, SSE or JSON. The difference to the HTTP run is what the
+gateway adds. It also records `admit_ms` (GenerationStart - submit: queueing until a lane runs the
+request), so TTFT splits into waiting and prefill.
 """
 from __future__ import annotations
 
@@ -164,6 +170,65 @@ async def run_level(url: str, model: str, c: int, per_client: int, prompt_len: i
     return [r for w in per_worker for r in w], wall
 
 
+def engine_request(engine, prompt: list[int], output_len: int) -> dict:
+    """One request through the public Engine (the in-process counterpart of `one_request`)."""
+    from ninfer.targets.qwen3_6.frontend.types import OutputOptions
+    from ninfer.runtime.contract.types import SamplingParams
+    from ninfer.types import GenerationDelta, GenerationError, GenerationResult, GenerationStart
+
+    t0 = time.perf_counter()
+    admit = first = last = None
+    n_out = 0
+    handle = engine.submit(engine.frontend.prepare_tokens(prompt), SamplingParams(temperature=0.0),
+                           max_tokens=output_len, output=OutputOptions(ignore_eos=True))
+    with handle:
+        for ev in handle:
+            now = time.perf_counter()
+            if isinstance(ev, GenerationStart):
+                admit = now
+            elif isinstance(ev, GenerationDelta) and ev.token_ids:
+                first = first or now
+                last = now
+            elif isinstance(ev, GenerationResult):
+                n_out = len(ev.token_ids)
+            elif isinstance(ev, GenerationError):
+                raise RuntimeError(f"{ev.kind.value}: {ev.message}")
+    if first is None:
+        raise RuntimeError("the request produced no token")
+    return {"ttft_ms": (first - t0) * 1e3, "e2e_ms": (last - t0) * 1e3, "output_tokens": n_out,
+            "tpot_ms": (last - first) * 1e3 / (n_out - 1) if n_out > 1 else None,
+            "admit_ms": (admit - t0) * 1e3 if admit is not None else None,
+            "fingerprint": "ninfer-synthetic-weights" if engine.synthetic else None}
+
+
+def engine_level(engine, c: int, per_client: int, prompt_len: int, output_len: int, rng: random.Random,
+                 timeout: float | None) -> tuple[list[dict], float]:
+    """c client threads, each sending per_client requests one after another."""
+    prompts = [[_prompt(rng, prompt_len) for _ in range(per_client)] for _ in range(c)]
+    out: list[list[dict]] = [[] for _ in range(c)]
+    errors: list[BaseException] = []
+
+    def client(i: int) -> None:
+        try:
+            for p in prompts[i]:
+                out[i].append(engine_request(engine, p, output_len))
+        except BaseException as e:  # noqa: BLE001 - reported by the level
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(c)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(None if timeout is None else max(0.0, timeout - (time.perf_counter() - t0)))
+    wall = time.perf_counter() - t0
+    if any(t.is_alive() for t in threads):
+        raise TimeoutError(f"level c={c} did not finish in {timeout:.0f} s")
+    if errors:
+        raise errors[0]
+    return [r for rs in out for r in rs], wall
+
+
 def _pct(xs: list[float], q: float) -> float | None:
     if not xs:
         return None
@@ -172,7 +237,7 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 
 def summarize(identity: str, c: int, reqs: list[dict], wall: float, prompt_len: int, output_len: int,
-              ceil: dict, dtype_bytes: int) -> dict:
+              ceil: dict, dtype_bytes: int, path: str = "http") -> dict:
     from ninfer.targets.registry import lookup
 
     dims = lookup(identity).dims
@@ -180,7 +245,9 @@ def summarize(identity: str, c: int, reqs: list[dict], wall: float, prompt_len: 
     tpot = [r["tpot_ms"] for r in reqs if r["tpot_ms"] is not None]
     out_tokens = sum(r["output_tokens"] for r in reqs)
     tpot_floor = decode_floor_ms(dims, c, prompt_len + output_len // 2, ceil["copy_TBps"], dtype_bytes)
-    return dict(identity=identity, kind="serve", concurrency=c, requests=len(reqs), prompt_len=prompt_len,
+    admit = [r["admit_ms"] for r in reqs if r.get("admit_ms") is not None]
+    return dict(identity=identity, kind="serve", path=path, concurrency=c, requests=len(reqs),
+                prompt_len=prompt_len, admit_mean_ms=statistics.fmean(admit) if admit else None,
                 output_len=output_len, output_tokens=out_tokens,
                 all_outputs_full=all(r["output_tokens"] == output_len for r in reqs),
                 synthetic_fingerprint=all(r["fingerprint"] == "ninfer-synthetic-weights" for r in reqs),
@@ -224,11 +291,52 @@ def bench_identity(identity: str, args, ceil: dict, device: str, rec: Recorder, 
                 continue
             row = summarize(identity, c, reqs, wall, args.prompt_len, args.output_len, ceil, 2 if cuda else 4)
             rec.add(row)
-            print(f"[{identity}] c={c}: TTFT mean {row['ttft_mean_ms']:.1f} ms (floor {row['ttft_floor_ms']:.1f}), "
-                  f"TPOT mean {row['tpot_mean_ms'] or 0:.2f} ms (floor {row['tpot_floor_ms']:.2f}), "
-                  f"{row['output_tokens_per_s']:.1f} tok/s", flush=True)
+            _report(identity, row)
     finally:
         server.stop()
+
+
+def _report(identity: str, row: dict) -> None:
+    print(f"[{identity}] {row['path']} c={row['concurrency']}: TTFT mean {row['ttft_mean_ms']:.1f} ms "
+          f"(floor {row['ttft_floor_ms']:.1f}), TPOT mean {row['tpot_mean_ms'] or 0:.2f} ms "
+          f"(floor {row['tpot_floor_ms']:.2f}), {row['output_tokens_per_s']:.1f} tok/s", flush=True)
+
+
+def bench_identity_in_process(identity: str, args, ceil: dict, device: str, rec: Recorder) -> None:
+    """The same levels through the public Engine in this process (no HTTP)."""
+    from ninfer.engine import Engine
+    from ninfer.types import EngineConfig
+
+    cuda = device.startswith("cuda")
+    cfg = EngineConfig(load_format="dummy", identity=identity, device=device,
+                       max_concurrency=max(args.concurrency), max_model_len=args.prompt_len + args.output_len + 16)
+    rng = random.Random(0)
+    t0 = time.perf_counter()
+    engine = Engine.from_config(cfg)
+    try:
+        avail = engine.wait_ready(args.startup_timeout)
+        if not avail.ready:
+            raise RuntimeError(f"engine not ready: {avail.reason}")
+        startup_s = time.perf_counter() - t0
+        print(f"[{identity}] engine ready in {startup_s:.1f} s (in process)", flush=True)
+        rec.add(dict(identity=identity, kind="startup", path="engine", startup_s=startup_s,
+                     models_synthetic=engine.synthetic))
+        t0 = time.perf_counter()
+        engine_level(engine, 1, 1, args.prompt_len, min(args.output_len, 8), rng, args.step_timeout or None)
+        print(f"[{identity}] warm-up request {time.perf_counter() - t0:.1f} s", flush=True)
+        for c in args.concurrency:
+            try:
+                reqs, wall = engine_level(engine, c, args.requests_per_client, args.prompt_len, args.output_len,
+                                          rng, args.step_timeout or None)
+            except Exception as e:  # noqa: BLE001 - keep the other levels
+                rec.error(f"{identity} concurrency {c}: failed: {type(e).__name__}: {e}")
+                continue
+            row = summarize(identity, c, reqs, wall, args.prompt_len, args.output_len, ceil, 2 if cuda else 4,
+                            path="engine")
+            rec.add(row)
+            _report(identity, row)
+    finally:
+        engine.close()
 
 
 add_args = serve_args
@@ -244,7 +352,15 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or default_device()
     env = env_record()
     print(f"env: {env}", flush=True)
-    ceil = measure_ceilings(device)
+    if args.in_process:
+        # NOTE: measured in a child process: the ceiling runs' large buffers slowed the in-process
+        #       Engine that followed (CPU: tiny dense TTFT 80 -> 215 ms in the same process).
+        import concurrent.futures
+        import multiprocessing
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            ceil = pool.submit(measure_ceilings, device).result()
+    else:
+        ceil = measure_ceilings(device)
     print_ceilings(ceil)
     if device.startswith("cuda"):
         import torch
@@ -253,20 +369,25 @@ def run(args: argparse.Namespace) -> int:
                                        "dtype": "bf16" if device.startswith("cuda") else "fp32",
                                        "weights": "dummy (synthetic)", "identities": args.identity,
                                        "concurrency": args.concurrency, "prompt_len": args.prompt_len,
-                                       "output_len": args.output_len, "requests_per_client": args.requests_per_client})
+                                       "output_len": args.output_len, "requests_per_client": args.requests_per_client,
+                                       "path": "engine" if args.in_process else "http"})
     log_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ninfer-bench-serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     for ident in args.identity:
         try:
-            bench_identity(ident, args, ceil, device, rec, log_dir)
+            if args.in_process:
+                bench_identity_in_process(ident, args, ceil, device, rec)
+            else:
+                bench_identity(ident, args, ceil, device, rec, log_dir)
         except Exception as e:  # noqa: BLE001 - the next identity still runs
             rec.error(f"{ident}: {type(e).__name__}: {e}")
     print()
-    rows = [[r["identity"], r["concurrency"], r["requests"], r["ttft_mean_ms"], r["ttft_p50_ms"], r["ttft_p99_ms"],
-             r["ttft_floor_ms"], r["tpot_mean_ms"], r["tpot_p50_ms"], r["tpot_p99_ms"], r["tpot_floor_ms"],
-             r["output_tokens_per_s"], r["tokens_per_s_ceiling"]] for r in rec.results if r["kind"] == "serve"]
-    print_table(["identity", "conc", "reqs", "ttft_mean", "ttft_p50", "ttft_p99", "ttft_floor", "tpot_mean",
-                 "tpot_p50", "tpot_p99", "tpot_floor", "out_tok/s", "tok/s_ceil"], rows)
+    rows = [[r["identity"], r["path"], r["concurrency"], r["requests"], r["admit_mean_ms"], r["ttft_mean_ms"],
+             r["ttft_p50_ms"], r["ttft_p99_ms"], r["ttft_floor_ms"], r["tpot_mean_ms"], r["tpot_p50_ms"],
+             r["tpot_p99_ms"], r["tpot_floor_ms"], r["output_tokens_per_s"], r["tokens_per_s_ceiling"]]
+            for r in rec.results if r["kind"] == "serve"]
+    print_table(["identity", "path", "conc", "reqs", "admit_mean", "ttft_mean", "ttft_p50", "ttft_p99", "ttft_floor",
+                 "tpot_mean", "tpot_p50", "tpot_p99", "tpot_floor", "out_tok/s", "tok/s_ceil"], rows)
     rec.finish()
     return 1 if rec.errors else 0
 
