@@ -10,8 +10,10 @@ weight shape of one Qwen3.6 decode step (27B and 35B-A3B, from the dimension fac
 Sweep: per (N, K, M) the median device time (CUDA events, L2 flushed before every run) of F.linear
 and of every config of `gemv.sweep_space`; a config counts only if its relative RMS error vs the
 fp32 product is < 1e-2. Prints a table and the copy ceiling of this run; `--out FILE` gets one JSON
-line (every result) and then `CONFIGS = {...}` / `USE_TRITON = {...}` python literals to paste into
-ninfer/ops/fast/gemv.py (USE_TRITON: shapes where the best config beats cuBLAS by >= --min-speedup).
+line (every result) and then `CONFIGS = {...}` / `USE_TRITON = {...}` / `USE_TRITON_SWIGLU = {...}`
+python literals to paste into ninfer/ops/fast/gemv.py (USE_TRITON: shapes where the best config beats
+cuBLAS by >= --min-speedup; USE_TRITON_SWIGLU: MLP down shapes where the SwiGLU folded into the
+GEMV beats the SwiGLU kernel + the product by as much).
 
 Graph: all weight GEMMs of one 27B decode step (each layer its own weight buffer, 51.2 GB, so
 nothing stays in L2) captured in one CUDA graph and replayed: cuBLAS, Triton for every GEMM, and
@@ -181,6 +183,44 @@ def sweep(args, gemv, num_sms: int) -> list[dict]:
         if DEVICE == "cuda":
             torch.cuda.empty_cache()
     return results
+
+
+def swiglu_sweep(results: list[dict], gemv, min_speedup: float) -> tuple[list[dict], str]:
+    """For the dense MLP down projections: the SwiGLU kernel + the product (what `linear_swiglu`
+    does with an empty table: `linear` picks Triton or cuBLAS from USE_TRITON) vs the SwiGLU folded
+    into the GEMV's x load (`gemv(..., swiglu=True)` with the sweep's best config). Returns the rows
+    and the `USE_TRITON_SWIGLU` literal (folded >= min_speedup faster)."""
+    from ninfer.ops.fast.fused import silu_mul_halves
+    rows, use = [], {}
+    for r in results:
+        if not r["best"] or r["M"] not in (1, 2, 4, 8) or not any(".down" in u and "shared" not in u
+                                                                 for u in r["uses"]):
+            continue
+        n, k, m = r["N"], r["K"], r["M"]
+        cfg = gemv.GemvConfig(*r["best"])
+        gu = torch.randn(m, 2 * k, device=DEVICE, dtype=torch.bfloat16)
+        w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16)
+        plain_triton = r["speedup"] is not None and r["speedup"] >= min_speedup
+
+        def composed():
+            x = silu_mul_halves(gu)
+            return gemv.gemv(x, w, cfg) if plain_triton else F.linear(x, w)
+
+        def folded():
+            return gemv.gemv(gu, w, cfg, swiglu=True)
+        ref = fp32_reference(silu_mul_halves(gu), w)
+        err = rel_rms(folded(), ref)
+        t_c, t_f = time_us(composed, 25, 100), time_us(folded, 25, 100)
+        ok = err < 1e-2
+        if ok and t_c / t_f >= min_speedup:
+            use[(n, k, m)] = True
+        rows.append({"shape": f"{n}x{k}", "N": n, "K": k, "M": m, "composed_us": round(t_c, 2),
+                     "folded_us": round(t_f, 2), "speedup": round(t_c / t_f, 3), "err": err, "ok": ok})
+        print(f"[swiglu] {n}x{k} M={m}: SwiGLU kernel + {'triton' if plain_triton else 'cuBLAS'} {t_c:.1f} us | "
+              f"folded {t_f:.1f} us ({t_c / t_f:.3f}x, err {err:.1e})", flush=True)
+    lit = "\n".join(["USE_TRITON_SWIGLU: dict[tuple[int, int, int], bool] = {",
+                     *[f"    {key}: True," for key in sorted(use)], "}"])
+    return rows, lit
 
 
 def print_sweep(results: list[dict], copy_tbs: float) -> None:
@@ -373,7 +413,9 @@ def main(argv=None) -> int:
                "graph": graph}
     json_line("gemv", payload)
     if results and not args.no_sweep:
-        lit = tables_literal(results, args.min_speedup)
+        sw_rows, sw_lit = swiglu_sweep(results, gemv, args.min_speedup)
+        payload["swiglu"] = sw_rows
+        lit = tables_literal(results, args.min_speedup) + "\n" + sw_lit
         print(lit)
         if args.out:
             with open(args.out, "w") as f:

@@ -193,3 +193,50 @@ def test_bench_dry_run():
     r = subprocess.run([sys.executable, str(root / "bench" / "gemv.py"), "--m", "9"], capture_output=True,
                        text=True, env=env, timeout=120)
     assert r.returncode == 2 and "1..8" in r.stderr
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+@pytest.mark.parametrize("m", [1, 2, 5, 8])
+def test_swiglu_prologue(m):
+    """gemv(swiglu=True) on [gate | up] rows == silu_mul_halves then the product (the reference's
+    roundings: silu to the dtype, then the product), for FMA, tensor-core and split-K configs; a
+    strided gate|up view (the fused gate_up GEMM's output row) is read in place."""
+    from ninfer.ops.fast import gemv
+    from ninfer.ops.fused import silu_mul_halves
+    n, k = (300, 333) if _INTERPRET else (1000, 1088)
+    for i, cfg in enumerate((gemv.GemvConfig(16, 128, 1, 4, 1), gemv.GemvConfig(32, 64, 3, 4, 2, True),
+                             gemv.GemvConfig(8, 256, 2, 4, 1))):
+        dt = dtype_for(cfg)
+        big = randn(m, 2 * k + 9, dtype=dt, seed=i + 10 * m)
+        gu = big[:, 3:3 + 2 * k]                                        # unit last stride, row stride 2k+9
+        w = randn(n, k, dtype=dt, seed=200 + i)
+        poison_allocator()
+        y = gemv.gemv(gu, w, cfg, swiglu=True)
+        assert y.shape == (m, n) and y.dtype == dt
+        err = rel_rms(y, reference(silu_mul_halves(gu.contiguous()), w))
+        assert err < TOL[dt], f"{cfg} M={m}: rel RMS {err:.3g}"
+    with pytest.raises(ValueError, match="odd width"):
+        gemv.gemv(randn(1, 7, dtype=torch.float32, seed=0), randn(4, 3, dtype=torch.float32, seed=1), swiglu=True)
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+def test_linear_swiglu_dispatch(monkeypatch):
+    """`linear_swiglu` folds the SwiGLU into the GEMV only for shapes USE_TRITON_SWIGLU marks; else
+    it is the SwiGLU kernel followed by `linear` (the same result within rounding)."""
+    from ninfer.ops.fast import gemv
+    from ninfer.ops.fused import silu_mul_halves
+    gu = randn(2, 512, dtype=torch.bfloat16, seed=0)
+    w = randn(96, 256, dtype=torch.bfloat16, seed=1)
+    if _DEV != "cuda":
+        return                                                          # both paths need CUDA tensors
+    calls = []
+    real = gemv.gemv
+    monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: calls.append(kw.get("swiglu")) or real(*a, **kw))
+    monkeypatch.setattr(gemv, "USE_TRITON", {})
+    monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", {})
+    ref = reference(silu_mul_halves(gu), w)
+    assert rel_rms(gemv.linear_swiglu(gu, w), ref) < 1e-2 and not calls
+    monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", {(96, 256, 2): True})
+    assert rel_rms(gemv.linear_swiglu(gu, w), ref) < 1e-2 and calls == [True]

@@ -9,6 +9,7 @@ the exact HF order of casts.
     qk_norm_rope(q, k, wq, wk, cos, sin)    per-head zero-centred RMSNorm of q and k, then partial NeoX rotary
     silu_mul_halves(gu)                     gu [N, 2I] (gate rows first) -> silu(gate) * up  [N, I]
     linear(x, w)                            x @ w.T (the fast set may use a GEMV for small M)
+    linear_swiglu(gu, w)                    silu_mul_halves(gu) @ w.T (the fast set may fold the SwiGLU into the GEMV)
     gdn_conv_recurrent(qkv, a, b, ...)     GDN decode state step: gates, conv update, gated delta rule
 """
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ninfer.ops.mlp import silu_mul
 from ninfer.ops.norms import rms_norm
 from ninfer.ops.rope import apply_rotary_qk
 
-__all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "linear", "gdn_conv_recurrent"]
+__all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "linear", "linear_swiglu", "gdn_conv_recurrent"]
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float = 1e-6
@@ -48,6 +49,11 @@ def silu_mul_halves(gu: torch.Tensor) -> torch.Tensor:
 def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x [M, K] @ weight[N, K].T -> [M, N] in x.dtype."""
     return F.linear(x, weight)
+
+
+def linear_swiglu(gu: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """gu [N, 2I] (gate | up) -> silu_mul_halves(gu) @ weight[H, I].T  [N, H] in gu.dtype."""
+    return F.linear(silu_mul_halves(gu), weight)
 
 
 def gdn_conv_recurrent(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor, a: torch.Tensor,

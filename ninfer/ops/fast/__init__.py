@@ -54,6 +54,7 @@ class OpSet(NamedTuple):
     route_topk: Callable               # (router_logits, k) -> MoeRouting
     linear: Callable                   # (x, w) -> x @ w.T
     gdn_conv_recurrent: Callable       # GDN decode state step (conv update + delta rule), src -> dst entries
+    linear_swiglu: Callable            # (gu, w) -> silu_mul_halves(gu) @ w.T
 
 
 @functools.cache
@@ -64,7 +65,7 @@ def reference_ops() -> OpSet:
                  gated_delta.fused_recurrent_gated_delta_rule, attention.write_kv_paged,
                  attention.chunk_paged_attention, attention.decode_paged_attention, moe.moe_experts,
                  fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, attention.attention_output_gate,
-                 gated_delta.gdn_gates, moe.route_topk, fused.linear, fused.gdn_conv_recurrent)
+                 gated_delta.gdn_gates, moe.route_topk, fused.linear, fused.gdn_conv_recurrent, fused.linear_swiglu)
 
 
 @functools.cache
@@ -91,7 +92,7 @@ def fast_ops() -> OpSet:
         functools.partial(gated_delta.fused_recurrent_gated_delta_rule, **nog),
         fused.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention,
         moe.moe_experts, fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, fused.sigmoid_gate_mul,
-        fused.gdn_gates, moe.route_topk, gemv.linear, gdn_decode.gdn_conv_recurrent)
+        fused.gdn_gates, moe.route_topk, gemv.linear, gdn_decode.gdn_conv_recurrent, gemv.linear_swiglu)
 
 
 def select_ops(device: torch.device | str) -> OpSet:

@@ -38,8 +38,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-__all__ = ["GemvConfig", "CONFIGS", "USE_TRITON", "MAX_ROWS", "linear", "gemv", "use_triton", "m_bucket",
-           "config_for", "default_config", "sweep_space"]
+__all__ = ["GemvConfig", "CONFIGS", "USE_TRITON", "USE_TRITON_SWIGLU", "MAX_ROWS", "linear", "linear_swiglu",
+           "gemv", "use_triton", "m_bucket", "config_for", "default_config", "sweep_space"]
 
 MAX_ROWS = 8
 
@@ -147,6 +147,12 @@ USE_TRITON: dict[tuple[int, int, int], bool] = {
 }
 
 
+# NOTE: (N, K, M bucket) of the down projections where `linear_swiglu` runs the SwiGLU inside the
+#       GEMV (config from CONFIGS). Empty until measured on the H200 (`bench/gemv.py --out FILE`
+#       prints it); until then the SwiGLU is its own kernel followed by `linear`.
+USE_TRITON_SWIGLU: dict[tuple[int, int, int], bool] = {}
+
+
 def m_bucket(m: int) -> int:
     return 1 if m <= 1 else 2 if m == 2 else 4 if m <= 4 else 8
 
@@ -218,9 +224,11 @@ def sweep_space(n: int, k: int, m: int, num_sms: int = 132, full: bool = False) 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
                  M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                 DOT: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr):
+                 DOT: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, SWIGLU: tl.constexpr = False):
     """y[m, n] = sum_k x[m, k] w[n, k]; program (pid_n, pid_k) covers rows pid_n*BLOCK_N.. and the K range
-    [pid_k * k_per_split, +k_per_split) (k_per_split a multiple of BLOCK_K)."""
+    [pid_k * k_per_split, +k_per_split) (k_per_split a multiple of BLOCK_K).
+    SWIGLU: x_ptr holds [gate | up] rows of 2K and x[m, k] = silu(gate[m, k]) * up[m, k], rounded as
+    `silu_mul` rounds it (silu to x's dtype, then the product)."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -242,10 +250,18 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
             offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
             w = tl.load(w_rows + offs_k[None, :], eviction_policy="evict_first")
             xv = tl.load(x_rows + offs_k[None, :])
+            if SWIGLU:
+                up = tl.load(x_rows + K + offs_k[None, :])
         else:
             km = offs_k < k_end
             w = tl.load(w_rows + offs_k[None, :], mask=km[None, :], other=0.0, eviction_policy="evict_first")
             xv = tl.load(x_rows + offs_k[None, :], mask=km[None, :], other=0.0)
+            if SWIGLU:
+                up = tl.load(x_rows + K + offs_k[None, :], mask=km[None, :], other=0.0)
+        if SWIGLU:
+            g = xv.to(tl.float32)
+            act = (g / (1.0 + tl.exp(-g))).to(xv.dtype).to(tl.float32)
+            xv = (act * up.to(tl.float32)).to(xv.dtype)
         if DOT:
             acc = tl.dot(w, tl.trans(xv), acc, input_precision=PREC)
         elif M_PAD == 1:
@@ -276,6 +292,11 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
         tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], res.to(y_ptr.dtype.element_ty), mask=mask)
 
 
+def _silu_mul_ref(gu: torch.Tensor) -> torch.Tensor:
+    from ninfer.ops.fused import silu_mul_halves
+    return silu_mul_halves(gu)
+
+
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _WARNED: set[str] = set()
 
@@ -293,10 +314,16 @@ def _counters(device: torch.device, n_tiles: int) -> torch.Tensor | None:
     return c
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None) -> torch.Tensor:
+def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, swiglu: bool = False
+         ) -> torch.Tensor:
     """The kernel, forced: x [M, K] (unit last stride, 1 <= M <= 8) @ w[N, K].T -> [M, N] in x.dtype.
-    fp32 accumulation; fp32 inputs are allowed (tests) and use IEEE fp32 dot products."""
+    fp32 accumulation; fp32 inputs are allowed (tests) and use IEEE fp32 dot products.
+    swiglu: x is [M, 2K] = [gate | up] and the product is silu_mul(gate, up) @ w.T (one launch)."""
     M, K = x.shape
+    if swiglu:
+        if K % 2:
+            raise ValueError(f"gemv swiglu: x has an odd width {K} (expected [gate | up])")
+        K //= 2
     N = w.shape[0]
     if not (1 <= M <= MAX_ROWS) or w.shape[1] != K or x.stride(1) != 1 or w.stride(1) != 1 or x.dtype != w.dtype:
         raise ValueError(f"gemv: unsupported x {tuple(x.shape)} {x.dtype} strides {x.stride()}, "
@@ -320,7 +347,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None) -> 
                 _WARNED.add("capture")
                 warnings.warn("ninfer gemv: split-K counters first needed during CUDA-graph capture; "
                               "using F.linear (run the op once before capturing)")
-            return F.linear(x, w)
+            return F.linear(_silu_mul_ref(x) if swiglu else x, w)
         ws = torch.empty(split, M, N, dtype=torch.float32, device=x.device)
     else:
         cnt, ws = y, y                                     # unused (SPLIT=False)
@@ -329,7 +356,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None) -> 
     _gemv_kernel[(n_tiles, split)](
         x, w, y, ws, cnt, M, N, K, x.stride(0), w.stride(0), y.stride(0), k_per_split,
         M_PAD=m_pad, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1, DOT=cfg.dot, EVEN_K=K % bk == 0, PREC=prec,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SWIGLU=swiglu, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return y
 
 
@@ -343,3 +370,17 @@ def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if 1 <= M <= MAX_ROWS and use_triton(w.shape[0], w.shape[1], M) and x2.stride(-1) == 1:
             return gemv(x2, w).reshape(*x.shape[:-1], w.shape[0])
     return F.linear(x, w)
+
+
+def linear_swiglu(gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """silu_mul_halves(gu) @ w.T (`ninfer.ops.fused.linear_swiglu`): the SwiGLU folded into the GEMV's
+    x load (one launch instead of two) for the shapes USE_TRITON_SWIGLU marks as measured faster;
+    otherwise the fast SwiGLU kernel, then `linear`."""
+    rows = gu.reshape(-1, gu.shape[-1])
+    M, N, K = rows.shape[0], w.shape[0], gu.shape[-1] // 2
+    if (gu.is_cuda and gu.dtype in (torch.bfloat16, torch.float16) and w.dtype == gu.dtype and 1 <= M <= MAX_ROWS
+            and gu.shape[-1] == 2 * K and w.dim() == 2 and w.shape[1] == K and rows.stride(-1) == 1
+            and w.stride(1) == 1 and USE_TRITON_SWIGLU.get((N, K, m_bucket(M)), False)):
+        return gemv(rows, w, config_for(N, K, M, gu.device), swiglu=True).view(*gu.shape[:-1], N)
+    from ninfer.ops.fast.fused import silu_mul_halves
+    return linear(silu_mul_halves(gu), w)
