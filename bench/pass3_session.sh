@@ -29,7 +29,7 @@ for part in "$@"; do
     kernels) timeout ${T_KERNELS:-90} python3 bench/graph_kernels.py --identity qwen3_6-27b qwen3_6-35b-a3b --batches 1 8 2>&1 \
                | tee -a "$LOG" | tail -30 ;;
     decode)  timeout ${T_DECODE:-200} python3 -m ninfer.cli.main bench decode --identity qwen3_6-27b qwen3_6-35b-a3b \
-               --ctx 1024 --batches 1 2 4 8 --reps 10 --no-ref --prefill-ref-gdn --host-overhead --no-hf-baseline \
+               --ctx ${DECODE_CTX:-1024} --batches 1 2 4 8 --reps 10 --no-ref --prefill-ref-gdn --host-overhead --no-hf-baseline \
                --step-timeout 80 2>&1 | tee -a "$LOG" | tail -30 ;;
     gemv)    timeout ${T_GEMV:-300} python3 bench/gemv.py --out "$OUT/gemv_configs.txt" ${GEMV_ARGS:-} 2>&1 \
                | tee -a "$LOG" | tail -60 ;;
@@ -43,7 +43,7 @@ for part in "$@"; do
                --identity qwen3_6-27b qwen3_6-35b-a3b --concurrency 1 2 4 8 --prompt-len 1024 --output-len 32 \
                --requests-per-client 1 --startup-timeout 120 --step-timeout 60 2>&1 | tee -a "$LOG" | grep -v "^JSON" | tail -16 ;;
     prefill) timeout ${T_PREFILL:-200} python3 -m ninfer.cli.main bench prefill --identity qwen3_6-27b qwen3_6-35b-a3b \
-               --lengths 1024 8192 --reps 3 --chunk 8192 --step-timeout 120 2>&1 | tee -a "$LOG" | tail -20 ;;
+               --lengths ${PREFILL_LENGTHS:-1024 8192} --reps 3 --long-reps 1 --chunk 8192 --step-timeout 120 2>&1 | tee -a "$LOG" | tail -20 ;;
   esac
 done
 stamp end
