@@ -38,6 +38,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from ninfer.ops.fast.fused import silu_mul_halves as _fast_silu_mul_halves
+
 __all__ = ["GemvConfig", "CONFIGS", "USE_TRITON", "USE_TRITON_SWIGLU", "MAX_ROWS", "linear", "linear_swiglu",
            "gemv", "use_triton", "m_bucket", "config_for", "default_config", "sweep_space"]
 
@@ -293,8 +295,7 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
 
 
 def _silu_mul_ref(gu: torch.Tensor) -> torch.Tensor:
-    from ninfer.ops.fused import silu_mul_halves
-    return silu_mul_halves(gu)
+    return _fast_silu_mul_halves(gu)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -382,5 +383,4 @@ def linear_swiglu(gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             and gu.shape[-1] == 2 * K and w.dim() == 2 and w.shape[1] == K and rows.stride(-1) == 1
             and w.stride(1) == 1 and USE_TRITON_SWIGLU.get((N, K, m_bucket(M)), False)):
         return gemv(rows, w, config_for(N, K, M, gu.device), swiglu=True).view(*gu.shape[:-1], N)
-    from ninfer.ops.fast.fused import silu_mul_halves
-    return linear(silu_mul_halves(gu), w)
+    return linear(_fast_silu_mul_halves(gu), w)
