@@ -22,6 +22,7 @@ import triton.language as tl
 from ninfer.ops import attention as _ref
 from ninfer.ops.attention import gather_kv_paged
 from ninfer.ops.fast._index import device_index
+from ninfer.ops.fast import _pdl
 
 __all__ = ["decode_paged_attention", "chunk_paged_attention", "decode_splits"]
 
@@ -34,7 +35,9 @@ def _paged_decode_kernel(
     stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
     HQ: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     BH: tl.constexpr, BN: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    _pdl.enter(PDL)
     i_b = tl.program_id(0)
     i_kv = tl.program_id(1)
     i_s = tl.program_id(2)
@@ -74,7 +77,8 @@ def _paged_decode_kernel(
 
 @triton.jit
 def _merge_kernel(part_o, part_ml, out, nsplit, stride_ob, stride_oh, HQ: tl.constexpr, D: tl.constexpr,
-                  BS: tl.constexpr):
+                  BS: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl.enter(PDL)
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
     o_s = tl.arange(0, BS)
@@ -120,12 +124,12 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
         q, k_cache, v_cache, bt, lens, part_o, part_ml, float(scale), per, nsplit,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), bt.stride(0),
-        HQ=Hq, REP=rep, D=D, PAGE=page, BH=BH, BN=BN, num_warps=4, num_stages=2)
+        HQ=Hq, REP=rep, D=D, PAGE=page, BH=BH, BN=BN, num_warps=4, num_stages=2, **_pdl.launch())
     out = torch.empty_like(q)
     # NOTE: the split count is a run-time argument (it follows the block-table width, which grows
     #       with the context): only BS, its next power of two, selects a compiled variant.
     _merge_kernel[(B, Hq)](part_o, part_ml, out, nsplit, out.stride(0), out.stride(1), HQ=Hq, D=D,
-                           BS=max(2, triton.next_power_of_2(nsplit)), num_warps=4)
+                           BS=max(2, triton.next_power_of_2(nsplit)), num_warps=4, **_pdl.launch())
     return out
 
 

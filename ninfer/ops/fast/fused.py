@@ -26,6 +26,7 @@ import triton.language as tl
 from ninfer.ops import attention as _ref_attention
 from ninfer.ops import fused as _ref
 from ninfer.ops import gated_delta as _ref_gd
+from ninfer.ops.fast import _pdl
 
 __all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "sigmoid_gate_mul", "gdn_gates", "write_kv_paged"]
 
@@ -59,7 +60,9 @@ def _fround(x, dtype: tl.constexpr):
 # add_rms_norm
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _add_rms_norm_kernel(x, d, w, y, xn, H, sx, sd, eps, HAS_DELTA: tl.constexpr, BH: tl.constexpr):
+def _add_rms_norm_kernel(x, d, w, y, xn, H, sx, sd, eps, HAS_DELTA: tl.constexpr, BH: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    _pdl.enter(PDL)
     i = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BH)
     m = c < H
@@ -88,7 +91,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     _add_rms_norm_kernel[(x2.shape[0],)](
         x2, x2 if d2 is None else d2, weight.contiguous(), y, xn, H, x2.stride(0),
         0 if d2 is None else d2.stride(0), float(eps), HAS_DELTA=delta is not None, BH=BH,
-        num_warps=max(1, min(16, BH // 512)))
+        num_warps=max(1, min(16, BH // 512)), **_pdl.launch())
     return y.view(x.shape), (x if delta is None else xn.view(x.shape))
 
 
@@ -97,7 +100,9 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 # ------------------------------------------------------------------------------------------------
 @triton.jit
 def _qk_norm_rope_kernel(q, k, wq, wk, cos, sin, qo, ko, NH, NKV, D, ROT,
-                         sq0, sq1, sk0, sk1, sc, ss, eps, HB: tl.constexpr, BD: tl.constexpr):
+                         sq0, sq1, sk0, sk1, sc, ss, eps, HB: tl.constexpr, BD: tl.constexpr,
+                         PDL: tl.constexpr = False):
+    _pdl.enter(PDL)
     # NOTE: the program's HB heads run over the q heads then the k heads of token n; each row
     #       loads from q or k under complementary masks (masked-off lanes touch no memory).
     n = tl.program_id(0).to(tl.int64)
@@ -156,7 +161,7 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
     _qk_norm_rope_kernel[(N, triton.cdiv(NH + NKV, HB))](
         q, k, q_weight.contiguous(), k_weight.contiguous(), cos, sin, qo, ko, NH, NKV, D, cos.shape[1],
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0), float(eps),
-        HB=HB, BD=BD, num_warps=max(1, min(8, HB * BD // 256)))
+        HB=HB, BD=BD, num_warps=max(1, min(8, HB * BD // 256)), **_pdl.launch())
     return qo, ko
 
 
@@ -167,7 +172,8 @@ _EW_BLOCK = 1024
 
 
 @triton.jit
-def _silu_mul_halves_kernel(gu, y, I, s, BLOCK: tl.constexpr):
+def _silu_mul_halves_kernel(gu, y, I, s, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl.enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < I
@@ -186,12 +192,13 @@ def silu_mul_halves(gu: torch.Tensor) -> torch.Tensor:
     I = gu.shape[-1] // 2
     y = torch.empty((gu2.shape[0], I), dtype=gu.dtype, device=gu.device)
     _silu_mul_halves_kernel[(gu2.shape[0], triton.cdiv(I, _EW_BLOCK))](gu2, y, I, gu2.stride(0), BLOCK=_EW_BLOCK,
-                                                                       num_warps=4)
+                                                                       num_warps=4, **_pdl.launch())
     return y.view(*gu.shape[:-1], I)
 
 
 @triton.jit
-def _sigmoid_gate_mul_kernel(o, g, y, H, D, so0, so1, sg0, sg1, BLOCK: tl.constexpr):
+def _sigmoid_gate_mul_kernel(o, g, y, H, D, so0, so1, sg0, sg1, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl.enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < H * D
@@ -213,7 +220,8 @@ def sigmoid_gate_mul(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     N, H, D = o3.shape
     y = torch.empty(o.shape, dtype=o.dtype, device=o.device)
     _sigmoid_gate_mul_kernel[(N, triton.cdiv(H * D, _EW_BLOCK))](
-        o3, g3, y, H, D, o3.stride(0), o3.stride(1), g3.stride(0), g3.stride(1), BLOCK=_EW_BLOCK, num_warps=4)
+        o3, g3, y, H, D, o3.stride(0), o3.stride(1), g3.stride(0), g3.stride(1), BLOCK=_EW_BLOCK, num_warps=4,
+        **_pdl.launch())
     return y
 
 
@@ -221,7 +229,9 @@ def sigmoid_gate_mul(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 # gdn_gates
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _gdn_gates_kernel(a, b, A_log, dt_bias, g, beta, N, HV, sa, sb, BN: tl.constexpr, BH: tl.constexpr):
+def _gdn_gates_kernel(a, b, A_log, dt_bias, g, beta, N, HV, sa, sb, BN: tl.constexpr, BH: tl.constexpr,
+                      PDL: tl.constexpr = False):
+    _pdl.enter(PDL)
     n = (tl.program_id(0) * BN + tl.arange(0, BN)).to(tl.int64)[:, None]
     h = tl.arange(0, BH)[None, :]
     m = (n < N) & (h < HV)
@@ -252,7 +262,7 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
     BH = triton.next_power_of_2(HV)
     BN = max(1, min(64, 2048 // BH))
     _gdn_gates_kernel[(triton.cdiv(N, BN),)](a2, b2, A_log.contiguous(), dt_bias.contiguous(), g, beta, N, HV,
-                                             a2.stride(0), b2.stride(0), BN=BN, BH=BH, num_warps=4)
+                                             a2.stride(0), b2.stride(0), BN=BN, BH=BH, num_warps=4, **_pdl.launch())
     return g.view(a.shape), beta.view(b.shape)
 
 
@@ -262,7 +272,8 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
 @triton.jit
 def _write_kv_paged_kernel(kc, vc, k, v, bt, pos, rows, S, H, D, sbt0, sbt1, spos, srow,
                            skc0, skc1, skc2, skc3, svc0, svc1, svc2, svc3, sk0, sk1, sv0, sv1,
-                           HAS_ROWS: tl.constexpr, BLOCK: tl.constexpr):
+                           HAS_ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl.enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     p = tl.load(pos + n * spos).to(tl.int64)
     row = tl.load(rows + n * srow).to(tl.int64) if HAS_ROWS else 0
@@ -300,5 +311,5 @@ def write_kv_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
         k_cache, v_cache, k, v, block_table, positions, r, k_cache.shape[1], H, D,
         block_table.stride(0), block_table.stride(1), positions.stride(0), r.stride(0),
         *k_cache.stride(), *v_cache.stride(), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        HAS_ROWS=rows is not None, BLOCK=_EW_BLOCK, num_warps=4)
+        HAS_ROWS=rows is not None, BLOCK=_EW_BLOCK, num_warps=4, **_pdl.launch())
     return None

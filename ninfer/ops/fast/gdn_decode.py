@@ -20,6 +20,7 @@ import triton.language as tl
 
 from ninfer.ops import fused as _ref
 from ninfer.ops.fast._index import device_index
+from ninfer.ops.fast import _pdl
 
 __all__ = ["gdn_conv_recurrent"]
 
@@ -49,7 +50,9 @@ def _gdn_conv_recurrent_kernel(
     x, w, conv, a, b, A_log, dt_bias, o, state, src, dst, scale,
     stride_x, stride_cs, stride_a, stride_b,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
+    _pdl.enter(PDL)
     i_b = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_v = tl.program_id(2)
@@ -122,5 +125,5 @@ def gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_s
     _gdn_conv_recurrent_kernel[(B, HV, triton.cdiv(V, BV))](
         qkv, w, conv_state, a, b, A_log, dt_bias, o, rec_state, src_i, dst_i, float(K ** -0.5),
         qkv.stride(0), conv_state.stride(0), a.stride(0), b.stride(0),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, num_warps=4)
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, num_warps=4, **_pdl.launch())
     return o

@@ -39,6 +39,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.fast.fused import silu_mul_halves as _fast_silu_mul_halves
+from ninfer.ops.fast import _pdl
 
 __all__ = ["GemvConfig", "CONFIGS", "USE_TRITON", "USE_TRITON_SWIGLU", "MAX_ROWS", "linear", "linear_swiglu",
            "gemv", "use_triton", "m_bucket", "config_for", "default_config", "sweep_space"]
@@ -226,11 +227,13 @@ def sweep_space(n: int, k: int, m: int, num_sms: int = 132, full: bool = False) 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
                  M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
-                 DOT: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, SWIGLU: tl.constexpr = False):
+                 DOT: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, SWIGLU: tl.constexpr = False,
+                 PDL: tl.constexpr = False):
     """y[m, n] = sum_k x[m, k] w[n, k]; program (pid_n, pid_k) covers rows pid_n*BLOCK_N.. and the K range
     [pid_k * k_per_split, +k_per_split) (k_per_split a multiple of BLOCK_K).
     SWIGLU: x_ptr holds [gate | up] rows of 2K and x[m, k] = silu(gate[m, k]) * up[m, k], rounded as
     `silu_mul` rounds it (silu to x's dtype, then the product)."""
+    _pdl.enter(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -357,7 +360,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
     _gemv_kernel[(n_tiles, split)](
         x, w, y, ws, cnt, M, N, K, x.stride(0), w.stride(0), y.stride(0), k_per_split,
         M_PAD=m_pad, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1, DOT=cfg.dot, EVEN_K=K % bk == 0, PREC=prec,
-        SWIGLU=swiglu, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        SWIGLU=swiglu, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl.launch())
     return y
 
 

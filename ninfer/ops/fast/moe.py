@@ -39,6 +39,7 @@ import triton.language as tl
 
 from ninfer.ops.fused import silu_mul_halves
 from ninfer.ops.moe import MoeRouting, SharedExpert
+from ninfer.ops.fast import _pdl
 
 __all__ = ["route_topk", "moe_experts", "MAX_PAIRS", "PREFILL_CHUNK"]
 
@@ -51,7 +52,8 @@ PREFILL_CHUNK = 8192     # tokens per grouped-GEMM pass
 # ------------------------------------------------------------------------------------------------
 @triton.jit
 def _route_topk_kernel(logits, w_out, id_out, E, stride_l, K: tl.constexpr, BE: tl.constexpr,
-                       BK: tl.constexpr):
+                       BK: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     o_e = tl.arange(0, BE)
     me = o_e < E
@@ -92,7 +94,7 @@ def route_topk(router_logits: torch.Tensor, top_k: int) -> MoeRouting:
     if T:
         BE = triton.next_power_of_2(E)
         _route_topk_kernel[(T,)](lg, w, ids, E, lg.stride(0), K=top_k, BE=BE,
-                                 BK=triton.next_power_of_2(top_k), num_warps=1 if BE <= 1024 else 4)
+                                 BK=triton.next_power_of_2(top_k), num_warps=1 if BE <= 1024 else 4, **_pdl.launch())
     return MoeRouting(w, ids)
 
 
@@ -101,8 +103,10 @@ def route_topk(router_logits: torch.Tensor, top_k: int) -> MoeRouting:
 # ------------------------------------------------------------------------------------------------
 @triton.jit
 def _gate_up_act_kernel(x, ids, w, act, I, H, stride_x, stride_we, stride_wn, stride_act,
-                        TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+                        TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
+                        PDL: tl.constexpr = False):
     """act[p, n] = silu(Σ_h w[e_p, n, h] x[t_p, h]) · Σ_h w[e_p, I + n, h] x[t_p, h], t_p = p // TOPK."""
+    _pdl.enter(PDL)
     p = tl.program_id(0)
     o_n = tl.program_id(1) * BN + tl.arange(0, BN)
     mn = o_n < I
@@ -134,8 +138,9 @@ def _gate_up_act_kernel(x, ids, w, act, I, H, stride_x, stride_we, stride_wn, st
 def _down_sum_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is,
                      stride_act, stride_de, stride_dn, stride_out, stride_sgu, stride_sg, stride_sdn,
                      TOPK: tl.constexpr, HAS_SHARED: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                     BKS: tl.constexpr):
+                     BKS: tl.constexpr, PDL: tl.constexpr = False):
     """out[t, n] = Σ_j rw[t, j] Σ_i down[ids[t, j], n, i] act[t·TOPK + j, i]  (+ the shared expert)."""
+    _pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     o_n = tl.program_id(1) * BN + tl.arange(0, BN)
     mn = o_n < H
@@ -188,7 +193,7 @@ def _decode(x, ids, weights, gate_up, down, shared):
     BN1, BK1 = 16, min(256, triton.next_power_of_2(H))
     _gate_up_act_kernel[(P, triton.cdiv(I, BN1))](
         x, ids, gate_up, act, I, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
-        TOPK=k, BN=BN1, BK=BK1, EVEN_K=H % BK1 == 0, num_warps=4)
+        TOPK=k, BN=BN1, BK=BK1, EVEN_K=H % BK1 == 0, num_warps=4, **_pdl.launch())
     out = torch.empty(T, H, dtype=x.dtype, device=x.device)
     BN2 = 8 if T <= 2 else 16                        # T <= 2: 256+ programs, 2 per SM, for latency hiding
     BK2 = min(512, triton.next_power_of_2(I))
@@ -203,7 +208,7 @@ def _decode(x, ids, weights, gate_up, down, shared):
         act, ids, weights, down, out, *s_args, H, I, Is,
         act.stride(0), down.stride(0), down.stride(1), out.stride(0), *s_strides,
         TOPK=k, HAS_SHARED=shared is not None, BN=BN2, BK=BK2,
-        BKS=min(512, triton.next_power_of_2(Is)), num_warps=4)
+        BKS=min(512, triton.next_power_of_2(Is)), num_warps=4, **_pdl.launch())
     return out
 
 
