@@ -61,3 +61,33 @@ def test_gdn_conv_recurrent_vs_reference(dtype, B, shape):
     untouched[src.cpu()] = False
     untouched[dst.cpu()] = False
     assert conv[untouched.to(_DEV)].isnan().all() and rec[untouched.to(_DEV)].isnan().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gdn_conv_recurrent_in_place_falls_back_to_the_fast_ops(dtype):
+    """dst None (state stepped in place at src) is not the one-kernel form (its q/k conv channels
+    are read by several programs): the op runs the fast set's gates, conv update and delta rule,
+    with the reference composition's result."""
+    from ninfer.ops import fused as ref
+    from ninfer.ops.fast.gdn_decode import gdn_conv_recurrent
+
+    H, HV, K, V = SHAPES[-1]
+    B, C = 3, 2 * H * K + HV * V
+    g0 = torch.Generator(device=_DEV).manual_seed(5)
+    rnd = lambda *s, scale=1.0: torch.randn(*s, generator=g0, device=_DEV) * scale  # noqa: E731
+    wide = rnd(B, C + 2 * HV, scale=2.0).to(dtype)
+    qkv, b, a = wide[:, :C], wide[:, C:C + HV], wide[:, C + HV:]
+    conv_w, A_log, dt_bias = rnd(C, 1, 4, scale=0.5).to(dtype), rnd(HV, scale=0.5), rnd(HV, scale=0.5)
+    src = torch.tensor([4, 0, 2], device=_DEV)
+    conv0, rec0 = rnd(6, C, 3).to(dtype), rnd(6, HV, K, V, scale=0.3)
+    outs = []
+    for fn in (gdn_conv_recurrent, ref.gdn_conv_recurrent):
+        conv, rec = conv0.clone(), rec0.clone()
+        o = fn(qkv, conv_w, conv, a, b, A_log, dt_bias, rec, src, None, num_k_heads=H, head_k_dim=K, head_v_dim=V)
+        outs.append((o, conv, rec))
+    (o, conv, rec), (o_r, conv_r, rec_r) = outs
+    tol = 2e-3 if dtype == torch.float32 else 2e-2
+    assert rel_rms(o, o_r) < tol and rel_rms(rec[src], rec_r[src]) < tol
+    assert torch.equal(conv[src], conv_r[src])
+    untouched = torch.tensor([1, 3, 5], device=_DEV)
+    assert torch.equal(conv[untouched], conv0[untouched]) and torch.equal(rec[untouched], rec0[untouched])

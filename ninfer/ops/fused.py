@@ -59,22 +59,24 @@ def linear_swiglu(gu: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 def gdn_conv_recurrent(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor, a: torch.Tensor,
                        b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, rec_state: torch.Tensor,
                        src: torch.Tensor, dst: torch.Tensor | None, *,
-                       num_k_heads: int, head_k_dim: int, head_v_dim: int) -> torch.Tensor:
+                       num_k_heads: int, head_k_dim: int, head_v_dim: int, ops=None) -> torch.Tensor:
     """The state part of one GDN decode token per row: `gdn_gates(a, b, A_log, dt_bias)` (a, b [B, HV]
     raw projections), `causal_conv1d_update` (SiLU) of qkv [B, C] (C = 2 * H * K + HV * V: q heads,
     k heads, v heads), then `fused_recurrent_gated_delta_rule` with q/k L2-norm. Both states are read
     at the entries src [B] and the stepped states written at dst [B] (None: in place at src).
-    conv_state [S, C, K-1], rec_state [S, HV, K, V] fp32. Returns o [B, HV, V] in qkv.dtype."""
-    from ninfer.ops.conv import causal_conv1d_update
-    from ninfer.ops.gated_delta import fused_recurrent_gated_delta_rule, gdn_gates
-
+    conv_state [S, C, K-1], rec_state [S, HV, K, V] fp32. Returns o [B, HV, V] in qkv.dtype.
+    ops: the OpSet whose gates / conv update / delta rule compose it (default: the references; the
+    fast one-kernel op falls back to the fast set's three kernels)."""
+    if ops is None:
+        from ninfer.ops.fast import reference_ops
+        ops = reference_ops()
     B = qkv.shape[0]
     H, K, V = num_k_heads, head_k_dim, head_v_dim
     HV = a.shape[-1]
-    g, beta = gdn_gates(a, b, A_log, dt_bias)
-    u, _ = causal_conv1d_update(qkv, conv_weight, conv_state, state_indices=src, dst_indices=dst)
+    g, beta = ops.gdn_gates(a, b, A_log, dt_bias)
+    u, _ = ops.causal_conv1d_update(qkv, conv_weight, conv_state, state_indices=src, dst_indices=dst)
     q, k, v = torch.split(u, (H * K, H * K, HV * V), dim=-1)
-    o, _ = fused_recurrent_gated_delta_rule(
+    o, _ = ops.fused_recurrent_gated_delta_rule(
         q.reshape(B, 1, H, K), k.reshape(B, 1, H, K), v.reshape(B, 1, HV, V), g.unsqueeze(1), beta.unsqueeze(1),
         initial_state=rec_state, state_indices=src, dst_indices=dst, use_qk_l2norm_in_kernel=True)
     return o.reshape(B, HV, V)

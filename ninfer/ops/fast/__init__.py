@@ -8,7 +8,8 @@ reference's signature and results and is tested against it (tests/test_fast_ops_
     conv.chunk_causal_conv1d / causal_conv1d_update   Triton, slot-indexed conv state
     attention.decode_paged_attention              Triton split-K paged GQA decode
     attention.chunk_paged_attention               paged gather + PyTorch SDPA (flash), no [L, C] matrix
-    norms.rms_norm / gated_rms_norm               Triton row kernels
+    norms.gated_rms_norm                          Triton row kernel (norms.rms_norm: kernel bench only; the
+                                                  schedule's norms are fused.add_rms_norm)
     fused.*                                       one Triton kernel per fused step (residual + norm, q/k norm +
                                                   rotary, SwiGLU, sigmoid gate, GDN gates, paged KV write)
     moe.route_topk / moe_experts                  Triton routing (one kernel) and routed experts: grouped GEMV
@@ -35,7 +36,6 @@ class OpSet(NamedTuple):
     """The ops the family schedule calls, with the reference signatures. In the fast set the
     stateful ops update slot pools in place and skip the gather of the returned state (None)."""
     name: str
-    rms_norm: Callable
     gated_rms_norm: Callable
     chunk_causal_conv1d: Callable
     causal_conv1d_update: Callable
@@ -60,7 +60,7 @@ class OpSet(NamedTuple):
 @functools.cache
 def reference_ops() -> OpSet:
     from ninfer.ops import attention, conv, fused, gated_delta, moe, norms
-    return OpSet("reference", norms.rms_norm, norms.gated_rms_norm, conv.chunk_causal_conv1d,
+    return OpSet("reference", norms.gated_rms_norm, conv.chunk_causal_conv1d,
                  conv.causal_conv1d_update, gated_delta.chunk_gated_delta_rule,
                  gated_delta.fused_recurrent_gated_delta_rule, attention.write_kv_paged,
                  attention.chunk_paged_attention, attention.decode_paged_attention, moe.moe_experts,
@@ -86,7 +86,7 @@ def fast_ops() -> OpSet:
     from ninfer.ops.fast import attention, conv, fused, gated_delta, gdn_decode, gemv, moe, norms
     nog = dict(gather_final_state=False)
     return OpSet(
-        "fast", norms.rms_norm, norms.gated_rms_norm,
+        "fast", norms.gated_rms_norm,
         functools.partial(conv.chunk_causal_conv1d, **nog), functools.partial(conv.causal_conv1d_update, **nog),
         functools.partial(gated_delta.chunk_gated_delta_rule, **nog),
         functools.partial(gated_delta.fused_recurrent_gated_delta_rule, **nog),

@@ -9,8 +9,9 @@ separate launch wrote, so the step is one launch instead of three.
 
 Conv state: read at src[b], stepped state written at dst[b]. The q/k channels of a key head are
 read by every program of that head, so dst must differ from src (the decode graph's committed
-slot -> provisional entry); the v channels are read and written by one program only. With
-dst == src the caller must use the two separate ops.
+slot -> provisional entry; not checked: entries are data); the v channels are read and written by
+one program only. With dst None (in place), or a layout the kernel does not take, the op runs the
+fast set's three kernels instead.
 """
 from __future__ import annotations
 
@@ -116,8 +117,9 @@ def gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_s
           and a.stride(-1) == 1 and b.stride(-1) == 1 and a.dim() == 2 and b.shape == a.shape and B > 0
           and A_log.is_contiguous() and dt_bias.is_contiguous())
     if not ok:
+        from ninfer.ops.fast import fast_ops
         return _ref.gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_state, src, dst,
-                                       num_k_heads=H, head_k_dim=K, head_v_dim=V)
+                                       num_k_heads=H, head_k_dim=K, head_v_dim=V, ops=fast_ops())
     src_i, dst_i = device_index(src, qkv.device), device_index(dst, qkv.device)
     o = torch.empty(B, HV, V, dtype=qkv.dtype, device=qkv.device)
     BK = triton.next_power_of_2(K)

@@ -297,10 +297,6 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
         tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], res.to(y_ptr.dtype.element_ty), mask=mask)
 
 
-def _silu_mul_ref(gu: torch.Tensor) -> torch.Tensor:
-    return _fast_silu_mul_halves(gu)
-
-
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 _WARNED: set[str] = set()
 
@@ -351,7 +347,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
                 _WARNED.add("capture")
                 warnings.warn("ninfer gemv: split-K counters first needed during CUDA-graph capture; "
                               "using F.linear (run the op once before capturing)")
-            return F.linear(_silu_mul_ref(x) if swiglu else x, w)
+            return F.linear(_fast_silu_mul_halves(x) if swiglu else x, w)
         ws = torch.empty(split, M, N, dtype=torch.float32, device=x.device)
     else:
         cnt, ws = y, y                                     # unused (SPLIT=False)
