@@ -8,6 +8,7 @@
 #   prefill  TTFT 1k/8k, 27B and 35B-A3B
 #   hfbase   decode B=1 with the transformers baseline in the same run
 #   serve    OpenAI API end to end (`ninfer serve --load-format dummy`), concurrency 1/2/4/8
+#   profile  per-kernel GPU time of a decode graph replay (+ PDL on/off) and of one prefill (bench/profile_step.py)
 #   serve_engine  the same workload through the public Engine in process (what the gateway adds)
 # Everything goes to $OUT/run.log (the device returns at most 8 files); Triton's cache to $OUT/tcache.tgz.
 set -o pipefail
@@ -42,6 +43,9 @@ for part in "$@"; do
     serve_engine) timeout ${T_SERVE:-200} python3 -m ninfer.cli.main bench serve --in-process \
                --identity qwen3_6-27b qwen3_6-35b-a3b --concurrency 1 2 4 8 --prompt-len 1024 --output-len 32 \
                --requests-per-client 1 --startup-timeout 120 --step-timeout 60 2>&1 | tee -a "$LOG" | grep -v "^JSON" | tail -16 ;;
+    profile) timeout ${T_PROFILE:-300} python3 bench/profile_step.py --decode ${PROFILE_DECODE:-qwen3_6-27b qwen3_6-35b-a3b} \
+               --batches ${PROFILE_BATCHES:-1} ${PROFILE_PDL:---pdl} --prefill ${PROFILE_PREFILL:-qwen3_6-27b:8192} 2>&1 \
+               | tee -a "$LOG" | tail -${PROFILE_TAIL:-400} > /dev/null ;;
     prefill) timeout ${T_PREFILL:-200} python3 -m ninfer.cli.main bench prefill --identity qwen3_6-27b qwen3_6-35b-a3b \
                --lengths ${PREFILL_LENGTHS:-1024 8192} --reps 3 --long-reps 1 --chunk 8192 --step-timeout 120 2>&1 | tee -a "$LOG" | tail -20 ;;
   esac
