@@ -133,10 +133,11 @@ def test_graphs_off_switch_and_ops_swap_run_eagerly():
 @pytest.mark.skipif(torch.cuda.get_device_capability()[0] < 9, reason="PDL needs compute capability >= 9")
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
 def test_graph_decode_with_pdl_equals_eager(identity, monkeypatch):
-    """Programmatic dependent launch (NINFER_PDL=1): every PDL-aware kernel waits for its predecessor
-    before touching memory, so the captured decode (and eager) give the same tokens and logits as
-    without it."""
+    """Programmatic dependent launch (on by default on sm_90+): every PDL-aware kernel waits for its
+    predecessor before touching what earlier kernels write, so the captured decode (and eager) give the
+    same tokens and logits as without it."""
     from ninfer.ops.fast import _pdl
+    monkeypatch.setattr(_pdl, "enabled", lambda: False)
     te, le, _ = _run(identity, "eager")
     monkeypatch.setattr(_pdl, "enabled", lambda: True)
     tg, lg, replays = _run(identity, "graphs")

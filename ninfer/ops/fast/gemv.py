@@ -225,6 +225,44 @@ def sweep_space(n: int, k: int, m: int, num_sms: int = 132, full: bool = False) 
 # kernel
 # ------------------------------------------------------------------------------------------------
 @triton.jit
+def _load_w(w_rows, offs_k, k_end, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    if EVEN_K:
+        offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
+        w = tl.load(w_rows + offs_k[None, :], eviction_policy="evict_first")
+    else:
+        w = tl.load(w_rows + offs_k[None, :], mask=(offs_k < k_end)[None, :], other=0.0,
+                    eviction_policy="evict_first")
+    return w
+
+
+@triton.jit
+def _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD: tl.constexpr, DOT: tl.constexpr, EVEN_K: tl.constexpr,
+                PREC: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_K: tl.constexpr):
+    """acc += the products of one [BLOCK_N, BLOCK_K] weight block `w` with the x rows' K block."""
+    if EVEN_K:
+        offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
+        xv = tl.load(x_rows + offs_k[None, :])
+        if SWIGLU:
+            up = tl.load(x_rows + K + offs_k[None, :])
+    else:
+        km = offs_k < k_end
+        xv = tl.load(x_rows + offs_k[None, :], mask=km[None, :], other=0.0)
+        if SWIGLU:
+            up = tl.load(x_rows + K + offs_k[None, :], mask=km[None, :], other=0.0)
+    if SWIGLU:
+        g = xv.to(tl.float32)
+        act = (g / (1.0 + tl.exp(-g))).to(xv.dtype).to(tl.float32)
+        xv = (act * up.to(tl.float32)).to(xv.dtype)
+    if DOT:
+        acc = tl.dot(w, tl.trans(xv), acc, input_precision=PREC)
+    elif M_PAD == 1:
+        acc += w.to(tl.float32) * xv.to(tl.float32)
+    else:
+        acc += tl.sum(w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :], axis=2)
+    return acc
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
                  M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  DOT: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, SWIGLU: tl.constexpr = False,
@@ -233,7 +271,6 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
     [pid_k * k_per_split, +k_per_split) (k_per_split a multiple of BLOCK_K).
     SWIGLU: x_ptr holds [gate | up] rows of 2K and x[m, k] = silu(gate[m, k]) * up[m, k], rounded as
     `silu_mul` rounds it (silu to x's dtype, then the product)."""
-    _pdl.enter(PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -249,30 +286,17 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
         acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     else:
         acc = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
-    for k0 in range(k_start, k_end, BLOCK_K):
+    # NOTE: the first weight block is loaded before the PDL wait: weights are never written by an
+    #       earlier kernel, so under PDL this load overlaps the previous kernel's tail; x, ws and the
+    #       counters are touched only after it (every split has at least one block: no empty splits).
+    offs_k = k_start + tl.arange(0, BLOCK_K)
+    w = _load_w(w_rows, offs_k, k_end, EVEN_K, BLOCK_K)
+    _pdl.enter(PDL)
+    acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K)
+    for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        if EVEN_K:
-            offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
-            w = tl.load(w_rows + offs_k[None, :], eviction_policy="evict_first")
-            xv = tl.load(x_rows + offs_k[None, :])
-            if SWIGLU:
-                up = tl.load(x_rows + K + offs_k[None, :])
-        else:
-            km = offs_k < k_end
-            w = tl.load(w_rows + offs_k[None, :], mask=km[None, :], other=0.0, eviction_policy="evict_first")
-            xv = tl.load(x_rows + offs_k[None, :], mask=km[None, :], other=0.0)
-            if SWIGLU:
-                up = tl.load(x_rows + K + offs_k[None, :], mask=km[None, :], other=0.0)
-        if SWIGLU:
-            g = xv.to(tl.float32)
-            act = (g / (1.0 + tl.exp(-g))).to(xv.dtype).to(tl.float32)
-            xv = (act * up.to(tl.float32)).to(xv.dtype)
-        if DOT:
-            acc = tl.dot(w, tl.trans(xv), acc, input_precision=PREC)
-        elif M_PAD == 1:
-            acc += w.to(tl.float32) * xv.to(tl.float32)
-        else:
-            acc += tl.sum(w.to(tl.float32)[None, :, :] * xv.to(tl.float32)[:, None, :], axis=2)
+        w = _load_w(w_rows, offs_k, k_end, EVEN_K, BLOCK_K)
+        acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K)
     if DOT:
         res = tl.trans(acc)
     elif M_PAD == 1:
