@@ -68,6 +68,11 @@ def _gdn_conv_recurrent_kernel(
     mk = o_k < K
     o_v = i_v * BV + tl.arange(0, BV)
     mv = o_v < V
+    # NOTE: the state tile (the bulk of the bytes) is loaded first, so its latency overlaps the conv and
+    #       gate math below instead of following it.
+    ms = mk[:, None] & mv[None, :]
+    p_s = state + s_src * (HV * K * V) + i_hv * (K * V) + o_k[:, None] * V + o_v[None, :]
+    S = tl.load(p_s, mask=ms, other=0.0)
     # NOTE: one program per key head writes its q/k conv state (the first value head of the group,
     #       first V block); every program writes its own value channels.
     qk_writer = (i_v == 0) & (i_hv % (HV // H) == 0)
@@ -90,9 +95,7 @@ def _gdn_conv_recurrent_kernel(
     bb = (1.0 / (1.0 + tl.exp(-bv_raw))).to(b.dtype.element_ty).to(tl.float32)
     bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
     bk = bk * tl.rsqrt(tl.sum(bk * bk) + 1e-6)
-    ms = mk[:, None] & mv[None, :]
-    p_s = state + s_src * (HV * K * V) + i_hv * (K * V) + o_k[:, None] * V + o_v[None, :]
-    S = tl.load(p_s, mask=ms, other=0.0) * tl.exp(bg)
+    S = S * tl.exp(bg)
     kv = tl.sum(S * bk[:, None], 0)
     delta = (bv - kv) * bb
     S = S + bk[:, None] * delta[None, :]
@@ -123,7 +126,9 @@ def gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_s
     src_i, dst_i = device_index(src, qkv.device), device_index(dst, qkv.device)
     o = torch.empty(B, HV, V, dtype=qkv.dtype, device=qkv.device)
     BK = triton.next_power_of_2(K)
-    BV = min(32, triton.next_power_of_2(V))
+    # NOTE: BV 16 when B * HV * V / 32 would give under ~2 programs per SM (27B B=1: 384 programs instead of
+    #       192; each program's q/k conv recompute is 2 x K channels, cheap next to its K x BV state tile).
+    BV = min(16 if B * HV * triton.cdiv(V, 32) < 264 else 32, triton.next_power_of_2(V))
     _gdn_conv_recurrent_kernel[(B, HV, triton.cdiv(V, BV))](
         qkv, w, conv_state, a, b, A_log, dt_bias, o, rec_state, src_i, dst_i, float(K ** -0.5),
         qkv.stride(0), conv_state.stride(0), a.stride(0), b.stride(0),
