@@ -44,7 +44,7 @@ for part in "$@"; do
                --identity qwen3_6-27b qwen3_6-35b-a3b --concurrency 1 2 4 8 --prompt-len 1024 --output-len 32 \
                --requests-per-client 1 --startup-timeout 120 --step-timeout 60 2>&1 | tee -a "$LOG" | grep -v "^JSON" | tail -16 ;;
     profile) timeout ${T_PROFILE:-300} python3 bench/profile_step.py --decode ${PROFILE_DECODE:-qwen3_6-27b qwen3_6-35b-a3b} \
-               --batches ${PROFILE_BATCHES:-1} ${PROFILE_PDL:---pdl} --prefill ${PROFILE_PREFILL:-qwen3_6-27b:8192} 2>&1 \
+               --batches ${PROFILE_BATCHES:-1} ${PROFILE_PDL:---pdl} --prefill ${PROFILE_PREFILL-qwen3_6-27b:8192} 2>&1 \
                | tee -a "$LOG" | tail -${PROFILE_TAIL:-400} > /dev/null ;;
     prefill) timeout ${T_PREFILL:-200} python3 -m ninfer.cli.main bench prefill --identity qwen3_6-27b qwen3_6-35b-a3b \
                --lengths ${PREFILL_LENGTHS:-1024 8192} --reps 3 --long-reps 1 --chunk 8192 --step-timeout 120 2>&1 | tee -a "$LOG" | tail -20 ;;

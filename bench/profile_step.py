@@ -2,7 +2,8 @@
 
   * a decode graph replay (real sizes, synthetic weights): kernel time vs the replay's span, so the
     launch gaps between kernels are measured apart from what the kernels themselves take;
-    with --pdl also the replay time of graphs captured with NINFER_PDL=1 in the same process;
+    with --pdl also the replay time of graphs captured with programmatic dependent launch switched
+    the other way (NINFER_PDL) in the same process;
   * one prefill of an L-token prompt (eager, as the Engine runs it), grouped by kernel.
 
     PYTHONPATH=$PWD python3 bench/profile_step.py --decode qwen3_6-27b qwen3_6-35b-a3b --batches 1 --pdl \
@@ -99,18 +100,20 @@ def decode(ident: str, batches: list[int], pdl: bool, top: int) -> None:
             table(evs, reps, top, base)
     if pdl:
         from ninfer.ops.fast import _pdl
-        os.environ["NINFER_PDL"] = "1"
+        was = _pdl.enabled()
+        os.environ["NINFER_PDL"] = "0" if was else "1"
         _pdl.enabled.cache_clear()
-        print(f"\n[{ident}] PDL enabled: {_pdl.enabled()}", flush=True)
+        print(f"\n[{ident}] PDL enabled for the first graphs: {was}, for the second: {_pdl.enabled()}", flush=True)
         gs = DecodeGraphs(prog.model, prog._state, cfg.max_batch, cfg.max_model_len, cfg.page_size,
                           torch.device("cuda"))
         gs.capture()
         for B in batches:
-            on = replay_ms(gs._graphs[B])
-            off = replay_ms(prog.graphs._graphs[B])
+            other = replay_ms(gs._graphs[B])
+            first = replay_ms(prog.graphs._graphs[B])
+            on, off = (first, other) if was else (other, first)
             print(f"[{ident} B={B}] replay without PDL {off:.3f} ms, with PDL {on:.3f} ms "
                   f"({off - on:+.3f} ms)", flush=True)
-        os.environ["NINFER_PDL"] = "0"
+        os.environ.pop("NINFER_PDL")
         _pdl.enabled.cache_clear()
         del gs
     del prog, w
@@ -153,7 +156,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--decode", nargs="*", default=[])
     ap.add_argument("--batches", nargs="+", type=int, default=[1])
-    ap.add_argument("--pdl", action="store_true", help="also time graphs captured with NINFER_PDL=1")
+    ap.add_argument("--pdl", action="store_true", help="also time graphs captured with PDL switched the other way")
     ap.add_argument("--prefill", nargs="*", default=[], help="IDENTITY:LENGTH")
     ap.add_argument("--top", type=int, default=30)
     a = ap.parse_args()
