@@ -7,8 +7,9 @@
                              launch merges the splits. The split count is derived from the block-table
                              width (a host-known bound), never from context_lens, so there is no host
                              sync and the launch is CUDA-graph safe.
-    chunk_paged_attention    per row: gather the paged prefix, then PyTorch SDPA (flash / memory-
-                             efficient kernels) with a bottom-right causal mask. No [L, C] matrix.
+    chunk_paged_attention    per row: gather the paged prefix at Hkv heads, then PyTorch SDPA (cuDNN /
+                             flash kernels, enable_gqa: K/V never repeated) with a bottom-right causal
+                             mask. No [L, C] matrix; host row bounds (no sync with CPU index tensors).
 Same arguments and results as `ninfer.ops.attention` (the oracle). Shapes: q [B, Hq, D];
 k_cache, v_cache [num_pages, page_size, Hkv, D]; block_table [B, max_pages]; context_lens [B].
 """
@@ -134,26 +135,34 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
 
 
 def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seqlens_q=None, scale=None):
-    """Prompt-chunk form; see `ninfer.ops.attention.chunk_paged_attention`. q [T_total, Hq, D]."""
+    """Prompt-chunk form; see `ninfer.ops.attention.chunk_paged_attention`. q [T_total, Hq, D].
+
+    NOTE: context_lens and cu_seqlens_q are read on the host (the per-row loop); pass CPU tensors
+    (the schedule does) to avoid a device-to-host sync per layer. K/V are gathered per row at Hkv
+    heads and SDPA runs with enable_gqa (no repeat of K/V to Hq heads); a single row covering all
+    of q returns SDPA's output itself when it is already [T, Hq, D] contiguous (no copy)."""
     from torch.nn.attention.bias import causal_lower_right
 
     scale = _ref.check_gqa(q, k_cache, scale)
-    out = torch.empty_like(q)
-    rep = q.shape[1] // k_cache.shape[2]
-    for b, (ctx, s, e) in enumerate(_ref.chunk_rows(q, context_lens, cu_seqlens_q)):
+    rows = _ref.chunk_rows(q, context_lens, cu_seqlens_q)
+    gqa = q.shape[1] != k_cache.shape[2]
+    out = None
+    for b, (ctx, s, e) in enumerate(rows):
         L = e - s
         if L == 0:
             continue
-        k = gather_kv_paged(k_cache, block_table[b], ctx).transpose(0, 1)          # [Hkv, C, D]
-        v = gather_kv_paged(v_cache, block_table[b], ctx).transpose(0, 1)
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=0)
-            v = v.repeat_interleave(rep, dim=0)
-        qh = q[s:e].transpose(0, 1).unsqueeze(0)                                    # [1, Hq, L, D]
-        k, v = k.unsqueeze(0).to(q.dtype), v.unsqueeze(0).to(q.dtype)
-        if L == ctx:
-            o = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale)
-        else:
-            o = F.scaled_dot_product_attention(qh, k, v, attn_mask=causal_lower_right(L, ctx), scale=scale)
-        out[s:e] = o[0].transpose(0, 1)
-    return out
+        k = gather_kv_paged(k_cache, block_table[b], ctx).transpose(0, 1).unsqueeze(0)      # [1, Hkv, C, D]
+        v = gather_kv_paged(v_cache, block_table[b], ctx).transpose(0, 1).unsqueeze(0)
+        if k.dtype != q.dtype:
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        qh = q[s:e].transpose(0, 1).unsqueeze(0)                                            # [1, Hq, L, D]
+        mask = None if L == ctx else causal_lower_right(L, ctx)
+        o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+                                           enable_gqa=gqa)
+        ot = o[0].transpose(0, 1)                                                           # [L, Hq, D]
+        if len(rows) == 1 and L == q.shape[0] and ot.is_contiguous():
+            return ot
+        if out is None:
+            out = torch.empty_like(q)
+        out[s:e] = ot
+    return out if out is not None else torch.empty_like(q)

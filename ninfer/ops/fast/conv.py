@@ -5,10 +5,13 @@ kernel width K = 4 (other widths fall back to the reference), plus `gather_final
 `ninfer.ops.fast.gated_delta`).
 
     chunk_causal_conv1d    x [B, T, C] or packed [1, T_total, C] + cu_seqlens [N+1]; weight [C, 4]
-                           state [S|N, C, 3] (oldest first)
+                           state [S|N, C, 3] (oldest first); split=(w0, w1, w2): the output as
+                           contiguous channel slices [B, T, w_i] (fla-core's q, k, v)
     causal_conv1d_update   x [B, C] or [B, T, C] (small T); same state
 Compute in fp32, output in x.dtype. Prefill is two launches: the outputs (every program reads
 the old state) and then the state update, so no program overwrites state another still reads.
+The output kernel walks 32 tokens x <= 1024 channels per program row by row (16-byte channel
+loads, the 3 previous inputs in registers): ~2 x 168 MB at the 27B's 8k prefill, bandwidth-bound.
 """
 from __future__ import annotations
 
@@ -28,34 +31,56 @@ def _silu(x):
 
 
 @triton.jit
-def _conv_fwd_kernel(x, w, state, idx, cu, y, C, stride_x, stride_sn,
+def _conv_fwd_kernel(x, w, state, idx, cu, y, C, T_total, S1, S2, stride_x, stride_sn,
                      BT: tl.constexpr, BC: tl.constexpr, ACT: tl.constexpr):
-    i_n = tl.program_id(0)
+    # NOTE: one program = BT tokens x BC channels of one sequence, walked token by token (unrolled)
+    #       with the three previous inputs carried in registers: every input row is read once
+    #       (plus a 3-row halo per program) with channel-contiguous vector loads, and only the
+    #       sequence's first block reads the old state.
+    i_c = tl.program_id(0)
     i_t = tl.program_id(1)
-    i_c = tl.program_id(2)
+    i_n = tl.program_id(2)
     bos = tl.load(cu + i_n).to(tl.int64)
     eos = tl.load(cu + i_n + 1).to(tl.int64)
     t0 = bos + i_t * BT
     if t0 >= eos:
         return
-    slot = tl.load(idx + i_n).to(tl.int64)
-    o_t = t0 + tl.arange(0, BT)
-    o_c = i_c * BC + tl.arange(0, BC)
-    mt = o_t < eos
+    c0 = i_c * BC
+    o_c = c0 + tl.arange(0, BC)
     mc = o_c < C
-    acc = tl.zeros([BT, BC], dtype=tl.float32)
-    for j in tl.static_range(4):
-        src = o_t - 3 + j
-        in_x = src >= bos
-        xv = tl.load(x + src[:, None] * stride_x + o_c[None, :],
-                     mask=(mt & in_x)[:, None] & mc[None, :], other=0.0).to(tl.float32)
-        sv = tl.load(state + slot * stride_sn + o_c[None, :] * 3 + (src - bos + 3)[:, None],
-                     mask=(mt & (src < bos))[:, None] & mc[None, :], other=0.0).to(tl.float32)
-        wj = tl.load(w + o_c * 4 + j, mask=mc, other=0.0).to(tl.float32)
-        acc += (xv + sv) * wj[None, :]
-    if ACT:
-        acc = _silu(acc)
-    tl.store(y + o_t[:, None] * C + o_c[None, :], acc.to(y.dtype.element_ty), mask=mt[:, None] & mc[None, :])
+    w0 = tl.load(w + o_c * 4 + 0, mask=mc, other=0.0).to(tl.float32)
+    w1 = tl.load(w + o_c * 4 + 1, mask=mc, other=0.0).to(tl.float32)
+    w2 = tl.load(w + o_c * 4 + 2, mask=mc, other=0.0).to(tl.float32)
+    w3 = tl.load(w + o_c * 4 + 3, mask=mc, other=0.0).to(tl.float32)
+    if i_t > 0:
+        # NOTE: BT >= 3, so the halo of a later block lies inside the sequence.
+        s0 = tl.load(x + (t0 - 3) * stride_x + o_c, mask=mc, other=0.0).to(tl.float32)
+        s1 = tl.load(x + (t0 - 2) * stride_x + o_c, mask=mc, other=0.0).to(tl.float32)
+        s2 = tl.load(x + (t0 - 1) * stride_x + o_c, mask=mc, other=0.0).to(tl.float32)
+    else:
+        base = state + tl.load(idx + i_n).to(tl.int64) * stride_sn + o_c * 3
+        s0 = tl.load(base + 0, mask=mc, other=0.0).to(tl.float32)
+        s1 = tl.load(base + 1, mask=mc, other=0.0).to(tl.float32)
+        s2 = tl.load(base + 2, mask=mc, other=0.0).to(tl.float32)
+    # NOTE: output layout: channels [0, S1), [S1, S2), [S2, C) are three row-major [T_total, width]
+    #       blocks one after another in y (S1 = S2 = C: one plain [T_total, C] block). A program's
+    #       channel block never straddles a boundary (the wrapper picks BC to divide the widths).
+    in2 = c0 >= S2
+    in1 = c0 >= S1
+    seg = tl.where(in2, S2, tl.where(in1, S1, 0)).to(tl.int64)
+    width = tl.where(in2, C - S2, tl.where(in1, S2 - S1, S1)).to(tl.int64)
+    p_y = y + T_total * seg + (o_c - seg)
+    for i in tl.static_range(BT):
+        t = t0 + i
+        m = mc & (t < eos)
+        xt = tl.load(x + t * stride_x + o_c, mask=m, other=0.0).to(tl.float32)
+        acc = w0 * s0 + w1 * s1 + w2 * s2 + w3 * xt
+        if ACT:
+            acc = _silu(acc)
+        tl.store(p_y + t * width, acc.to(y.dtype.element_ty), mask=m)
+        s0 = s1
+        s1 = s2
+        s2 = xt
 
 
 @triton.jit
@@ -150,14 +175,54 @@ def _usable(weight, conv_state, state_indices):
         conv_state.is_contiguous() and conv_state.shape[-1] == 3))
 
 
+def _block_c(C: int, split) -> int:
+    """Channel block: up to 1024 (8 bf16 per thread at 4 warps); a divisor of every split width."""
+    if split is None:
+        return min(1024, max(16, triton.next_power_of_2(C)))
+    bc = 1024
+    while bc > 1 and any(wd % bc for wd in split):
+        bc //= 2
+    return bc
+
+
+def _split_bounds(C: int, split) -> tuple[int, int]:
+    if split is None:
+        return C, C
+    split = tuple(int(wd) for wd in split)
+    if not 1 <= len(split) <= 3 or sum(split) != C or min(split) < 1:
+        raise ValueError(f"split {split} must be 1 to 3 positive widths summing to C = {C}")
+    split = split + (0,) * (3 - len(split))
+    return split[0], split[0] + split[1]
+
+
+def _outputs(buf: torch.Tensor, B: int, T: int, C: int, split):
+    if split is None:
+        return buf.view(B, T, C)
+    outs, off = [], 0
+    for wd in split:
+        outs.append(buf[off:off + B * T * wd].view(B, T, wd))
+        off += B * T * wd
+    return tuple(outs)
+
+
 def chunk_causal_conv1d(x, weight, conv_state=None, *, cu_seqlens=None, state_indices=None, activation="silu",
-                        gather_final_state=True):
-    """Prefill form; see `ninfer.ops.conv.chunk_causal_conv1d`."""
+                        gather_final_state=True, split=None, block_t=32, block_c=None, num_warps=None):
+    """Prefill form; see `ninfer.ops.conv.chunk_causal_conv1d`.
+
+    split: channel widths (w0, w1[, w2]) summing to C: the output is then a tuple of contiguous
+    [B, T, w_i] tensors, each the matching channel slice of y (written there by the kernel: no
+    split-and-copy; the GDN schedule passes (q, k, v) widths, the layout fla-core reads).
+    block_t / block_c / num_warps: tile overrides for the benchmark (defaults: 32 tokens, <= 1024
+    channels, 8 channels per thread)."""
     if not _usable(weight, conv_state, state_indices):
-        return _ref.chunk_causal_conv1d(x, weight, conv_state, cu_seqlens=cu_seqlens,
-                                        state_indices=state_indices, activation=activation)
+        y, st = _ref.chunk_causal_conv1d(x, weight, conv_state, cu_seqlens=cu_seqlens,
+                                         state_indices=state_indices, activation=activation)
+        if split is not None:
+            y = tuple(t.contiguous() for t in torch.split(y, list(split), dim=-1))
+        return y, st
     act = _act_flag(activation)
     B, T, C = x.shape
+    S1, S2 = _split_bounds(C, split)
     if cu_seqlens is None:
         cu = torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=x.device)
         N, max_len = B, T
@@ -172,13 +237,19 @@ def chunk_causal_conv1d(x, weight, conv_state=None, *, cu_seqlens=None, state_in
     pool, idx, is_slot = _pool(conv_state, state_indices, N, C, x.dtype if conv_state is None else conv_state.dtype,
                                x.device)
     w = weight.reshape(C, 4).contiguous()
-    y = torch.empty(B, T, C, dtype=x.dtype, device=x.device)
-    BT, BC = 32, 128
-    _conv_fwd_kernel[(N, triton.cdiv(max_len, BT), triton.cdiv(C, BC))](
-        x2, w, pool, idx, cu, y, C, x2.stride(0), pool.stride(0), BT=BT, BC=BC, ACT=act, num_warps=4)
-    _conv_state_kernel[(N, triton.cdiv(C, BC))](x2, pool, idx, cu, C, x2.stride(0), pool.stride(0), BC=BC,
+    buf = torch.empty(B * T * C, dtype=x.dtype, device=x.device)
+    BT = max(3, block_t)
+    BC = block_c or _block_c(C, split)
+    if split is not None and any(wd % BC for wd in split):
+        raise ValueError(f"block_c {BC} must divide every split width {tuple(split)}")
+    nw = num_warps or max(1, min(8, BC // 256))
+    _conv_fwd_kernel[(triton.cdiv(C, BC), triton.cdiv(max_len, BT), N)](
+        x2, w, pool, idx, cu, buf, C, B * T, S1, S2, x2.stride(0), pool.stride(0), BT=BT, BC=BC, ACT=act,
+        num_warps=nw)
+    BS = 128
+    _conv_state_kernel[(N, triton.cdiv(C, BS))](x2, pool, idx, cu, C, x2.stride(0), pool.stride(0), BC=BS,
                                                  num_warps=4)
-    return y, _ret_state(pool, idx, is_slot, gather_final_state)
+    return _outputs(buf, B, T, C, split), _ret_state(pool, idx, is_slot, gather_final_state)
 
 
 def causal_conv1d_update(x, weight, conv_state, *, state_indices=None, activation="silu", gather_final_state=True,

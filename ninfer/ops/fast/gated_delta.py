@@ -187,9 +187,13 @@ def chunk_gated_delta_rule(
         h0 = initial_state.float()
     else:
         h0 = initial_state.index_select(0, state_indices.to(device=initial_state.device, dtype=torch.long)).float()
-    cu = None if cu_seqlens is None else cu_seqlens.to(device=q.device, dtype=torch.long)
-    o, ht = fla_chunk(q.contiguous(), k.contiguous(), v.contiguous(), g.float().contiguous(),
-                      beta.contiguous(), scale=scale, initial_state=h0, output_final_state=True,
+    # NOTE: with cu_seqlens fla-core builds its chunk indices with a device-to-host sync (cached per
+    #       cu_seqlens tensor, so once per forward); one sequence packed as [1, T] is the dense
+    #       case, so it runs without cu_seqlens and without the sync.
+    cu = None if cu_seqlens is None or N == 1 else cu_seqlens.to(device=q.device, dtype=torch.long)
+    # NOTE: fla-core makes every input contiguous (input_guard); the schedule passes q, k, v as the
+    #       conv's contiguous split outputs, g fp32 and beta contiguous, so none of these copies.
+    o, ht = fla_chunk(q, k, v, g.float(), beta, scale=scale, initial_state=h0, output_final_state=True,
                       use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu)
     if not output_final_state:
         return o, None

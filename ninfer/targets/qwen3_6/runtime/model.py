@@ -16,6 +16,8 @@ the conv and delta-rule ops read and update them in place.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import NamedTuple
 
 import torch
@@ -122,7 +124,9 @@ class Qwen36Model:
         if meta.decode:
             o = ops.decode_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens)
         else:
-            o = ops.chunk_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens, meta.cu_seqlens)
+            # NOTE: host copies of the row bounds: the op loops over rows on the host (no sync).
+            o = ops.chunk_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.host_context_lens,
+                                          meta.host_cu_seqlens)
         return self.leaves.attention.output(w, o, gate, ops)
 
     def _gdn(self, layer: LayerView, h: torch.Tensor, fb: ForwardBatch, meta: "_RowMeta") -> torch.Tensor:
@@ -144,16 +148,22 @@ class Qwen36Model:
         qkv, z, g, beta = self.leaves.gdn.project(w, h, ops)
         if meta.decode:
             u, _ = ops.causal_conv1d_update(qkv, w.conv1d, conv_pool, state_indices=idx)            # [B, C]
-            u = u.unsqueeze(1)                                                           # [B, 1, C]
+            q, k, v = torch.split(u.unsqueeze(1), self._qkv_split, dim=-1)               # [B, 1, *]
             g, beta = g.unsqueeze(1), beta.unsqueeze(1)
             cu = None
         else:
-            u, _ = ops.chunk_causal_conv1d(qkv.unsqueeze(0), w.conv1d, conv_pool, cu_seqlens=meta.cu_seqlens,
-                                       state_indices=idx)                                # [1, N, C]
+            conv_args = dict(cu_seqlens=meta.cu_seqlens, state_indices=idx)
+            if _takes_split(ops.chunk_causal_conv1d):
+                # NOTE: the fast conv writes q, k, v as three contiguous tensors (the layout fla-core
+                #       reads): no split-and-copy of the [1, N, C] conv output.
+                (q, k, v), _ = ops.chunk_causal_conv1d(qkv.unsqueeze(0), w.conv1d, conv_pool, split=self._qkv_split,
+                                                       **conv_args)
+            else:
+                u, _ = ops.chunk_causal_conv1d(qkv.unsqueeze(0), w.conv1d, conv_pool, **conv_args)   # [1, N, C]
+                q, k, v = torch.split(u, self._qkv_split, dim=-1)
             g, beta = g.unsqueeze(0), beta.unsqueeze(0)
             cu = meta.cu_seqlens
-        Bq, T = u.shape[:2]
-        q, k, v = torch.split(u, self._qkv_split, dim=-1)
+        Bq, T = q.shape[:2]
         q = q.reshape(Bq, T, d.linear_num_key_heads, d.linear_key_head_dim)
         k = k.reshape(Bq, T, d.linear_num_key_heads, d.linear_key_head_dim)
         v = v.reshape(Bq, T, d.linear_num_value_heads, d.linear_value_head_dim)
@@ -164,12 +174,23 @@ class Qwen36Model:
         return self.leaves.gdn.output(w, o, z, ops)
 
 
+@functools.cache
+def _takes_split(conv_op) -> bool:
+    """Whether a prefill conv op takes `split` (the fast one: contiguous q, k, v outputs)."""
+    try:
+        return "split" in inspect.signature(conv_op).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 class _RowMeta(NamedTuple):
     decode: bool                       # every row has exactly one new token
     cu_seqlens: torch.Tensor           # [B+1] int64
     rows: torch.Tensor                 # [N] int64 row of each token
     context_lens: torch.Tensor         # [B] int64 tokens in each row's context incl. the new ones
     src_entries: torch.Tensor | None = None   # decode: state read here, written at state_entries
+    host_cu_seqlens: torch.Tensor | None = None     # CPU copies of cu_seqlens / context_lens for the
+    host_context_lens: torch.Tensor | None = None   # ops that loop over rows on the host (no sync)
 
     @classmethod
     def of(cls, fb: ForwardBatch, device: torch.device) -> "_RowMeta":
@@ -178,4 +199,5 @@ class _RowMeta(NamedTuple):
         cu[1:] = torch.cumsum(lens, 0)
         rows = torch.repeat_interleave(torch.arange(len(fb.seqlens)), lens)
         ctx = torch.tensor(fb.starts, dtype=torch.long) + lens
-        return cls(all(n == 1 for n in fb.seqlens), cu.to(device), rows.to(device), ctx.to(device))
+        return cls(all(n == 1 for n in fb.seqlens), cu.to(device), rows.to(device), ctx.to(device),
+                   host_cu_seqlens=cu, host_context_lens=ctx)

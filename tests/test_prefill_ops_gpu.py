@@ -1,0 +1,257 @@
+"""Prefill-path fast ops vs their PyTorch references: the conv's row-walking kernel and its
+split (q, k, v) output, the GDN prefill wrapper without cu_seqlens for one sequence, and the
+GQA-native paged prefill attention with host row bounds.
+
+GPU tests (`pytest -m gpu`); with TRITON_INTERPRET=1 and NINFER_FAST_TEST_DEVICE=cpu the Triton
+kernels run in Triton's CPU interpreter (fla-core's prefill is then skipped).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer import ops as ref
+
+from _fast_env import DEV, GPU_MARKS, INTERPRET, STRICT, rel_rms
+
+pytestmark = GPU_MARKS
+
+TOL = {torch.float32: 2e-3, torch.bfloat16: 1e-2}
+LENS = [1, 63, 64, 65, 500] if not INTERPRET else [1, 5, 64, 65]
+
+
+def gen(seed: int) -> torch.Generator:
+    g = torch.Generator(device=DEV)
+    g.manual_seed(seed)
+    return g
+
+
+def randn(*shape, dtype=torch.float32, g=None, scale=1.0):
+    return (torch.randn(*shape, generator=g, device=DEV, dtype=torch.float32) * scale).to(dtype)
+
+
+def poison_allocator() -> None:
+    if DEV == "cuda":
+        t = torch.full((64 << 20,), float("nan"), dtype=torch.float32, device="cuda")
+        del t
+
+
+def _nan_pool(S, *shape, dtype):
+    return torch.full((S, *shape), float("nan"), dtype=dtype, device=DEV)
+
+
+# ------------------------------------------------------------------------------------------------
+# causal conv1d (prefill kernel)
+# ------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block_t", [4, 32])
+def test_conv_varlen_slots_split_strided(dtype, block_t):
+    """Packed lengths 1/63/64/65/500 with slot state, x a strided column view of a wider
+    projection (as the schedule passes it), output split into (q, k, v): == per-sequence
+    reference calls; state written only at the slots; other slots stay NaN."""
+    from ninfer.ops.fast import conv
+    g = gen(11)
+    split = (64, 64, 192)
+    C, S, extra = sum(split), 9, 40
+    lens = LENS
+    slots = torch.tensor([7, 0, 3, 5, 2][:len(lens)], device=DEV)
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), device=DEV)
+    proj = randn(sum(lens), C + extra, dtype=dtype, g=g)
+    x = proj[:, :C].unsqueeze(0)                                    # row stride C + extra
+    w = randn(C, 4, dtype=dtype, g=g, scale=0.5)
+    init = randn(len(lens), C, 3, dtype=dtype, g=g)
+    for sp in (None, split):
+        pool = _nan_pool(S, C, 3, dtype=dtype)
+        pool[slots] = init
+        poison_allocator()
+        y, ret = conv.chunk_causal_conv1d(x, w, pool, cu_seqlens=cu, state_indices=slots, split=sp,
+                                          block_t=block_t, gather_final_state=False)
+        assert ret is None
+        if sp is not None:
+            assert all(t.is_contiguous() and t.shape == (1, sum(lens), wd) for t, wd in zip(y, sp))
+            y = torch.cat(y, dim=-1)
+        for n, L in enumerate(lens):
+            s = int(cu[n])
+            ry, rns = ref.chunk_causal_conv1d(x[:, s:s + L], w, init[n:n + 1])
+            assert rel_rms(y[:, s:s + L], ry) < TOL[dtype] / STRICT, f"row {n} (length {L})"
+            assert torch.equal(pool[slots[n]], rns[0])
+        other = [i for i in range(S) if i not in slots.tolist()]
+        assert torch.isnan(pool[other]).all()
+
+
+@pytest.mark.parametrize("T", LENS)
+def test_conv_dense_batch_split(T):
+    """Dense [B, T, C] batch (no cu_seqlens), zero and given state, split output == slices of y."""
+    from ninfer.ops.fast import conv
+    g = gen(12)
+    B, split = 3, (32, 32, 96)
+    C = sum(split)
+    x = randn(B, T, C, dtype=torch.bfloat16, g=g)
+    w = randn(C, 4, dtype=torch.bfloat16, g=g, scale=0.5)
+    st = randn(B, C, 3, dtype=torch.bfloat16, g=g)
+    for state in (None, st):
+        poison_allocator()
+        (q, k, v), ns = conv.chunk_causal_conv1d(x, w, state, split=split)
+        ry, rns = ref.chunk_causal_conv1d(x, w, state)
+        for part, (a, b) in zip((q, k, v), ((0, 32), (32, 64), (64, C))):
+            assert part.shape == (B, T, b - a) and part.is_contiguous()
+            assert rel_rms(part, ry[..., a:b]) < TOL[torch.bfloat16] / STRICT
+        assert torch.equal(ns, rns)
+
+
+def test_conv_no_activation_and_odd_channels():
+    """activation=None, C not a multiple of the channel block (masked tail), T < 3."""
+    from ninfer.ops.fast import conv
+    g = gen(13)
+    for T in (1, 2, 7):
+        x = randn(2, T, 200, g=g)
+        w = randn(200, 4, g=g, scale=0.5)
+        st = randn(2, 200, 3, g=g)
+        y, ns = conv.chunk_causal_conv1d(x, w, st, activation=None)
+        ry, rns = ref.chunk_causal_conv1d(x, w, st, activation=None)
+        assert rel_rms(y, ry) < TOL[torch.float32] / STRICT
+        assert torch.equal(ns, rns)
+
+
+def test_conv_split_rejects_bad_widths():
+    from ninfer.ops.fast import conv
+    x = randn(1, 4, 64)
+    w = randn(64, 4)
+    with pytest.raises(ValueError):
+        conv.chunk_causal_conv1d(x, w, None, split=(32, 16))
+
+
+# ------------------------------------------------------------------------------------------------
+# GDN prefill wrapper (fla-core)
+# ------------------------------------------------------------------------------------------------
+def _need_fla():
+    from ninfer.ops.fast.gated_delta import fla_available
+    if DEV != "cuda" or not fla_available():
+        pytest.skip("fla-core (CUDA) not available")
+
+
+@pytest.mark.parametrize("T", LENS)
+def test_chunk_gdn_one_sequence_cu_seqlens(T):
+    """One packed sequence with cu_seqlens (run without them, no host sync) and a slot pool ==
+    the reference; other slots untouched."""
+    _need_fla()
+    from ninfer.ops.fast import gated_delta as fg
+    g = gen(14)
+    Hk, Hv, K, V, S = 2, 6, 128, 128, 4
+    q = randn(1, T, Hk, K, dtype=torch.bfloat16, g=g)
+    k = randn(1, T, Hk, K, dtype=torch.bfloat16, g=g)
+    v = randn(1, T, Hv, V, dtype=torch.bfloat16, g=g)
+    gg = -torch.rand(1, T, Hv, generator=g, device=DEV) * 0.5
+    beta = torch.rand(1, T, Hv, generator=g, device=DEV).to(torch.bfloat16)
+    init = randn(1, Hv, K, V, g=g, scale=0.1)
+    pool = _nan_pool(S, Hv, K, V, dtype=torch.float32)
+    slots = torch.tensor([2], device=DEV)
+    pool[slots] = init
+    cu = torch.tensor([0, T], device=DEV)
+    poison_allocator()
+    o, _ = fg.chunk_gated_delta_rule(q, k, v, gg, beta, initial_state=pool, state_indices=slots, cu_seqlens=cu,
+                                     use_qk_l2norm_in_kernel=True, gather_final_state=False)
+    ro, rS = ref.chunk_gated_delta_rule(q, k, v, gg, beta, initial_state=init, use_qk_l2norm_in_kernel=True)
+    assert rel_rms(o, ro) < TOL[torch.bfloat16]
+    assert rel_rms(pool[2], rS[0]) < TOL[torch.bfloat16]
+    assert torch.isnan(pool[[0, 1, 3]]).all()
+
+
+# ------------------------------------------------------------------------------------------------
+# paged prefill attention
+# ------------------------------------------------------------------------------------------------
+def _paged_kv(lens, Hkv, D, page, dtype, g, extra_pages=3):
+    need = [(L + page - 1) // page for L in lens]
+    P = sum(need) + extra_pages
+    perm = torch.randperm(P, generator=torch.Generator().manual_seed(0)).tolist()
+    bt = torch.zeros(len(lens), max(need) + 1, dtype=torch.int32)
+    kc = torch.full((P, page, Hkv, D), float("nan"), dtype=dtype, device=DEV)
+    vc = torch.full_like(kc, float("nan"))
+    i = 0
+    for b, L in enumerate(lens):
+        pages = perm[i:i + need[b]]
+        i += need[b]
+        bt[b, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        bt[b, len(pages):] = perm[-1]
+        ref.write_kv_paged(kc, vc, randn(L, Hkv, D, dtype=dtype, g=g), randn(L, Hkv, D, dtype=dtype, g=g),
+                           bt[b:b + 1].to(DEV), torch.arange(L, device=DEV))
+    return kc, vc, bt.to(DEV)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("L", LENS)
+@pytest.mark.parametrize("Hq,Hkv", [(6, 1), (8, 2), (4, 4)])
+def test_chunk_paged_attention_one_row(dtype, L, Hq, Hkv):
+    """One whole prompt (the TTFT case: output returned without a copy) and one chunk over a
+    prefix, with host (CPU) and device row bounds alike; GQA without repeated K/V."""
+    from ninfer.ops.fast import attention as fa
+    g = gen(15)
+    D, page = 64, 16
+    for ctx_len in (L, L + 37):
+        kc, vc, bt = _paged_kv([ctx_len], Hkv, D, page, dtype, g)
+        q = randn(L, Hq, D, dtype=dtype, g=g)
+        ro = ref.chunk_paged_attention(q, kc, vc, bt, torch.tensor([ctx_len], device=DEV))
+        for ctx, cu in ((torch.tensor([ctx_len]), torch.tensor([0, L])),
+                        (torch.tensor([ctx_len], device=DEV), None)):
+            o = fa.chunk_paged_attention(q, kc, vc, bt, ctx, cu)
+            assert o.shape == q.shape and o.dtype == dtype
+            assert rel_rms(o, ro) < TOL[dtype], f"context {ctx_len}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunk_paged_attention_rows_host_bounds(dtype):
+    """Several rows (whole prompts, a chunk over a prefix, an empty row) with CPU row bounds."""
+    from ninfer.ops.fast import attention as fa
+    g = gen(16)
+    Hq, Hkv, D, page = 8, 2, 128, 16
+    ctx_lens = [1, 63, 65, 500, 9]
+    new = [1, 63, 17, 500, 0]
+    kc, vc, bt = _paged_kv(ctx_lens, Hkv, D, page, dtype, g)
+    cu = torch.tensor([0] + torch.tensor(new).cumsum(0).tolist())
+    q = randn(sum(new), Hq, D, dtype=dtype, g=g)
+    ctx = torch.tensor(ctx_lens)
+    poison_allocator()
+    o = fa.chunk_paged_attention(q, kc, vc, bt, ctx, cu)
+    ro = ref.chunk_paged_attention(q, kc, vc, bt, ctx.to(DEV), cu.to(DEV))
+    assert rel_rms(o, ro) < TOL[dtype]
+
+
+# ------------------------------------------------------------------------------------------------
+# the schedule's prefill path with these ops (split conv output, host row bounds)
+# ------------------------------------------------------------------------------------------------
+def test_program_prefill_split_conv_and_host_bounds():
+    """A tiny dense Program prefilled in two chunks (then one decode step) with the fast conv
+    (q, k, v split output) and the fast prefill attention in the reference op set == the
+    reference op set alone."""
+    import functools
+    import importlib
+
+    from ninfer.ops.fast import attention as fa
+    from ninfer.ops.fast import conv as fc
+    from ninfer.ops.fast import reference_ops
+    from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+    from ninfer.targets.dummy_weights import DummyWeights
+    from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+    from ninfer.targets.qwen3_6.runtime.model import _takes_split
+
+    w = DummyWeights("qwen3_6-tiny-dense", device=DEV, dtype=torch.float32, seed=3, std=0.2)
+    pkg = importlib.import_module(w.package.module)
+    mixed = reference_ops()._replace(
+        chunk_causal_conv1d=functools.partial(fc.chunk_causal_conv1d, gather_final_state=False),
+        chunk_paged_attention=fa.chunk_paged_attention)
+    assert _takes_split(mixed.chunk_causal_conv1d) and not _takes_split(reference_ops().chunk_causal_conv1d)
+    logits = {}
+    for name, ops in (("mixed", mixed), ("reference", reference_ops())):
+        prog = pkg.create_program(w, ProgramConfig(device=DEV, dtype="fp32", page_size=16, num_pages=64))
+        prog.model.ops = ops
+        prompt = [int(t) for t in torch.randint(0, w.dims.vocab_size, (70,), generator=torch.Generator().manual_seed(1))]
+        req = SequenceRequest(prompt_token_ids=tuple(prompt), sampling=SamplingParams(temperature=0.0),
+                              max_output_tokens=8)
+        h = prog.start_materialize(prog.plan_materialize(req)).sequence
+        _, pl = prog.prefill_with_logits(h, 40)
+        step, pl2 = prog.prefill_with_logits(h, 100)
+        prog.commit(step.pending, [1])
+        batch, dl = prog.decode_with_logits([h], 1)
+        prog.commit(batch, [1])
+        logits[name] = torch.cat([pl, pl2, dl[:, 0]])
+    assert rel_rms(logits["mixed"], logits["reference"]) < 1e-4
