@@ -239,3 +239,62 @@ def test_linear_swiglu_dispatch(monkeypatch):
     assert rel_rms(gemv.linear_swiglu(gu, w), ref) < 1e-2 and not calls
     monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", {(96, 256, 2): True})
     assert rel_rms(gemv.linear_swiglu(gu, w), ref) < 1e-2 and calls == [True]
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+@pytest.mark.parametrize("m", [1, 3, 8])
+def test_residual_epilogue(m):
+    """gemv(residual=r) == r + (x @ w.T rounded to the dtype), rounded (the schedule's residual add),
+    and its parts are the per-column-tile sums of h^2 (fp32), for FMA, tensor-core and split-K configs;
+    outputs from NaN-poisoned memory; N not a multiple of the tile."""
+    from ninfer.ops.fast import gemv
+    n, k = (300, 333) if _INTERPRET else (1000, 1088)
+    for i, cfg in enumerate((gemv.GemvConfig(16, 128, 1, 4, 1), gemv.GemvConfig(32, 64, 3, 4, 2, True),
+                             gemv.GemvConfig(8, 256, 2, 4, 1))):
+        dt = dtype_for(cfg)
+        x = randn(m, k, dtype=dt, seed=i + 10 * m)
+        w = randn(n, k, dtype=dt, seed=300 + i)
+        r = randn(m, n, dtype=dt, seed=400 + i)
+        poison_allocator()
+        h, parts = gemv.gemv(x, w, cfg, residual=r)
+        want = r + reference(x, w).to(dt)
+        assert h.shape == (m, n) and h.dtype == dt and parts.shape == (m, -(-n // cfg.block_n))
+        assert rel_rms(h, want) < TOL[dt], f"{cfg} M={m}"
+        hp = torch.zeros(m, parts.shape[1] * cfg.block_n, device=h.device)
+        hp[:, :n] = h.float()
+        torch.testing.assert_close(parts, (hp * hp).view(m, -1, cfg.block_n).sum(2), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="residual"):
+        gemv.gemv(x, w, residual=r[:, :-1])
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+def test_norm_prologue_chains_a_residual_launch():
+    """The decode chain the schedule runs at one row: h, parts = gemv(y, w1, residual=r), then
+    gemv(h, w2, norm=RowNorm(parts, nw, eps)) == add_rms_norm(r, y @ w1.T) then @ w2.T (the same
+    roundings; the norm's sum of squares in another order), for producer/consumer configs of both
+    kinds; bad norm arguments are refused."""
+    from ninfer.ops.fast import gemv
+    from ninfer.ops.fused import add_rms_norm
+    h_dim, k1, n2 = (192, 96, 130) if _INTERPRET else (640, 1088, 1000)
+    for i, (c1, c2) in enumerate([(gemv.GemvConfig(8, 64, 1, 4, 1), gemv.GemvConfig(16, 64, 1, 4, 1)),
+                                  (gemv.GemvConfig(16, 32, 2, 4, 1), gemv.GemvConfig(32, 64, 2, 4, 2, True)),
+                                  (gemv.GemvConfig(32, 64, 1, 4, 2, True), gemv.GemvConfig(8, 128, 3, 4, 1))]):
+        dt = torch.float32 if (_INTERPRET and (c1.dot or c2.dot)) else torch.bfloat16
+        y = randn(1, k1, dtype=dt, seed=50 + i)
+        w1 = randn(h_dim, k1, dtype=dt, seed=60 + i) * 0.1
+        r = randn(1, h_dim, dtype=dt, seed=70 + i)
+        nw = randn(h_dim, dtype=dt, seed=80 + i) * 0.1
+        w2 = randn(n2, h_dim, dtype=dt, seed=90 + i)
+        poison_allocator()
+        h, parts = gemv.gemv(y, w1, c1, residual=r)
+        out = gemv.gemv(h, w2, c2, norm=gemv.RowNorm(parts, nw, 1e-6))
+        xn, h_ref = add_rms_norm(r, F.linear(y, w1), nw, 1e-6)
+        assert rel_rms(h, h_ref) < TOL[dt]
+        err = rel_rms(out, reference(xn, w2))
+        assert err < TOL[dt], f"{c1} -> {c2}: rel RMS {err:.3g}"
+    with pytest.raises(ValueError, match="norm"):
+        gemv.gemv(torch.cat([h, h]), w2, norm=gemv.RowNorm(parts, nw, 1e-6))
+    with pytest.raises(ValueError, match="norm"):
+        gemv.gemv(h, w2, norm=gemv.RowNorm(parts, nw[:-1], 1e-6))

@@ -41,7 +41,7 @@ import triton.language as tl
 from ninfer.ops.fast.fused import silu_mul_halves as _fast_silu_mul_halves
 from ninfer.ops.fast import _pdl
 
-__all__ = ["GemvConfig", "CONFIGS", "USE_TRITON", "USE_TRITON_SWIGLU", "MAX_ROWS", "linear", "linear_swiglu",
+__all__ = ["GemvConfig", "RowNorm", "CONFIGS", "USE_TRITON", "USE_TRITON_SWIGLU", "MAX_ROWS", "linear", "linear_swiglu",
            "gemv", "use_triton", "m_bucket", "config_for", "default_config", "sweep_space"]
 
 MAX_ROWS = 8
@@ -237,8 +237,10 @@ def _load_w(w_rows, offs_k, k_end, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD: tl.constexpr, DOT: tl.constexpr, EVEN_K: tl.constexpr,
-                PREC: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_K: tl.constexpr):
-    """acc += the products of one [BLOCK_N, BLOCK_K] weight block `w` with the x rows' K block."""
+                PREC: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_K: tl.constexpr, nw_ptr, rstd, NORM: tl.constexpr):
+    """acc += the products of one [BLOCK_N, BLOCK_K] weight block `w` with the x rows' K block.
+    NORM: x is h and the row's rms_norm is applied on the fly: x = h * rstd * (1 + nw[k]), rounded to
+    x's dtype (as the add_rms_norm kernel stores it)."""
     if EVEN_K:
         offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
         xv = tl.load(x_rows + offs_k[None, :])
@@ -253,6 +255,12 @@ def _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD: tl.constexpr, DOT: tl.c
         g = xv.to(tl.float32)
         act = (g / (1.0 + tl.exp(-g))).to(xv.dtype).to(tl.float32)
         xv = (act * up.to(tl.float32)).to(xv.dtype)
+    if NORM:
+        if EVEN_K:
+            nw = tl.load(nw_ptr + offs_k).to(tl.float32)
+        else:
+            nw = tl.load(nw_ptr + offs_k, mask=offs_k < k_end, other=0.0).to(tl.float32)
+        xv = (xv.to(tl.float32) * rstd * (1.0 + nw[None, :])).to(xv.dtype)
     if DOT:
         acc = tl.dot(w, tl.trans(xv), acc, input_precision=PREC)
     elif M_PAD == 1:
@@ -264,13 +272,19 @@ def _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD: tl.constexpr, DOT: tl.c
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
+                 res_ptr, stride_rm, parts_ptr, n_parts, nw_ptr, eps,
                  M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  DOT: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, SWIGLU: tl.constexpr = False,
+                 RESID: tl.constexpr = False, NORM: tl.constexpr = False, BP: tl.constexpr = 1,
                  PDL: tl.constexpr = False):
     """y[m, n] = sum_k x[m, k] w[n, k]; program (pid_n, pid_k) covers rows pid_n*BLOCK_N.. and the K range
     [pid_k * k_per_split, +k_per_split) (k_per_split a multiple of BLOCK_K).
     SWIGLU: x_ptr holds [gate | up] rows of 2K and x[m, k] = silu(gate[m, k]) * up[m, k], rounded as
-    `silu_mul` rounds it (silu to x's dtype, then the product)."""
+    `silu_mul` rounds it (silu to x's dtype, then the product).
+    RESID: y = residual + (x @ w.T rounded to y's dtype), rounded (the schedule's residual add), and
+    parts[m, pid_n] = sum over the tile's columns of y^2 in fp32 (n_parts = number of N tiles).
+    NORM (M == 1): x is the residual row h; x = rms_norm(h) = h * rsqrt(sum(parts[0, :n_parts]) / K + eps)
+    * (1 + nw) on the fly, the parts written by the RESID launch that produced h."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -292,11 +306,17 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
     offs_k = k_start + tl.arange(0, BLOCK_K)
     w = _load_w(w_rows, offs_k, k_end, EVEN_K, BLOCK_K)
     _pdl.enter(PDL)
-    acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K)
+    rstd = 0.0
+    if NORM:
+        offs_p = tl.arange(0, BP)
+        pv = tl.load(parts_ptr + offs_p, mask=offs_p < n_parts, other=0.0)
+        rstd = tl.rsqrt(tl.sum(pv, 0) / K + eps)
+    acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd, NORM)
     for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
         w = _load_w(w_rows, offs_k, k_end, EVEN_K, BLOCK_K)
-        acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K)
+        acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd,
+                          NORM)
     if DOT:
         res = tl.trans(acc)
     elif M_PAD == 1:
@@ -314,11 +334,26 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
             total = tl.zeros([M_PAD, BLOCK_N], dtype=tl.float32)
             for s in range(0, tl.num_programs(1)):
                 total += tl.load(ws_ptr + s * M * N + part, mask=mask, other=0.0, cache_modifier=".cg")
-            tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], total.to(y_ptr.dtype.element_ty),
-                     mask=mask)
+            _store_y(total, y_ptr, stride_ym, offs_m, offs_n, mask, res_ptr, stride_rm, parts_ptr, n_parts, pid_n, M,
+                     RESID)
             tl.store(cnt_ptr + pid_n, 0)
     else:
-        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], res.to(y_ptr.dtype.element_ty), mask=mask)
+        _store_y(res, y_ptr, stride_ym, offs_m, offs_n, mask, res_ptr, stride_rm, parts_ptr, n_parts, pid_n, M, RESID)
+
+
+@triton.jit
+def _store_y(acc, y_ptr, stride_ym, offs_m, offs_n, mask, res_ptr, stride_rm, parts_ptr, n_parts, pid_n, M,
+             RESID: tl.constexpr):
+    """Store the [M_PAD, BLOCK_N] result tile (RESID: residual + it, and the tile's sums of squares)."""
+    ty = y_ptr.dtype.element_ty
+    if RESID:
+        r = tl.load(res_ptr + offs_m[:, None] * stride_rm + offs_n[None, :], mask=mask, other=0.0).to(tl.float32)
+        hv = (r + acc.to(ty).to(tl.float32)).to(ty)
+        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], hv, mask=mask)
+        hf = tl.where(mask, hv.to(tl.float32), 0.0)
+        tl.store(parts_ptr + offs_m * n_parts + pid_n, tl.sum(hf * hf, axis=1), mask=offs_m < M)
+    else:
+        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(ty), mask=mask)
 
 
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
@@ -338,11 +373,37 @@ def _counters(device: torch.device, n_tiles: int) -> torch.Tensor | None:
     return c
 
 
-def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, swiglu: bool = False
-         ) -> torch.Tensor:
+class RowNorm(NamedTuple):
+    """A pending rms_norm of the rows fed to `gemv(norm=...)`: parts [M, P] fp32 partial sums of squares
+    of those rows (from a `gemv(residual=...)` launch), the zero-centred weight [K], eps."""
+    parts: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+
+
+def _torch_norm(h: torch.Tensor, norm: RowNorm) -> torch.Tensor:
+    """rms_norm of h with the sum of squares taken from norm.parts (the fallbacks of the fused modes)."""
+    r = torch.rsqrt(norm.parts.sum(1, keepdim=True) / h.shape[1] + norm.eps)
+    return (h.float() * r * (1.0 + norm.weight.float())).to(h.dtype)
+
+
+def _torch_parts(h: torch.Tensor, block_n: int) -> torch.Tensor:
+    M, N = h.shape
+    hf = torch.zeros(M, triton.cdiv(N, block_n) * block_n, dtype=torch.float32, device=h.device)
+    hf[:, :N] = h.float()
+    return (hf * hf).view(M, -1, block_n).sum(2)
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, swiglu: bool = False,
+         residual: torch.Tensor | None = None, norm: RowNorm | None = None):
     """The kernel, forced: x [M, K] (unit last stride, 1 <= M <= 8) @ w[N, K].T -> [M, N] in x.dtype.
     fp32 accumulation; fp32 inputs are allowed (tests) and use IEEE fp32 dot products.
-    swiglu: x is [M, 2K] = [gate | up] and the product is silu_mul(gate, up) @ w.T (one launch)."""
+    swiglu: x is [M, 2K] = [gate | up] and the product is silu_mul(gate, up) @ w.T (one launch).
+    residual [M, N] (x's dtype): returns (h, parts): h = residual + x @ w.T (each rounded to x's dtype,
+      as `F.linear` then the residual add round them) and parts [M, n_tiles] fp32, the sums of h^2 per
+      column tile, for a later `gemv(h, w2, norm=RowNorm(parts, weight, eps))`.
+    norm (M == 1, not with swiglu): x is a residual row h; the product is rms_norm(h) @ w.T with the
+      norm's sum of squares from norm.parts (one launch instead of the norm kernel + the GEMV)."""
     M, K = x.shape
     if swiglu:
         if K % 2:
@@ -352,18 +413,31 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
     if not (1 <= M <= MAX_ROWS) or w.shape[1] != K or x.stride(1) != 1 or w.stride(1) != 1 or x.dtype != w.dtype:
         raise ValueError(f"gemv: unsupported x {tuple(x.shape)} {x.dtype} strides {x.stride()}, "
                          f"w {tuple(w.shape)} {w.dtype} strides {w.stride()}")
+    if norm is not None and (M != 1 or swiglu or norm.parts.shape[0] != 1 or norm.parts.dtype != torch.float32
+                             or not norm.parts.is_contiguous() or norm.parts.shape[1] > 4096 or norm.weight.shape != (K,)
+                             or not norm.weight.is_contiguous()):
+        raise ValueError(f"gemv norm: needs one row, no swiglu, contiguous fp32 parts [1, P <= 4096] and a weight of "
+                         f"{K} (got x {tuple(x.shape)}, parts {tuple(norm.parts.shape)}, "
+                         f"weight {tuple(norm.weight.shape)})")
+    if residual is not None and (residual.shape != (M, N) or residual.dtype != x.dtype or residual.stride(-1) != 1):
+        raise ValueError(f"gemv residual: expected [{M}, {N}] {x.dtype} with unit last stride, "
+                         f"got {tuple(residual.shape)} {residual.dtype}")
     cfg = config if config is not None else config_for(N, K, M, x.device)
-    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    if N == 0:
-        return y
-    if K == 0:
-        return y.zero_()
     bn, bk = cfg.block_n, cfg.block_k
+    n_tiles = triton.cdiv(N, bn)
+    y = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    parts = torch.empty(M, n_tiles, dtype=torch.float32, device=x.device) if residual is not None else None
+    if N == 0 or K == 0:
+        if K == 0:
+            y.zero_()
+        if residual is None:
+            return y
+        h = residual + y
+        return h, _torch_parts(h, bn)
     kblocks = triton.cdiv(K, bk)
     split = max(1, min(cfg.split_k, kblocks))
     k_per_split = triton.cdiv(kblocks, split) * bk
     split = triton.cdiv(K, k_per_split)                    # no empty splits
-    n_tiles = triton.cdiv(N, bn)
     if split > 1:
         cnt = _counters(x.device, n_tiles)
         if cnt is None:
@@ -371,17 +445,29 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
                 _WARNED.add("capture")
                 warnings.warn("ninfer gemv: split-K counters first needed during CUDA-graph capture; "
                               "using F.linear (run the op once before capturing)")
-            return F.linear(_fast_silu_mul_halves(x) if swiglu else x, w)
+            xin = _fast_silu_mul_halves(x) if swiglu else _torch_norm(x, norm) if norm is not None else x
+            out = F.linear(xin, w)
+            if residual is None:
+                return out
+            h = residual + out
+            return h, _torch_parts(h, bn)
         ws = torch.empty(split, M, N, dtype=torch.float32, device=x.device)
     else:
         cnt, ws = y, y                                     # unused (SPLIT=False)
     m_pad = 16 if cfg.dot else triton.next_power_of_2(M)
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
+    res = residual if residual is not None else y
+    pp = parts if parts is not None else norm.parts if norm is not None else ws
+    n_parts = n_tiles if residual is not None else norm.parts.shape[1] if norm is not None else 1
     _gemv_kernel[(n_tiles, split)](
         x, w, y, ws, cnt, M, N, K, x.stride(0), w.stride(0), y.stride(0), k_per_split,
+        res, res.stride(0), pp, n_parts, norm.weight if norm is not None else w,
+        float(norm.eps) if norm is not None else 0.0,
         M_PAD=m_pad, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1, DOT=cfg.dot, EVEN_K=K % bk == 0, PREC=prec,
-        SWIGLU=swiglu, num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl.launch())
-    return y
+        SWIGLU=swiglu, RESID=residual is not None, NORM=norm is not None,
+        BP=triton.next_power_of_2(n_parts) if norm is not None else 1,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl.launch())
+    return y if residual is None else (y, parts)
 
 
 def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
