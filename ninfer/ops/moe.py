@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from ninfer.ops.fused import silu_mul_halves
 from ninfer.ops.mlp import silu_mul, swiglu_mlp
 
-__all__ = ["MoeRouting", "SharedExpert", "route_topk", "moe_experts", "gated_shared_expert", "sparse_moe_block"]
+__all__ = ["MoeRouting", "SharedExpert", "route_topk", "moe_experts", "route_moe_experts", "gated_shared_expert",
+           "sparse_moe_block"]
 
 
 class MoeRouting(NamedTuple):
@@ -70,6 +71,15 @@ def moe_experts(
     if shared is not None:
         out = out + torch.sigmoid(shared.gate) * F.linear(silu_mul_halves(shared.gate_up), shared.down)
     return out
+
+
+def route_moe_experts(
+    x: torch.Tensor, router_logits: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
+    *, shared: SharedExpert | None = None,
+) -> torch.Tensor:
+    """`moe_experts(x, route_topk(router_logits, top_k), gate_up, down, shared=shared)`: one op so that
+    a fast implementation can fold the routing into its first expert kernel. router_logits: [T, E]."""
+    return moe_experts(x, route_topk(router_logits, top_k), gate_up, down, shared=shared)
 
 
 def gated_shared_expert(

@@ -15,6 +15,7 @@ reference's signature and results and is tested against it (tests/test_fast_ops_
     moe.route_topk / moe_experts                  Triton routing (one kernel) and routed experts: grouped GEMV
                                                   at decode (shared expert folded in), grouped GEMM over pairs
                                                   sorted by expert at prefill; no host sync
+    moe.route_moe_experts                         routing + experts, the routing inside the first decode kernel
     gemv.linear                                   skinny GEMM for M <= 8 where measured faster than cuBLAS
     gdn_decode.gdn_conv_recurrent                 GDN decode state step (conv + delta rule) in one launch
 
@@ -55,6 +56,7 @@ class OpSet(NamedTuple):
     linear: Callable                   # (x, w) -> x @ w.T
     gdn_conv_recurrent: Callable       # GDN decode state step (conv update + delta rule), src -> dst entries
     linear_swiglu: Callable            # (gu, w) -> silu_mul_halves(gu) @ w.T
+    route_moe_experts: Callable        # (x, router_logits, k, gate_up, down, *, shared) -> moe_experts(x, route_topk(..))
 
 
 @functools.cache
@@ -65,7 +67,8 @@ def reference_ops() -> OpSet:
                  gated_delta.fused_recurrent_gated_delta_rule, attention.write_kv_paged,
                  attention.chunk_paged_attention, attention.decode_paged_attention, moe.moe_experts,
                  fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, attention.attention_output_gate,
-                 gated_delta.gdn_gates, moe.route_topk, fused.linear, fused.gdn_conv_recurrent, fused.linear_swiglu)
+                 gated_delta.gdn_gates, moe.route_topk, fused.linear, fused.gdn_conv_recurrent, fused.linear_swiglu,
+                 moe.route_moe_experts)
 
 
 @functools.cache
@@ -92,7 +95,8 @@ def fast_ops() -> OpSet:
         functools.partial(gated_delta.fused_recurrent_gated_delta_rule, **nog),
         fused.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention,
         moe.moe_experts, fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, fused.sigmoid_gate_mul,
-        fused.gdn_gates, moe.route_topk, gemv.linear, gdn_decode.gdn_conv_recurrent, gemv.linear_swiglu)
+        fused.gdn_gates, moe.route_topk, gemv.linear, gdn_decode.gdn_conv_recurrent, gemv.linear_swiglu,
+        moe.route_moe_experts)
 
 
 def select_ops(device: torch.device | str) -> OpSet:

@@ -8,14 +8,23 @@ the logits' dtype, ids int64. Ties go to the lowest expert id (torch.topk leaves
 
 `moe_experts(x, routing, gate_up, down, shared=None)`, decode sizes (T*k <= MAX_PAIRS), two launches:
 
-    a[p]   = silu(gate_up[e_p, :I] @ x[t_p]) * (gate_up[e_p, I:] @ x[t_p])    [P, I] x.dtype   grid (P, I/BN)
-    out[t] = Σ_j w[t, j] · down[e_tj] @ a[t·k + j]                            [T, H] x.dtype   grid (T, H/BN)
+    act[t·k + j] = silu(gate_up[e_tj, :I] @ x[t]) * (gate_up[e_tj, I:] @ x[t])   [T·k, I] x.dtype  grid (T, I/BN)
+    out[t] = Σ_j w[t, j] · down[e_tj] @ act[t·k + j]                            [T, H] x.dtype    grid (T, H/BN)
              (+ sigmoid(shared.gate[t]) · shared.down @ silu_mul(shared.gate_up[t]))
 
-Each program of the first kernel reads BN gate rows and the BN matching up rows of one selected
-expert; the second loops over the token's k experts (and the shared expert) inside the program and
-accumulates in fp32, so no [P, H] intermediate, torch sum or cast is left. Expert ids stay on the GPU
-(CUDA-graph capturable).
+Each program handles all k experts of one token: its weight tiles are one [k, BN, BK] load (k
+experts' rows at once, 32-36 KiB at the 35B sizes), so the bytes in flight per SM are what a streaming
+read of HBM needs; the second kernel loads the shared expert's tile in the same step and applies the
+weights, the shared sigmoid gate and the sum in registers (fp32), so no [T·k, H] intermediate, torch
+sum or cast is left. Expert ids stay on the GPU (CUDA-graph capturable).
+
+`route_moe_experts(x, router_logits, k, gate_up, down, shared=None)`: the same, with the routing
+computed inside the first kernel (every program of token t runs `_topk_of_row` on its E logits, the
+programs of n-block 0 store the weights and ids for the second kernel): a decode MoE layer is the
+shared_in GEMM and two expert launches.
+
+`legacy=True` selects the previous decode kernels (one program per (pair, n-block) for gate|up, a
+serial loop over the k experts for down; separate routing kernel) for bench/moe_decode.py's A/B only.
 
 Prefill (T*k > MAX_PAIRS): a grouped GEMM over the (token, expert) pairs sorted by expert. The sort,
 the per-expert offsets and the block -> expert table are computed on the GPU (torch.sort,
@@ -32,6 +41,8 @@ fp32 inputs use IEEE fp32 dots (no TF32) so the fp32 Program stays close to the 
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -41,7 +52,8 @@ from ninfer.ops.fused import silu_mul_halves
 from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
-__all__ = ["route_topk", "moe_experts", "MAX_PAIRS", "PREFILL_CHUNK"]
+__all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DECODE_CONFIG", "MAX_PAIRS",
+           "PREFILL_CHUNK"]
 
 MAX_PAIRS = 128          # (token, expert) pairs up to which the grouped GEMV (decode) path runs
 PREFILL_CHUNK = 8192     # tokens per grouped-GEMM pass
@@ -51,13 +63,12 @@ PREFILL_CHUNK = 8192     # tokens per grouped-GEMM pass
 # routing
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _route_topk_kernel(logits, w_out, id_out, E, stride_l, K: tl.constexpr, BE: tl.constexpr,
-                       BK: tl.constexpr, PDL: tl.constexpr = False):
-    _pdl.enter(PDL)
-    t = tl.program_id(0).to(tl.int64)
+def _topk_of_row(row, E, K: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
+    """Top-K of one row of E router logits: (renormalised weights [BK] fp32, ids [BK] int64), slots >= K
+    hold 0. fp32 softmax over all E; by decreasing probability, the lowest id wins a tie."""
     o_e = tl.arange(0, BE)
     me = o_e < E
-    lg = tl.load(logits + t * stride_l + o_e, mask=me, other=float("-inf")).to(tl.float32)
+    lg = tl.load(row + o_e, mask=me, other=float("-inf")).to(tl.float32)
     ex = tl.where(me, tl.exp(lg - tl.max(lg, 0)), 0.0)
     p = ex / tl.sum(ex, 0)
     # NOTE: one max per round on a packed key: p >= 0, so its fp32 bits order like the values; the low
@@ -76,7 +87,16 @@ def _route_topk_kernel(logits, w_out, id_out, E, stride_l, K: tl.constexpr, BE: 
         wv = tl.where(o_k == j, v, wv)
         iv = tl.where(o_k == j, idx, iv)
         key = tl.where(key == best, -1, key)
-    wv = wv / tl.sum(wv, 0)
+    return wv / tl.sum(wv, 0), iv
+
+
+@triton.jit
+def _route_topk_kernel(logits, w_out, id_out, E, stride_l, K: tl.constexpr, BE: tl.constexpr,
+                       BK: tl.constexpr, PDL: tl.constexpr = False):
+    _pdl.enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    wv, iv = _topk_of_row(logits + t * stride_l, E, K, BE, BK)
+    o_k = tl.arange(0, BK)
     mk = o_k < K
     tl.store(w_out + t * K + o_k, wv.to(w_out.dtype.element_ty), mask=mk)
     tl.store(id_out + t * K + o_k, iv, mask=mk)
@@ -178,7 +198,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
-def _decode(x, ids, weights, gate_up, down, shared):
+def _decode_legacy(x, ids, weights, gate_up, down, shared):
     T, H = x.shape
     k = ids.shape[1]
     P, I = T * k, down.shape[-1]
@@ -210,6 +230,177 @@ def _decode(x, ids, weights, gate_up, down, shared):
         TOPK=k, HAS_SHARED=shared is not None, BN=BN2, BK=BK2,
         BKS=min(512, triton.next_power_of_2(Is)), num_warps=4, **_pdl.launch())
     return out
+
+
+# ------------------------------------------------------------------------------------------------
+# decode: all k experts of a token in one program (routing folded into the first kernel)
+# ------------------------------------------------------------------------------------------------
+class DecodeConfig(NamedTuple):
+    """Tiles of the decode kernels. Gate|up: program (t, n-block) streams [KB, up_bn, up_bk] gate and up
+    tiles (KB = next_pow2(k) experts at once) per step over H; down: program (t, n-block) streams a
+    [KB, down_bn, down_bk] tile of the routed experts and [down_bn, down_bk] of the shared one per
+    step over I. Not yet measured on the H200: `bench/moe_decode.py --sweep` times alternatives."""
+    up_bn: int = 1
+    up_bk: int = 512
+    up_warps: int = 4
+    down_bn: int = 2
+    down_bk: int = 512
+    down_warps: int = 4
+
+
+DECODE_CONFIG = DecodeConfig()
+_TILE = 8192          # max elements of one expert-stacked weight tile per load (per gate / up / down)
+
+
+@triton.jit
+def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, stride_l, stride_we, stride_wn,
+                            stride_act, TOPK: tl.constexpr, KB: tl.constexpr, ROUTE: tl.constexpr,
+                            BE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
+                            PDL: tl.constexpr = False):
+    """act[t·TOPK + j, n] = silu(Σ_h w[e_tj, n, h] x[t, h]) · Σ_h w[e_tj, I + n, h] x[t, h] for all j.
+    ROUTE: e_t (and the weights) from the router logits of token t (`_topk_of_row`); programs of
+    n-block 0 store them to ids / rw [T, TOPK] for the down kernel. Otherwise e_t is read from ids."""
+    _pdl.enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    nb = tl.program_id(1)
+    o_j = tl.arange(0, KB)
+    mj = o_j < TOPK
+    if ROUTE:
+        wv, e = _topk_of_row(logits + t * stride_l, E, TOPK, BE, KB)
+        if nb == 0:
+            tl.store(rw + t * TOPK + o_j, wv.to(rw.dtype.element_ty), mask=mj)
+            tl.store(ids + t * TOPK + o_j, e, mask=mj)
+    else:
+        e = tl.load(ids + t * TOPK + o_j, mask=mj, other=0).to(tl.int64)
+    o_n = nb * BN + tl.arange(0, BN)
+    mn = o_n < I
+    o_k = tl.arange(0, BK)
+    # NOTE: the KB experts' tiles form one [KB, BN, BK] load, so all k experts' bytes are in flight at once.
+    wg = w + e[:, None, None] * stride_we + o_n[None, :, None].to(tl.int64) * stride_wn + o_k[None, None, :]
+    wu = wg + I * stride_wn
+    xr = x + t * stride_x + o_k
+    accg = tl.zeros([KB, BN], dtype=tl.float32)
+    accu = tl.zeros([KB, BN], dtype=tl.float32)
+    for k0 in range(0, H, BK):
+        if EVEN:
+            xv = tl.load(xr + k0).to(tl.float32)
+            g = tl.load(wg + k0, eviction_policy="evict_first")
+            u = tl.load(wu + k0, eviction_policy="evict_first")
+        else:
+            mk = o_k < H - k0
+            m3 = mj[:, None, None] & mn[None, :, None] & mk[None, None, :]
+            xv = tl.load(xr + k0, mask=mk, other=0.0).to(tl.float32)
+            g = tl.load(wg + k0, mask=m3, other=0.0, eviction_policy="evict_first")
+            u = tl.load(wu + k0, mask=m3, other=0.0, eviction_policy="evict_first")
+        accg += tl.sum(g.to(tl.float32) * xv[None, None, :], 2)
+        accu += tl.sum(u.to(tl.float32) * xv[None, None, :], 2)
+    a = accg / (1.0 + tl.exp(-accg)) * accu
+    tl.store(act + (t * TOPK + o_j)[:, None] * stride_act + o_n[None, :], a.to(act.dtype.element_ty),
+             mask=mj[:, None] & mn[None, :])
+
+
+@triton.jit
+def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX,
+                         stride_act, stride_de, stride_dn, stride_out, stride_sgu, stride_sg, stride_sdn,
+                         TOPK: tl.constexpr, KB: tl.constexpr, HAS_SHARED: tl.constexpr, BN: tl.constexpr,
+                         BK: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr = False):
+    """out[t, n] = Σ_j rw[t, j] Σ_i down[ids[t, j], n, i] act[t·TOPK + j, i]
+                   (+ sigmoid(sg[t]) Σ_i sdown[n, i] silu(sgu[t, i]) sgu[t, Is + i]); KMAX = max(I, Is)."""
+    _pdl.enter(PDL)
+    t = tl.program_id(0).to(tl.int64)
+    o_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    mn = o_n < H
+    o_j = tl.arange(0, KB)
+    mj = o_j < TOPK
+    e = tl.load(ids + t * TOPK + o_j, mask=mj, other=0).to(tl.int64)
+    wj = tl.load(rw + t * TOPK + o_j, mask=mj, other=0.0).to(tl.float32)
+    o_k = tl.arange(0, BK)
+    dp = down + e[:, None, None] * stride_de + o_n[None, :, None].to(tl.int64) * stride_dn + o_k[None, None, :]
+    ap = act + (t * TOPK + o_j)[:, None] * stride_act + o_k[None, :]
+    acc = tl.zeros([KB, BN], dtype=tl.float32)
+    if HAS_SHARED:
+        gl = tl.load(sg + t * stride_sg).to(tl.float32)
+        sp = sdown + o_n[:, None].to(tl.int64) * stride_sdn + o_k[None, :]
+        gp = sgu + t * stride_sgu + o_k
+        sacc = tl.zeros([BN], dtype=tl.float32)
+    for k0 in range(0, KMAX, BK):
+        if EVEN:
+            d = tl.load(dp + k0, eviction_policy="evict_first")
+            a = tl.load(ap + k0)
+            if HAS_SHARED:
+                s = tl.load(sp + k0, eviction_policy="evict_first")
+                g = tl.load(gp + k0).to(tl.float32)
+                u = tl.load(gp + Is + k0).to(tl.float32)
+        else:
+            mk = o_k < I - k0
+            d = tl.load(dp + k0, mask=mj[:, None, None] & mn[None, :, None] & mk[None, None, :], other=0.0,
+                        eviction_policy="evict_first")
+            a = tl.load(ap + k0, mask=mj[:, None] & mk[None, :], other=0.0)
+            if HAS_SHARED:
+                ms = o_k < Is - k0
+                s = tl.load(sp + k0, mask=mn[:, None] & ms[None, :], other=0.0, eviction_policy="evict_first")
+                g = tl.load(gp + k0, mask=ms, other=0.0).to(tl.float32)
+                u = tl.load(gp + Is + k0, mask=ms, other=0.0).to(tl.float32)
+        acc += tl.sum(d.to(tl.float32) * a.to(tl.float32)[:, None, :], 2)
+        if HAS_SHARED:
+            sacc += tl.sum(s.to(tl.float32) * (g / (1.0 + tl.exp(-g)) * u)[None, :], 1)
+    res = tl.sum(acc * wj[:, None], 0)
+    if HAS_SHARED:
+        res += sacc / (1.0 + tl.exp(-gl))
+    tl.store(out + t * stride_out + o_n, res.to(out.dtype.element_ty), mask=mn)
+
+
+def _tile_k(kb: int, bn: int, bk: int, length: int) -> int:
+    return max(16, min(bk, triton.next_power_of_2(length), _TILE // (kb * bn)))
+
+
+def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None, config=None):
+    """Routed (+ shared) experts at decode sizes, two launches. Either ids/weights [T, k] (a routing)
+    or logits [T, E] (routing inside the gate|up kernel). Returns (out [T, H], weights, ids)."""
+    cfg = config or DECODE_CONFIG
+    T, H = x.shape
+    E, I = down.shape[0], down.shape[-1]
+    KB = triton.next_power_of_2(k)
+    dev = x.device
+    route = logits is not None
+    if route:
+        weights = torch.empty(T, k, dtype=logits.dtype, device=dev)
+        ids = torch.empty(T, k, dtype=torch.int64, device=dev)
+        lg, stride_l = logits, logits.stride(0)
+    else:
+        lg, stride_l = weights, 0                    # unused (ROUTE=False)
+    # NOTE: bandwidth (35B-A3B, bf16, T=1): 8 selected experts = 32 MiB gate|up + 16 MiB down, plus 2 MiB
+    #       of shared down: ~12 us at 4.3 TB/s. Each program issues all k experts' tiles of a step as one
+    #       load. What bounds the bytes in flight is registers (ptxas, sm_90): gate|up [8, 1, 512] x 2 =
+    #       16 KiB per step at 128 regs x 128 threads -> 4 programs = 64 KiB per SM (4 steps over H; 512
+    #       programs per token, one wave on 132 SMs); down [8, 2, 512] + shared [2, 512] = 18 KiB in one
+    #       step at 128 regs -> 4 programs = 72 KiB per SM (1024 programs per token). The legacy kernels
+    #       had ~32 KiB per SM. The routing (k max-rounds over E in registers) is recomputed by every
+    #       gate|up program of the token instead of a launch of its own.
+    bn1 = min(cfg.up_bn, triton.next_power_of_2(I))
+    bk1 = _tile_k(KB, bn1, cfg.up_bk, H)
+    act = torch.empty(T * k, I, dtype=x.dtype, device=dev)
+    _experts_gate_up_kernel[(T, triton.cdiv(I, bn1))](
+        x, lg, ids, weights, gate_up, act, E, I, H, x.stride(0), stride_l, gate_up.stride(0), gate_up.stride(1),
+        act.stride(0), TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E), BN=bn1, BK=bk1,
+        EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, num_warps=cfg.up_warps, **_pdl.launch())
+    out = torch.empty(T, H, dtype=x.dtype, device=dev)
+    if shared is not None:
+        sgu, sg, sdown = _rows(shared.gate_up), shared.gate, _rows(shared.down)
+        Is = sdown.shape[1]
+        s_args = (sgu, sg, sdown)
+        s_strides = (sgu.stride(0), sg.stride(0), sdown.stride(0))
+    else:
+        Is, s_args, s_strides = I, (act, act, act), (0, 0, 0)
+    kmax = max(I, Is)
+    bn2 = min(cfg.down_bn, triton.next_power_of_2(H))
+    bk2 = _tile_k(KB, bn2, cfg.down_bk, kmax)
+    _experts_down_kernel[(T, triton.cdiv(H, bn2))](
+        act, ids, weights, down, out, *s_args, H, I, Is, kmax,
+        act.stride(0), down.stride(0), down.stride(1), out.stride(0), *s_strides,
+        TOPK=k, KB=KB, HAS_SHARED=shared is not None, BN=bn2, BK=bk2,
+        EVEN=KB == k and H % bn2 == 0 and I == Is and I % bk2 == 0, num_warps=cfg.down_warps, **_pdl.launch())
+    return out, weights, ids
 
 
 # ------------------------------------------------------------------------------------------------
@@ -324,10 +515,11 @@ def _prefill_routed(x, ids, weights, gate_up, down):
 
 
 def moe_experts(x: torch.Tensor, routing: MoeRouting, gate_up: torch.Tensor, down: torch.Tensor,
-                *, shared: SharedExpert | None = None) -> torch.Tensor:
+                *, shared: SharedExpert | None = None, legacy: bool = False,
+                config: DecodeConfig | None = None) -> torch.Tensor:
     """See `ninfer.ops.moe.moe_experts`. x [T, H]; routing ids/weights [T, k]; gate_up [E, 2I, H];
     down [E, H, I]; shared: optional `SharedExpert` (gate_up [T, 2Is], gate [T, 1], down [H, Is]).
-    Returns [T, H] in x.dtype."""
+    Returns [T, H] in x.dtype. legacy / config: the decode kernels (bench/moe_decode.py A/B only)."""
     T, H = x.shape
     k = routing.ids.shape[1]
     if T == 0:
@@ -336,7 +528,30 @@ def moe_experts(x: torch.Tensor, routing: MoeRouting, gate_up: torch.Tensor, dow
     gate_up, down = _rows(gate_up), _rows(down)
     ids, weights = routing.ids.contiguous(), routing.weights.contiguous()
     if T * k <= MAX_PAIRS:
-        return _decode(x, ids, weights, gate_up, down, shared)
+        if legacy:
+            return _decode_legacy(x, ids, weights, gate_up, down, shared)
+        return _decode(x, gate_up, down, shared, k, ids=ids, weights=weights, config=config)[0]
+    return _prefill(x, ids, weights, gate_up, down, shared)
+
+
+def route_moe_experts(x: torch.Tensor, router_logits: torch.Tensor, top_k: int, gate_up: torch.Tensor,
+                      down: torch.Tensor, *, shared: SharedExpert | None = None, legacy: bool = False,
+                      config: DecodeConfig | None = None) -> torch.Tensor:
+    """See `ninfer.ops.moe.route_moe_experts`: `moe_experts(x, route_topk(router_logits, top_k), ...)`.
+    router_logits [T, E] (rows may be strided). At decode sizes the routing runs inside the first
+    expert kernel (two launches in all); legacy: the separate routing kernel and the old kernels."""
+    T, E = router_logits.shape
+    if not 0 < top_k <= E:
+        raise ValueError(f"top_k must be in 1..{E}, got {top_k}")
+    if T == 0 or T * top_k > MAX_PAIRS or legacy:
+        return moe_experts(x, route_topk(router_logits, top_k), gate_up, down, shared=shared, legacy=legacy,
+                           config=config)
+    lg = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
+    return _decode(_rows(x), _rows(gate_up), _rows(down), shared, top_k, logits=lg, config=config)[0]
+
+
+def _prefill(x, ids, weights, gate_up, down, shared):
+    T = x.shape[0]
     step = max(1, PREFILL_CHUNK)
     parts = [_prefill_routed(x[s:s + step], ids[s:s + step], weights[s:s + step], gate_up, down)
              for s in range(0, T, step)]

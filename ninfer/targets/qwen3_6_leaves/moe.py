@@ -11,9 +11,9 @@ from ninfer.targets.qwen3_6.dims import Qwen36Dims
 
 class SparseMoE:
     # NOTE: the schedule passes its OpSet (`ops`): routing and the routed experts follow the op
-    #       selection (the fast ones have no host sync, so decode is CUDA-graph capturable). The shared
-    #       expert's down projection and gate run inside `ops.moe_experts` (`shared=`), so a decode
-    #       step is: one GEMM, routing, and the expert kernels.
+    #       selection (the fast ones have no host sync, so decode is CUDA-graph capturable). Routing and
+    #       the shared expert's down projection and gate run inside `ops.route_moe_experts` (the fast
+    #       one routes inside its first kernel), so a decode step is one GEMM and two expert kernels.
 
     def __init__(self, dims: Qwen36Dims) -> None:
         if not dims.is_moe:
@@ -28,7 +28,7 @@ class SparseMoE:
         x2 = h.reshape(-1, shape[-1])
         Is = mlp["shared_expert.gate_proj.weight"].shape[0]
         y = ops.linear(x2, mlp["shared_in.weight"])
-        routing = ops.route_topk(y[:, 2 * Is + 1:], self.top_k)
         shared = SharedExpert(y[:, :2 * Is], y[:, 2 * Is:2 * Is + 1], mlp["shared_expert.down_proj.weight"])
-        out = ops.moe_experts(x2, routing, mlp["experts.gate_up_proj"], mlp["experts.down_proj"], shared=shared)
+        out = ops.route_moe_experts(x2, y[:, 2 * Is + 1:], self.top_k, mlp["experts.gate_up_proj"],
+                                    mlp["experts.down_proj"], shared=shared)
         return out.reshape(shape)

@@ -1,0 +1,155 @@
+"""MoE decode layer bench (35B-A3B shapes, bf16): the legacy decode kernels vs the current ones.
+
+    PYTHONPATH=$PWD python3 bench/moe_decode.py [--layers 40] [--sweep] [--out FILE]     (< 60 s on an H200)
+    NINFER_PDL=1 PYTHONPATH=$PWD python3 bench/moe_decode.py ...                         with PDL
+
+One MoE layer step at decode, T = 1, 2, 4, 8 tokens:
+
+    y   = ops.fast linear(x, shared_in)                     [T, 1281] (shared gate|up, shared gate, router)
+    old = route_topk(y[:, 1025:], 8) + moe_experts(legacy=True)     3 launches after the GEMV
+    new = route_moe_experts(x, y[:, 1025:], 8, ...)                 2 launches (routing in the first)
+
+Each variant is captured in one CUDA graph of `--layers` copies of the layer, every copy with its own
+weights (E=256 experts: gate_up [256, 1024, 2048], down [256, 2048, 512], shared_in [1281, 2048],
+shared down [2048, 512]; 1.5 GiB per layer, 60 GiB for 40), so no weight stays in L2; the graph is
+replayed and timed with CUDA events: us per layer. "gemv" is the same graph with the shared_in GEMV
+only, so expert time = layer - gemv. Floor: the bytes a layer reads (shared_in, the distinct selected
+experts of this routing, the shared down) at 4.3 TB/s. err: relative RMS of new vs old over all
+layers' outputs. --sweep also times alternative `DecodeConfig`s of the new kernels (one knob set at a
+time) and reports the best.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+E, K, H, I, IS = 256, 8, 2048, 512, 512
+NS = 2 * IS + 1 + E                        # shared_in rows
+TBS = 4.3e12
+SWEEP = [  # (up_bn, up_bk, up_warps, down_bn, down_bk, down_warps), the default first
+    None, (1, 256, 2, 2, 512, 4), (1, 1024, 4, 2, 512, 4), (2, 512, 4, 2, 512, 4), (1, 2048, 8, 2, 512, 4),
+    (1, 512, 4, 1, 512, 2), (1, 512, 4, 4, 512, 8), (1, 512, 4, 8, 512, 16), (1, 512, 4, 4, 256, 4),
+]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=40)
+    ap.add_argument("--tokens", default="1,2,4,8")
+    ap.add_argument("--reps", type=int, default=20, help="graph replays timed per variant")
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--out", default=None, help="also append the JSON line to FILE")
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench/moe_decode.py: CUDA is not available; this bench needs an NVIDIA GPU (nothing measured).")
+        sys.exit(2)
+    from ninfer.bench.common import env_record, json_line, print_table
+    from ninfer.ops.fast import _pdl, gemv
+    from ninfer.ops.fast import moe as fm
+    from ninfer.ops.moe import SharedExpert
+
+    t_start = time.time()
+    dev, dt, L = torch.device("cuda"), torch.bfloat16, args.layers
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def rnd(*shape, scale):
+        return (torch.randn(*shape, generator=g, device=dev, dtype=dt) * scale)
+
+    layers = [dict(gu=rnd(E, 2 * I, H, scale=H ** -0.5), dn=rnd(E, H, I, scale=I ** -0.5),
+                   si=torch.cat([rnd(2 * IS + 1, H, scale=H ** -0.5), rnd(E, H, scale=3 * H ** -0.5)]),
+                   sd=rnd(H, IS, scale=IS ** -0.5)) for _ in range(L)]
+    torch.cuda.synchronize()
+    t_alloc = time.time() - t_start
+
+    def layer_fn(variant, x, w, cfg=None):
+        y = gemv.linear(x, w["si"])
+        if variant == "gemv":
+            return y
+        shared = SharedExpert(y[:, :2 * IS], y[:, 2 * IS:2 * IS + 1], w["sd"])
+        if variant == "old":
+            return fm.moe_experts(x, fm.route_topk(y[:, 2 * IS + 1:], K), w["gu"], w["dn"], shared=shared, legacy=True)
+        return fm.route_moe_experts(x, y[:, 2 * IS + 1:], K, w["gu"], w["dn"], shared=shared, config=cfg)
+
+    def timed(variant, x, cfg=None):
+        """(us per layer, outputs of the last replay)."""
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for w in layers[:2]:
+                layer_fn(variant, x, w, cfg)                 # compile / counters outside the capture
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outs = [layer_fn(variant, x, w, cfg) for w in layers]
+        graph.replay()
+        torch.cuda.synchronize()
+        t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(args.reps):
+            t0.record()
+            graph.replay()
+            t1.record()
+            t1.synchronize()
+            times.append(t0.elapsed_time(t1) * 1e3 / L)
+        times.sort()
+        del graph
+        return times[len(times) // 2], outs
+
+    def floor_us(x):
+        n = 0
+        for w in layers:
+            ids = fm.route_topk(gemv.linear(x, w["si"])[:, 2 * IS + 1:], K).ids
+            n += torch.unique(ids).numel()
+        distinct = n / L
+        nbytes = 2 * (NS * H + distinct * 3 * I * H + H * IS)
+        return nbytes / TBS * 1e6, distinct
+
+    rows, results = [], []
+    for T in [int(t) for t in args.tokens.split(",")]:
+        x = torch.randn(T, H, generator=g, device=dev, dtype=dt)
+        fl, distinct = floor_us(x)
+        t_gemv, _ = timed("gemv", x)
+        t_old, o_old = timed("old", x)
+        t_new, o_new = timed("new", x)
+        a, b = torch.stack(o_new).double(), torch.stack(o_old).double()
+        err = ((a - b).norm() / b.norm()).item()
+        finite = bool(torch.isfinite(a).all())
+        best = None
+        if args.sweep:
+            sweep = []
+            for c in SWEEP[1:]:
+                cfg = fm.DecodeConfig(*c)
+                tc, oc = timed("new", x, cfg)
+                ec = ((torch.stack(oc).double() - b).norm() / b.norm()).item()
+                sweep.append({"config": list(cfg), "us": tc, "err": ec})
+            best = min(sweep + [{"config": list(fm.DECODE_CONFIG), "us": t_new, "err": err}], key=lambda r: r["us"])
+            for r in sweep:
+                print(f"  T={T} config {r['config']}: {r['us']:.2f} us/layer, err {r['err']:.2e}")
+        rows.append([T, round(distinct, 1), t_gemv, t_old, t_new, t_old - t_gemv, t_new - t_gemv, fl,
+                     t_new / fl, t_old / t_new, err, finite])
+        results.append({"T": T, "distinct_experts": distinct, "gemv_us": t_gemv, "old_us": t_old, "new_us": t_new,
+                        "old_experts_us": t_old - t_gemv, "new_experts_us": t_new - t_gemv, "floor_us": fl,
+                        "err_rel_rms": err, "finite": finite, "best": best})
+    print(f"\nMoE decode layer, 35B-A3B shapes, bf16, {L} layers per graph, PDL={'on' if _pdl.enabled() else 'off'}, "
+          f"new config {tuple(fm.DECODE_CONFIG)}; us per layer (median of {args.reps} replays)")
+    print_table(["T", "experts", "gemv", "old", "new", "old-gemv", "new-gemv", "floor", "new/floor", "speedup",
+                 "err", "finite"], rows)
+    payload = {"dtype": "bf16", "model": "35B-A3B MoE layer (E=256, k=8, H=2048, I=512, Is=512)", "layers": L,
+               "pdl": _pdl.enabled(), "config": list(fm.DECODE_CONFIG), "floor_tbs": TBS / 1e12,
+               "results": results, "env": env_record(), "alloc_s": round(t_alloc, 1),
+               "wall_s": round(time.time() - t_start, 1)}
+    json_line("moe_decode", payload)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps({"bench": "moe_decode", **payload}, sort_keys=True, default=str) + "\n")
+
+
+if __name__ == "__main__":
+    main()
