@@ -298,3 +298,56 @@ def test_norm_prologue_chains_a_residual_launch():
         gemv.gemv(torch.cat([h, h]), w2, norm=gemv.RowNorm(parts, nw, 1e-6))
     with pytest.raises(ValueError, match="norm"):
         gemv.gemv(h, w2, norm=gemv.RowNorm(parts, nw[:-1], 1e-6))
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+@pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
+def test_program_decode_folds_residual_norm(identity, monkeypatch):
+    """A one-row decode with every projection on the GEMV folds the residual adds + norms into the
+    GEMVs (no add_rms_norm launch between two projections of a dense layer) and gives the logits of
+    the unfolded schedule (same roundings; only the norms' sums of squares run in another order)."""
+    import importlib
+
+    from ninfer.ops.fast import fast_ops, fused as fast_fused, gemv
+    from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+    from ninfer.targets.dummy_weights import DummyWeights
+    from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+
+    dt = torch.float32 if _INTERPRET else torch.bfloat16
+    monkeypatch.setattr(gemv, "use_triton", lambda n, k, m: True)
+    if _INTERPRET:   # the interpreter runs on CPU tensors; fp32 there (bf16 tl.dot is wrong in it)
+        monkeypatch.setattr(gemv, "_eligible", lambda x, w: x.dtype == w.dtype and x.stride(-1) == 1
+                            and w.dim() == 2 and x.shape[-1] == w.shape[1])
+    w = DummyWeights(identity, device=_DEV, dtype=dt, seed=5, std=0.1)
+    pkg = importlib.import_module(w.package.module)
+    norms = []
+    real_norm = fast_fused.add_rms_norm
+    out = {}
+    for name in ("fold", "nofold"):
+        if name == "nofold":
+            monkeypatch.setattr(gemv, "_fold", lambda residual, x2, w: None)
+        prog = pkg.create_program(w, ProgramConfig(device=_DEV, dtype="fp32" if dt == torch.float32 else "bf16",
+                                                   page_size=16, num_pages=64, enforce_eager=True))
+        prog.model.ops = fast_ops()._replace(add_rms_norm=lambda *a: norms.append(1) or real_norm(*a))
+        prompt = tuple(int(t) for t in torch.randint(0, w.dims.vocab_size, (21,),
+                                                     generator=torch.Generator().manual_seed(2)))
+        h = prog.start_materialize(prog.plan_materialize(SequenceRequest(
+            prompt_token_ids=prompt, sampling=SamplingParams(temperature=0.0), max_output_tokens=8))).sequence
+        step, _ = prog.prefill_with_logits(h, 100)
+        prog.commit(step.pending, [1])
+        logits = []
+        norms.clear()
+        for _ in range(3):
+            batch, dl = prog.decode_with_logits([h], 1)
+            prog.commit(batch, [1])
+            logits.append(dl[:, 0].float())
+        out[name] = (torch.cat(logits), len(norms))
+        prog.release(h)
+    layers = w.dims.num_hidden_layers
+    dense = not w.dims.is_moe
+    # unfolded: 2 norms per layer + the final one per step; folded: the first layer's input norm and
+    # the final norm, plus (MoE) every post-mixer norm (the MoE leaf takes a tensor) and each norm after it
+    assert out["nofold"][1] == 3 * (2 * layers + 1)
+    assert out["fold"][1] == 3 * (2 if dense else 2 + 2 * layers - 1)
+    assert rel_rms(out["fold"][0], out["nofold"][0]) < (1e-5 if dt == torch.float32 else 2e-2)

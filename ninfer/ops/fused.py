@@ -8,11 +8,22 @@ the exact HF order of casts.
     add_rms_norm(x, delta, w, eps)          x_new = x + delta (x.dtype); h = rms_norm(x_new, w)  -> (h, x_new)
     qk_norm_rope(q, k, wq, wk, cos, sin)    per-head zero-centred RMSNorm of q and k, then partial NeoX rotary
     silu_mul_halves(gu)                     gu [N, 2I] (gate rows first) -> silu(gate) * up  [N, I]
-    linear(x, w)                            x @ w.T (the fast set may use a GEMV for small M)
-    linear_swiglu(gu, w)                    silu_mul_halves(gu) @ w.T (the fast set may fold the SwiGLU into the GEMV)
+    linear(x, w, residual=None)             x @ w.T (the fast set may use a GEMV for small M); x may be a
+                                            NormedRows, residual see below
+    linear_swiglu(gu, w, residual=None)     silu_mul_halves(gu) @ w.T (the fast set may fold the SwiGLU into the GEMV)
+
+Residual + norm folding (decode at one row). The schedule's residual add + RMSNorm between a leaf's
+last projection and the next leaf's first projection can run inside those two GEMVs:
+`linear(y, w, residual=x)` may return `Residual(h, parts)` (h = x + y @ w.T, parts: fp32 sums of
+h^2 per column tile) instead of the plain product, and the schedule then hands the next leaf
+`NormedRows(h, weight, eps, parts)` in place of rms_norm(h), which `linear` applies on the fly. The
+references here never fold: `linear` ignores `residual` (the caller's add_rms_norm does the add) and
+applies a NormedRows's norm with `rms_norm` (the CPU path is unchanged).
     gdn_conv_recurrent(qkv, a, b, ...)     GDN decode state step: gates, conv update, gated delta rule
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +32,33 @@ from ninfer.ops.mlp import silu_mul
 from ninfer.ops.norms import rms_norm
 from ninfer.ops.rope import apply_rotary_qk
 
-__all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "linear", "linear_swiglu", "gdn_conv_recurrent"]
+__all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "linear", "linear_swiglu", "gdn_conv_recurrent",
+           "Residual", "NormedRows", "normed"]
+
+
+class Residual(NamedTuple):
+    """What a folding `linear(y, w, residual=x)` returns: h = x + y @ w.T [M, H] (the new residual
+    stream, in x.dtype) and parts [M, P] fp32, the sums of h^2 over P column tiles."""
+    h: torch.Tensor
+    parts: torch.Tensor
+
+
+class NormedRows(NamedTuple):
+    """rms_norm(h, weight, eps) not yet applied (see the module docstring); parts: the sums of h^2 of
+    the `Residual` that produced h (None: none known)."""
+    h: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    parts: torch.Tensor | None = None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.h.shape
+
+
+def normed(x: "torch.Tensor | NormedRows") -> torch.Tensor:
+    """x itself, or a NormedRows's norm applied (reference rms_norm)."""
+    return rms_norm(x.h, x.weight, x.eps) if isinstance(x, NormedRows) else x
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float = 1e-6
@@ -46,13 +83,16 @@ def silu_mul_halves(gu: torch.Tensor) -> torch.Tensor:
     return silu_mul(gu[..., :I], gu[..., I:])
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x [M, K] @ weight[N, K].T -> [M, N] in x.dtype."""
-    return F.linear(x, weight)
+def linear(x: "torch.Tensor | NormedRows", weight: torch.Tensor, residual: torch.Tensor | None = None
+           ) -> torch.Tensor:
+    """x [M, K] @ weight[N, K].T -> [M, N] in x.dtype (x a NormedRows: its norm applied first). The
+    reference never folds `residual` (the product is returned; the caller adds it)."""
+    return F.linear(normed(x), weight)
 
 
-def linear_swiglu(gu: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """gu [N, 2I] (gate | up) -> silu_mul_halves(gu) @ weight[H, I].T  [N, H] in gu.dtype."""
+def linear_swiglu(gu: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """gu [N, 2I] (gate | up) -> silu_mul_halves(gu) @ weight[H, I].T  [N, H] in gu.dtype (`residual`
+    as in `linear`: never folded here)."""
     return F.linear(silu_mul_halves(gu), weight)
 
 

@@ -38,7 +38,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ninfer.ops.fast.fused import silu_mul_halves as _fast_silu_mul_halves
+from ninfer.ops.fast.fused import add_rms_norm as _fast_add_rms_norm, silu_mul_halves as _fast_silu_mul_halves
+from ninfer.ops.fused import NormedRows, Residual
 from ninfer.ops.fast import _pdl
 
 __all__ = ["GemvConfig", "RowNorm", "CONFIGS", "USE_TRITON", "USE_TRITON_SWIGLU", "MAX_ROWS", "linear", "linear_swiglu",
@@ -470,26 +471,58 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
     return y if residual is None else (y, parts)
 
 
-def linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _eligible(x: torch.Tensor, w: torch.Tensor) -> bool:
+    return (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and w.dtype == x.dtype and w.dim() == 2
+            and x.dim() >= 1 and x.shape[-1] == w.shape[1] and x.stride(-1) == 1 and w.stride(1) == 1)
+
+
+def _fold(residual: torch.Tensor | None, x2: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """The residual as [M, N] rows when `linear` may fold it (one row; else None: not folded)."""
+    if residual is None or x2.shape[0] != 1 or residual.numel() != w.shape[0] or residual.dtype != x2.dtype:
+        return None
+    r = residual.reshape(1, w.shape[0])
+    return r if r.stride(-1) == 1 else None
+
+
+def linear(x: "torch.Tensor | NormedRows", w: torch.Tensor, residual: torch.Tensor | None = None):
     """x [..., K] @ w[N, K].T -> [..., N] in x.dtype (`ninfer.ops.fused.linear`). The Triton kernel for
-    CUDA bf16/fp16 with <= 8 rows on shapes USE_TRITON marks faster; F.linear otherwise."""
-    if (x.is_cuda and x.dtype in (torch.bfloat16, torch.float16) and w.dtype == x.dtype and w.dim() == 2
-            and x.dim() >= 1 and x.shape[-1] == w.shape[1] and x.stride(-1) == 1 and w.stride(1) == 1):
+    CUDA bf16/fp16 with <= 8 rows on shapes USE_TRITON marks faster; F.linear otherwise.
+    At one row on the kernel's path the residual add + norm fold into it (see `ninfer.ops.fused`):
+    `residual` given -> `Residual(h, parts)`; x a NormedRows with parts -> the norm applied in the
+    kernel's x load. Otherwise a NormedRows is normed by the fast kernel first and `residual` is left
+    to the caller (the plain product is returned)."""
+    if isinstance(x, NormedRows):
+        h = x.h.reshape(-1, x.h.shape[-1]) if x.h.dim() != 2 else x.h
+        if (x.parts is not None and h.shape[0] == 1 and _eligible(h, w) and use_triton(w.shape[0], w.shape[1], 1)
+                and x.parts.shape[1] <= 4096 and x.weight.shape == (w.shape[1],) and x.weight.is_contiguous()
+                and residual is None):
+            return gemv(h, w, norm=RowNorm(x.parts, x.weight, x.eps)).reshape(*x.h.shape[:-1], w.shape[0])
+        x = _fast_add_rms_norm(x.h, None, x.weight, x.eps)[0]
+    if _eligible(x, w):
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1]) if x.dim() > 2 else x.unsqueeze(0)
         M = x2.shape[0]
         if 1 <= M <= MAX_ROWS and use_triton(w.shape[0], w.shape[1], M) and x2.stride(-1) == 1:
+            r = _fold(residual, x2, w)
+            if r is not None:
+                h, parts = gemv(x2, w, residual=r)
+                return Residual(h.reshape(*x.shape[:-1], w.shape[0]), parts)
             return gemv(x2, w).reshape(*x.shape[:-1], w.shape[0])
     return F.linear(x, w)
 
 
-def linear_swiglu(gu: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def linear_swiglu(gu: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None):
     """silu_mul_halves(gu) @ w.T (`ninfer.ops.fused.linear_swiglu`): the SwiGLU folded into the GEMV's
     x load (one launch instead of two) for the shapes USE_TRITON_SWIGLU marks as measured faster;
-    otherwise the fast SwiGLU kernel, then `linear`."""
+    otherwise the fast SwiGLU kernel, then `linear`. `residual` as in `linear`."""
     rows = gu.reshape(-1, gu.shape[-1])
     M, N, K = rows.shape[0], w.shape[0], gu.shape[-1] // 2
     if (gu.is_cuda and gu.dtype in (torch.bfloat16, torch.float16) and w.dtype == gu.dtype and 1 <= M <= MAX_ROWS
             and gu.shape[-1] == 2 * K and w.dim() == 2 and w.shape[1] == K and rows.stride(-1) == 1
             and w.stride(1) == 1 and USE_TRITON_SWIGLU.get((N, K, m_bucket(M)), False)):
-        return gemv(rows, w, config_for(N, K, M, gu.device), swiglu=True).view(*gu.shape[:-1], N)
-    return linear(_fast_silu_mul_halves(gu), w)
+        cfg = config_for(N, K, M, gu.device)
+        r = _fold(residual, rows, w)
+        if r is not None:
+            h, parts = gemv(rows, w, cfg, swiglu=True, residual=r)
+            return Residual(h.view(*gu.shape[:-1], N), parts)
+        return gemv(rows, w, cfg, swiglu=True).view(*gu.shape[:-1], N)
+    return linear(_fast_silu_mul_halves(gu), w, residual=residual)

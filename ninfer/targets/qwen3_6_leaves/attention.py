@@ -16,7 +16,8 @@ class GatedAttentionProjection:
 
     def project(self, w: AttentionWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: Any
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h [N, H] -> q [N, nh, hd], k/v [N, nkv, hd] (q/k normed and rotated), gate [N, nh, hd]
+        """h [N, H] (or `NormedRows`: the op applies the norm) -> q [N, nh, hd], k/v [N, nkv, hd] (q/k
+        normed and rotated), gate [N, nh, hd]
         (a strided view of the projection: no copy)."""
         N = h.shape[0]
         nq, nk = self.nh * 2 * self.hd, self.nkv * self.hd
@@ -28,7 +29,8 @@ class GatedAttentionProjection:
         q, k = ops.qk_norm_rope(q, k, w.q_norm, w.k_norm, cos, sin, self.eps)
         return q, k, v, gate
 
-    def output(self, w: AttentionWeights, o: torch.Tensor, gate: torch.Tensor, ops: Any) -> torch.Tensor:
-        """o [N, nh, hd], gate [N, nh, hd] -> [N, H]."""
+    def output(self, w: AttentionWeights, o: torch.Tensor, gate: torch.Tensor, ops: Any,
+               residual: torch.Tensor | None = None) -> Any:
+        """o [N, nh, hd], gate [N, nh, hd] -> [N, H] (or the op's Residual when it folds `residual`)."""
         o = ops.sigmoid_gate_mul(o, gate)
-        return ops.linear(o.reshape(o.shape[0], -1), w.o_proj)
+        return ops.linear(o.reshape(o.shape[0], -1), w.o_proj, residual=residual)

@@ -7,7 +7,13 @@ import torch
 
 
 class DenseMLP:
-    def __call__(self, mlp: Mapping[str, torch.Tensor], h: torch.Tensor, ops: Any) -> torch.Tensor:
-        """h [N, H] -> [N, H] with the schedule's OpSet `ops`."""
+    # NOTE: takes `NormedRows` for h and a `residual` to fold (see `ninfer.ops.fused`); a post-mixer
+    #       without this flag gets the normed rows as a tensor and returns the plain delta.
+    folds_residual = True
+
+    def __call__(self, mlp: Mapping[str, torch.Tensor], h: Any, ops: Any, residual: torch.Tensor | None = None
+                 ) -> Any:
+        """h [N, H] (or NormedRows) -> [N, H] (or the op's Residual when it folds `residual`) with the
+        schedule's OpSet `ops`."""
         gu = ops.linear(h, mlp["gate_up_proj.weight"])          # one GEMM: [gate | up] (model_view fuses them)
-        return ops.linear_swiglu(gu, mlp["down_proj.weight"])
+        return ops.linear_swiglu(gu, mlp["down_proj.weight"], residual=residual)

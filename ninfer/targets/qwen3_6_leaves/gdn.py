@@ -17,7 +17,8 @@ class GDNProjection:
 
     def project(self, w: GDNWeights, h: torch.Tensor, ops: Any, gates: bool = True
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h [N, H] -> qkv [N, C] (pre-conv), z [N, nv, dv], g [N, nv] fp32, beta [N, nv].
+        """h [N, H] (or `NormedRows`: the op applies the norm) -> qkv [N, C] (pre-conv), z [N, nv, dv],
+        g [N, nv] fp32, beta [N, nv].
         gates=False: the raw projections a, b [N, nv] instead of (g, beta), for an op that computes
         the gates itself (`ops.gdn_conv_recurrent`, from w.A_log and w.dt_bias)."""
         N = h.shape[0]
@@ -31,7 +32,9 @@ class GDNProjection:
         g, beta = ops.gdn_gates(a, b, w.A_log, w.dt_bias)
         return qkv, z, g, beta
 
-    def output(self, w: GDNWeights, o: torch.Tensor, z: torch.Tensor, ops: Any) -> torch.Tensor:
-        """o [N, nv, dv], z [N, nv, dv] -> [N, H]."""
+    def output(self, w: GDNWeights, o: torch.Tensor, z: torch.Tensor, ops: Any, residual: torch.Tensor | None = None
+               ) -> Any:
+        """o [N, nv, dv], z [N, nv, dv] -> [N, H] (or the op's Residual when it folds `residual`, see
+        `ninfer.ops.fused`)."""
         y = ops.gated_rms_norm(o, z, w.norm, self.eps)
-        return ops.linear(y.reshape(o.shape[0], self.nv * self.dv), w.out_proj)
+        return ops.linear(y.reshape(o.shape[0], self.nv * self.dv), w.out_proj, residual=residual)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from ninfer.core.stores import PagedKVStore, StateImageStore
 from ninfer.ops.fast import OpSet, select_ops
+from ninfer.ops.fused import NormedRows, Residual
 from ninfer.ops.rope import mrope_cos_sin, rope_inv_freq
 from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
 from ninfer.targets.qwen3_6.runtime.model_view import LayerView, ModelView
@@ -96,26 +97,41 @@ class Qwen36Model:
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch,
                 meta: "_RowMeta") -> torch.Tensor:
         # NOTE: each residual add is fused with the norm that follows it (ops.add_rms_norm): the
-        #       mixer and post-mixer outputs are carried as `delta` into the next norm.
-        ops = self.ops
-        add_rms_norm, post_mixer, eps = ops.add_rms_norm, self.leaves.post_mixer, self.eps
+        #       mixer and post-mixer outputs are carried as `delta` into the next norm. A leaf's last
+        #       projection may instead fold the add itself (`residual=x`; the fast set at one row):
+        #       it returns a Residual and the next norm travels as NormedRows into the next leaf's
+        #       first projection, which applies it (`ninfer.ops.fused`): no norm launch in between.
+        post_mixer = self.leaves.post_mixer
+        folds = getattr(post_mixer, "folds_residual", False)
         delta = None
         for layer in self.view.layers:
-            h, x = add_rms_norm(x, delta, layer.input_norm, eps)
+            h, x = self._norm(x, delta, layer.input_norm)
             if layer.kind == "full_attention":
-                delta = self._attention(layer, h, cos, sin, fb, meta)
+                delta = self._attention(layer, h, cos, sin, fb, meta, residual=x)
             else:
-                delta = self._gdn(layer, h, fb, meta)
-            h, x = add_rms_norm(x, delta, layer.post_norm, eps)
-            delta = post_mixer(layer.mlp, h, ops)
-        return add_rms_norm(x, delta, self.view.norm, eps)[0]
+                delta = self._gdn(layer, h, fb, meta, residual=x)
+            h, x = self._norm(x, delta, layer.post_norm)
+            delta = post_mixer(layer.mlp, h, self.ops, residual=x) if folds else post_mixer(layer.mlp, self._dense(h),
+                                                                                            self.ops)
+        return self._dense(self._norm(x, delta, self.view.norm)[0])
+
+    def _norm(self, x: torch.Tensor, delta, weight: torch.Tensor):
+        """(rms_norm(x + delta), x + delta); after a folded add (delta a Residual) the norm is returned
+        pending, as NormedRows."""
+        if isinstance(delta, Residual):
+            return NormedRows(delta.h, weight, self.eps, delta.parts), delta.h
+        return self.ops.add_rms_norm(x, delta, weight, self.eps)
+
+    def _dense(self, h) -> torch.Tensor:
+        """A pending norm applied (one norm launch), for consumers other than a projection."""
+        return self.ops.add_rms_norm(h.h, None, h.weight, h.eps)[0] if isinstance(h, NormedRows) else h
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, H] -> fp32 logits [M, V]."""
         return self.ops.linear(hidden, self.view.lm_head).float()
 
-    def _attention(self, layer: LayerView, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                   fb: ForwardBatch, meta: "_RowMeta") -> torch.Tensor:
+    def _attention(self, layer: LayerView, h, cos: torch.Tensor, sin: torch.Tensor,
+                   fb: ForwardBatch, meta: "_RowMeta", residual: torch.Tensor | None = None):
         w = layer.mixer
         q, k, v, gate = self.leaves.attention.project(w, h, cos, sin, self.ops)
         k_cache, v_cache = self.kv.layer(self._attn_index[layer.index])
@@ -127,9 +143,9 @@ class Qwen36Model:
             # NOTE: host copies of the row bounds: the op loops over rows on the host (no sync).
             o = ops.chunk_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.host_context_lens,
                                           meta.host_cu_seqlens)
-        return self.leaves.attention.output(w, o, gate, ops)
+        return self.leaves.attention.output(w, o, gate, ops, residual=residual)
 
-    def _gdn(self, layer: LayerView, h: torch.Tensor, fb: ForwardBatch, meta: "_RowMeta") -> torch.Tensor:
+    def _gdn(self, layer: LayerView, h, fb: ForwardBatch, meta: "_RowMeta", residual: torch.Tensor | None = None):
         w = layer.mixer
         d = self.dims
         n = self._gdn_index[layer.index]
@@ -144,7 +160,7 @@ class Qwen36Model:
             o = ops.gdn_conv_recurrent(qkv, w.conv1d, conv_pool, a, b, w.A_log, w.dt_bias, rec_pool,
                                        meta.src_entries, idx, num_k_heads=d.linear_num_key_heads,
                                        head_k_dim=d.linear_key_head_dim, head_v_dim=d.linear_value_head_dim)
-            return self.leaves.gdn.output(w, o, z, ops)
+            return self.leaves.gdn.output(w, o, z, ops, residual=residual)
         qkv, z, g, beta = self.leaves.gdn.project(w, h, ops)
         if meta.decode:
             u, _ = ops.causal_conv1d_update(qkv, w.conv1d, conv_pool, state_indices=idx)            # [B, C]
@@ -171,7 +187,7 @@ class Qwen36Model:
         o, _ = rule(q, k, v, g, beta, initial_state=rec_pool, state_indices=idx,
                     use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
         o = o.reshape(-1, d.linear_num_value_heads, d.linear_value_head_dim)          # [N, nv, dv]
-        return self.leaves.gdn.output(w, o, z, ops)
+        return self.leaves.gdn.output(w, o, z, ops, residual=residual)
 
 
 @functools.cache
