@@ -9,6 +9,8 @@
 #   hfbase   decode B=1 with the transformers baseline in the same run
 #   serve    OpenAI API end to end (`ninfer serve --load-format dummy`), concurrency 1/2/4/8
 #   profile  per-kernel GPU time of a decode graph replay (+ PDL on/off) and of one prefill (bench/profile_step.py)
+#   moe      35B-A3B MoE decode layer, old vs new expert kernels (bench/moe_decode.py)
+#   prefill_ops  27B 8k prefill conv / GDN wrapper / attention, old vs new (bench/prefill_ops.py)
 #   serve_engine  the same workload through the public Engine in process (what the gateway adds)
 # Everything goes to $OUT/run.log (the device returns at most 8 files); Triton's cache to $OUT/tcache.tgz.
 set -o pipefail
@@ -46,6 +48,8 @@ for part in "$@"; do
     profile) timeout ${T_PROFILE:-300} python3 bench/profile_step.py --decode ${PROFILE_DECODE:-qwen3_6-27b qwen3_6-35b-a3b} \
                --batches ${PROFILE_BATCHES:-1} ${PROFILE_PDL:---pdl} --prefill ${PROFILE_PREFILL-qwen3_6-27b:8192} 2>&1 \
                | tee -a "$LOG" | tail -${PROFILE_TAIL:-400} > /dev/null ;;
+    moe)     timeout ${T_MOE:-90} python3 bench/moe_decode.py ${MOE_ARGS:-} 2>&1 | tee -a "$LOG" | tail -30 ;;
+    prefill_ops) timeout ${T_PREFILL_OPS:-120} python3 bench/prefill_ops.py ${PREFILL_OPS_ARGS:-} 2>&1 | tee -a "$LOG" | tail -40 ;;
     prefill) timeout ${T_PREFILL:-200} python3 -m ninfer.cli.main bench prefill --identity qwen3_6-27b qwen3_6-35b-a3b \
                --lengths ${PREFILL_LENGTHS:-1024 8192} --reps 3 --long-reps 1 --chunk 8192 --step-timeout 120 2>&1 | tee -a "$LOG" | tail -20 ;;
   esac
