@@ -239,7 +239,8 @@ class DecodeConfig(NamedTuple):
     """Tiles of the decode kernels. Gate|up: program (t, n-block) streams [KB, up_bn, up_bk] gate and up
     tiles (KB = next_pow2(k) experts at once) per step over H; down: program (t, n-block) streams a
     [KB, down_bn, down_bk] tile of the routed experts and [down_bn, down_bk] of the shared one per
-    step over I. Not yet measured on the H200: `bench/moe_decode.py --sweep` times alternatives."""
+    step over I. `bench/moe_decode.py --sweep` times alternatives (H200 figures in bench/NOTES.md, decode
+    pass 4: the defaults below are the sweep's best at T = 1 and T = 8)."""
     up_bn: int = 1
     up_bk: int = 512
     up_warps: int = 4
@@ -248,7 +249,11 @@ class DecodeConfig(NamedTuple):
     down_warps: int = 4
 
 
-DECODE_CONFIG = DecodeConfig()
+# NOTE: measured on the H200 (bench/moe_decode.py --sweep, 35B-A3B shapes, 40 layers per graph, PDL on): T=1
+#       (1, 1024, 4, 2, 512, 4) 25.98 us per layer vs 28.71 for (1, 512, ...); T=8 (1, 256, 2, 2, 512, 4) 118.0
+#       vs 128.9. DECODE_CONFIG is the few-token one; DECODE_CONFIG_MANY applies above 2 tokens.
+DECODE_CONFIG = DecodeConfig(1, 1024, 4, 2, 512, 4)
+DECODE_CONFIG_MANY = DecodeConfig(1, 256, 2, 2, 512, 4)
 _TILE = 8192          # max elements of one expert-stacked weight tile per load (per gate / up / down)
 
 
@@ -357,8 +362,8 @@ def _tile_k(kb: int, bn: int, bk: int, length: int) -> int:
 def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None, config=None):
     """Routed (+ shared) experts at decode sizes, two launches. Either ids/weights [T, k] (a routing)
     or logits [T, E] (routing inside the gate|up kernel). Returns (out [T, H], weights, ids)."""
-    cfg = config or DECODE_CONFIG
     T, H = x.shape
+    cfg = config or (DECODE_CONFIG if T <= 2 else DECODE_CONFIG_MANY)
     E, I = down.shape[0], down.shape[-1]
     KB = triton.next_power_of_2(k)
     dev = x.device
