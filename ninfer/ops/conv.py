@@ -11,6 +11,8 @@ columns and never uses the oldest). Dense or slot-pool passing: see `ninfer.ops.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import torch
 import torch.nn.functional as F
 
@@ -35,7 +37,8 @@ def chunk_causal_conv1d(
     cu_seqlens: torch.Tensor | None = None,
     state_indices: torch.Tensor | None = None,
     activation: str | None = "silu",
-) -> tuple[torch.Tensor, torch.Tensor]:
+    split: Sequence[int] | None = None,
+) -> tuple[torch.Tensor | tuple[torch.Tensor, ...], torch.Tensor]:
     """Prompt (prefill) form: convolve a chunk of T new inputs per sequence, continuing from the state.
 
     Args:
@@ -44,8 +47,10 @@ def chunk_causal_conv1d(
         conv_state: None (zeros: start of sequence), [N, C, K-1] dense, or a slot pool [S, C, K-1]
             with `state_indices` [N] (then updated in place). N = B, or len(cu_seqlens) - 1.
         activation: "silu" (model) or None.
+        split: channel widths summing to C: y is returned as the tuple of its contiguous channel slices
+            (the GDN schedule's q, k, v; the fast op writes them in place of a split-and-copy).
     Returns:
-        (y [B, T, C] or [1, T_total, C] in x.dtype,
+        (y [B, T, C] or [1, T_total, C] in x.dtype (a tuple of slices with `split`),
          new_state [N, C, K-1] = the last K-1 inputs of cat(old state, chunk), in conv_state's dtype
          (x.dtype if conv_state is None)). Any T >= 1 works, including T < K-1.
     """
@@ -62,6 +67,10 @@ def chunk_causal_conv1d(
         out = F.conv1d(window.unsqueeze(0), w, groups=C)[0]                          # [C, L]
         y[b, s:e] = _act(out, activation).transpose(0, 1).to(x.dtype)
         new_state[n] = window[:, window.shape[1] - (K - 1):]
+    if split is not None:
+        if sum(split) != C:
+            raise ValueError(f"chunk_causal_conv1d: split {tuple(split)} does not sum to {C} channels")
+        y = tuple(t.contiguous() for t in torch.split(y, list(split), dim=-1))
     if conv_state is None:
         return y, new_state.to(x.dtype)
     return y, write_state(conv_state, state_indices, new_state)

@@ -16,8 +16,6 @@ the conv and delta-rule ops read and update them in place.
 """
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import NamedTuple
 
 import torch
@@ -168,15 +166,10 @@ class Qwen36Model:
             g, beta = g.unsqueeze(1), beta.unsqueeze(1)
             cu = None
         else:
-            conv_args = dict(cu_seqlens=meta.cu_seqlens, state_indices=idx)
-            if _takes_split(ops.chunk_causal_conv1d):
-                # NOTE: the fast conv writes q, k, v as three contiguous tensors (the layout fla-core
-                #       reads): no split-and-copy of the [1, N, C] conv output.
-                (q, k, v), _ = ops.chunk_causal_conv1d(qkv.unsqueeze(0), w.conv1d, conv_pool, split=self._qkv_split,
-                                                       **conv_args)
-            else:
-                u, _ = ops.chunk_causal_conv1d(qkv.unsqueeze(0), w.conv1d, conv_pool, **conv_args)   # [1, N, C]
-                q, k, v = torch.split(u, self._qkv_split, dim=-1)
+            # NOTE: the conv returns q, k, v as three contiguous tensors (the layout fla-core reads; the
+            #       fast op writes them directly: no split-and-copy of a [1, N, C] output).
+            (q, k, v), _ = ops.chunk_causal_conv1d(qkv.unsqueeze(0), w.conv1d, conv_pool, cu_seqlens=meta.cu_seqlens,
+                                                   state_indices=idx, split=self._qkv_split)
             g, beta = g.unsqueeze(0), beta.unsqueeze(0)
             cu = meta.cu_seqlens
         Bq, T = q.shape[:2]
@@ -188,15 +181,6 @@ class Qwen36Model:
                     use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
         o = o.reshape(-1, d.linear_num_value_heads, d.linear_value_head_dim)          # [N, nv, dv]
         return self.leaves.gdn.output(w, o, z, ops, residual=residual)
-
-
-@functools.cache
-def _takes_split(conv_op) -> bool:
-    """Whether a prefill conv op takes `split` (the fast one: contiguous q, k, v outputs)."""
-    try:
-        return "split" in inspect.signature(conv_op).parameters
-    except (TypeError, ValueError):
-        return False
 
 
 class _RowMeta(NamedTuple):
