@@ -102,3 +102,18 @@ def test_bf16_close_to_fp32(device):
     assert y.dtype == torch.bfloat16 and st.dtype == torch.bfloat16
     assert rel_rms(y, y32) < 1e-2
     torch.testing.assert_close(st.float(), st32)
+
+
+def test_chunk_split_returns_contiguous_channel_slices():
+    """split=(w0, w1, w2) returns y's channel slices as contiguous tensors (the GDN schedule's q, k, v);
+    the state is the same as without it; widths that do not sum to C are refused."""
+    torch.manual_seed(0)
+    x = torch.randn(1, 9, 10)
+    w = torch.randn(10, 4)
+    y, st = chunk_causal_conv1d(x, w)
+    parts, st2 = chunk_causal_conv1d(x, w, split=(3, 3, 4))
+    assert [p.shape[-1] for p in parts] == [3, 3, 4] and all(p.is_contiguous() for p in parts)
+    torch.testing.assert_close(torch.cat(parts, -1), y, rtol=0, atol=0)
+    torch.testing.assert_close(st2, st, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="split"):
+        chunk_causal_conv1d(x, w, split=(3, 3))
