@@ -17,21 +17,10 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+from ninfer.bench.common import graph_replay_ms
 from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 from ninfer.targets.qwen3_6.runtime.cuda_graphs import DecodeGraphs
-
-
-def replay_ms(g, n: int = 30) -> float:
-    ts = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.graph.replay()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts[5:])
 
 
 def rounds_ms(prog, hs, n: int = 25) -> float:
@@ -78,7 +67,7 @@ def main() -> None:
         for B in a.batches:
             for pdl in (True, False):
                 prog.graphs = graphs[pdl]
-                rep = replay_ms(prog.graphs._graphs[B])
+                rep = graph_replay_ms(prog.graphs._graphs[B].graph)
                 rnd = rounds_ms(prog, hs[:B])
                 print(f"[{ident} B={B} PDL={pdl}] replay {rep:.3f} ms, decode round {rnd:.3f} ms, "
                       f"round - replay {rnd - rep:.3f} ms", flush=True)

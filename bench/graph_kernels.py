@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib
-import statistics
 
 import torch
 
+from ninfer.bench.common import graph_replay_ms
 from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 from ninfer.targets.qwen3_6.runtime.cuda_graphs import decode_body
@@ -40,18 +40,11 @@ def main() -> None:
             names = collections.Counter(e.name for e in p.events()
                                         if e.device_type == torch.autograd.DeviceType.CUDA)
             n = sum(names.values())
-            ts = []
-            for _ in range(23):
-                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                s.record()
-                g.graph.replay()
-                e.record()
-                e.synchronize()
-                ts.append(s.elapsed_time(e))
+            ms = graph_replay_ms(g.graph, n=20, skip=3)
             layers = prog.dims.num_hidden_layers
-            rows.append((ident, B, n, n / layers, statistics.median(ts[3:])))
+            rows.append((ident, B, n, n / layers, ms))
             print(f"{ident} B={B}: {n} kernels per step ({n / layers:.1f} per layer), replay "
-                  f"{statistics.median(ts[3:]):.3f} ms; top: {names.most_common(12)}", flush=True)
+                  f"{ms:.3f} ms; top: {names.most_common(12)}", flush=True)
         del prog, gs, w
         torch.cuda.empty_cache()
     print("\n      identity  B  kernels  per_layer  replay_ms")

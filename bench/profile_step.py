@@ -23,6 +23,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from ninfer.bench.common import graph_replay_ms
 from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 from ninfer.targets.qwen3_6.runtime.cuda_graphs import DecodeGraphs
@@ -58,18 +59,6 @@ def table(evs: list, per: int, top: int, total_ms: float | None = None) -> None:
     print(f"  kernel time per step {ksum:.3f} ms" + (f"; wall {total_ms:.3f} ms" if total_ms else ""))
 
 
-def replay_ms(g, n: int = 30) -> float:
-    ts = []
-    for _ in range(n):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.graph.replay()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts[5:])
-
-
 def decode(ident: str, batches: list[int], pdl: bool, top: int) -> None:
     w = DummyWeights(ident, device="cuda", dtype=torch.bfloat16, seed=1)
     pkg = importlib.import_module(w.package.module)
@@ -78,7 +67,7 @@ def decode(ident: str, batches: list[int], pdl: bool, top: int) -> None:
     prog = pkg.create_program(w, cfg)
     for B in batches:
         g = prog.graphs._graphs[B]
-        base = replay_ms(g)
+        base = graph_replay_ms(g.graph)
         reps = 5
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CUDA]) as p:
@@ -108,8 +97,8 @@ def decode(ident: str, batches: list[int], pdl: bool, top: int) -> None:
                           torch.device("cuda"))
         gs.capture()
         for B in batches:
-            other = replay_ms(gs._graphs[B])
-            first = replay_ms(prog.graphs._graphs[B])
+            other = graph_replay_ms(gs._graphs[B].graph)
+            first = graph_replay_ms(prog.graphs._graphs[B].graph)
             on, off = (first, other) if was else (other, first)
             print(f"[{ident} B={B}] replay without PDL {off:.3f} ms, with PDL {on:.3f} ms "
                   f"({off - on:+.3f} ms)", flush=True)

@@ -26,3 +26,15 @@ def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     assert torch.isfinite(a).all(), "non-finite values in the fast result"
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def gen(seed: int) -> torch.Generator:
+    """A seeded generator on the test device."""
+    g = torch.Generator(device=DEV)
+    g.manual_seed(seed)
+    return g
+
+
+def randn(*shape, dtype=torch.float32, g=None, scale=1.0) -> torch.Tensor:
+    """Normal samples drawn in fp32 on the test device, scaled, then cast to dtype."""
+    return (torch.randn(*shape, generator=g, device=DEV, dtype=torch.float32) * scale).to(dtype)

@@ -12,22 +12,12 @@ import torch
 
 from ninfer import ops as ref
 
-from _fast_env import DEV, GPU_MARKS, INTERPRET, STRICT, rel_rms
+from _fast_env import DEV, GPU_MARKS, INTERPRET, STRICT, gen, randn, rel_rms
 
 pytestmark = GPU_MARKS
 
 TOL = {torch.float32: 2e-3, torch.bfloat16: 1e-2}
 LENS = [1, 63, 64, 65, 500] if not INTERPRET else [1, 5, 64, 65]
-
-
-def gen(seed: int) -> torch.Generator:
-    g = torch.Generator(device=DEV)
-    g.manual_seed(seed)
-    return g
-
-
-def randn(*shape, dtype=torch.float32, g=None, scale=1.0):
-    return (torch.randn(*shape, generator=g, device=DEV, dtype=torch.float32) * scale).to(dtype)
 
 
 def poison_allocator() -> None:

@@ -84,6 +84,21 @@ def bench_ms(fn: Callable[[], object], warmup_ms: int = 25, rep_ms: int = 100, d
     return statistics.median(times)
 
 
+def graph_replay_ms(graph, n: int = 30, skip: int = 5) -> float:
+    """Median GPU time (CUDA events around each replay, synchronized) of a captured torch.cuda.CUDAGraph,
+    over n replays after `skip` untimed ones."""
+    ts = []
+    for i in range(skip + n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        graph.replay()
+        e.record()
+        e.synchronize()
+        if i >= skip:
+            ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+
+
 def measure_ceilings(device: str = "cuda") -> dict:
     if not str(device).startswith("cuda"):
         a = torch.randn(1 << 24)
