@@ -38,3 +38,10 @@ def gen(seed: int) -> torch.Generator:
 def randn(*shape, dtype=torch.float32, g=None, scale=1.0) -> torch.Tensor:
     """Normal samples drawn in fp32 on the test device, scaled, then cast to dtype."""
     return (torch.randn(*shape, generator=g, device=DEV, dtype=torch.float32) * scale).to(dtype)
+
+
+def poison_allocator() -> None:
+    """Fill free cached CUDA memory with NaN so that outputs not fully written show up."""
+    if DEV == "cuda":
+        t = torch.full((64 << 20,), float("nan"), dtype=torch.float32, device="cuda")
+        del t

@@ -18,19 +18,12 @@ import torch.nn.functional as F
 
 from ninfer import ops as ref
 
-from _fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, gen, randn, rel_rms  # noqa: F401
+from _fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, gen, poison_allocator, randn, rel_rms  # noqa: F401
 
 pytestmark = GPU_MARKS
 
 TOL = {torch.float32: 2e-3, torch.bfloat16: 1e-2}
 LENS = [1, 63, 64, 65, 500] if not _INTERPRET else [1, 5, 64, 65]
-
-
-def poison_allocator() -> None:
-    """Fill free cached memory with NaN so that outputs not fully written show up."""
-    if _DEV == "cuda":
-        t = torch.full((64 << 20,), float("nan"), dtype=torch.float32, device="cuda")
-        del t
 
 
 # ------------------------------------------------------------------------------------------------

@@ -12,18 +12,12 @@ import torch
 
 from ninfer import ops as ref
 
-from _fast_env import DEV, GPU_MARKS, INTERPRET, STRICT, gen, randn, rel_rms
+from _fast_env import DEV, GPU_MARKS, INTERPRET, STRICT, gen, poison_allocator, randn, rel_rms
 
 pytestmark = GPU_MARKS
 
 TOL = {torch.float32: 2e-3, torch.bfloat16: 1e-2}
 LENS = [1, 63, 64, 65, 500] if not INTERPRET else [1, 5, 64, 65]
-
-
-def poison_allocator() -> None:
-    if DEV == "cuda":
-        t = torch.full((64 << 20,), float("nan"), dtype=torch.float32, device="cuda")
-        del t
 
 
 def _nan_pool(S, *shape, dtype):

@@ -198,6 +198,15 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
 
 
+def _shared_args(shared, act: torch.Tensor, width_if_none: int):
+    """(Is, (gate_up, gate, down), their row strides) of the shared expert for the down kernels; without
+    one, `act` stands in for the (unread) pointers with zero strides and Is = width_if_none."""
+    if shared is None:
+        return width_if_none, (act, act, act), (0, 0, 0)
+    sgu, sg, sdown = _rows(shared.gate_up), shared.gate, _rows(shared.down)
+    return sdown.shape[1], (sgu, sg, sdown), (sgu.stride(0), sg.stride(0), sdown.stride(0))
+
+
 def _decode_legacy(x, ids, weights, gate_up, down, shared):
     T, H = x.shape
     k = ids.shape[1]
@@ -217,13 +226,7 @@ def _decode_legacy(x, ids, weights, gate_up, down, shared):
     out = torch.empty(T, H, dtype=x.dtype, device=x.device)
     BN2 = 8 if T <= 2 else 16                        # T <= 2: 256+ programs, 2 per SM, for latency hiding
     BK2 = min(512, triton.next_power_of_2(I))
-    if shared is not None:
-        sgu, sg, sdown = _rows(shared.gate_up), shared.gate, _rows(shared.down)
-        Is = sdown.shape[1]
-        s_args = (sgu, sg, sdown)
-        s_strides = (sgu.stride(0), sg.stride(0), sdown.stride(0))
-    else:
-        Is, s_args, s_strides = 1, (act, act, act), (0, 0, 0)
+    Is, s_args, s_strides = _shared_args(shared, act, 1)
     _down_sum_kernel[(T, triton.cdiv(H, BN2))](
         act, ids, weights, down, out, *s_args, H, I, Is,
         act.stride(0), down.stride(0), down.stride(1), out.stride(0), *s_strides,
@@ -390,13 +393,7 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
         act.stride(0), TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E), BN=bn1, BK=bk1,
         EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, num_warps=cfg.up_warps, **_pdl.launch())
     out = torch.empty(T, H, dtype=x.dtype, device=dev)
-    if shared is not None:
-        sgu, sg, sdown = _rows(shared.gate_up), shared.gate, _rows(shared.down)
-        Is = sdown.shape[1]
-        s_args = (sgu, sg, sdown)
-        s_strides = (sgu.stride(0), sg.stride(0), sdown.stride(0))
-    else:
-        Is, s_args, s_strides = I, (act, act, act), (0, 0, 0)
+    Is, s_args, s_strides = _shared_args(shared, act, I)
     kmax = max(I, Is)
     bn2 = min(cfg.down_bn, triton.next_power_of_2(H))
     bk2 = _tile_k(KB, bn2, cfg.down_bk, kmax)
