@@ -25,6 +25,16 @@ counter to 0. One launch, no memset, no host sync: CUDA-graph capturable.
     counters (int32, per device, zero between launches; one per N tile, allocated outside capture)
     ws       [SPLIT_K, M, N] fp32   written by every split, read by the last one
 
+Residual / norm fold (one row; `gemv(residual=...)`, `gemv(norm=RowNorm(...))`, used by `linear` for the
+schedule's `Residual` / `NormedRows`, see `ninfer.ops.fused`): the epilogue adds the residual and stores
+h with each N tile's sum of h^2 (parts [M, n_tiles] fp32); a later launch reading h as x applies
+rms_norm with rstd = rsqrt(sum(parts) / K + eps) in its x load. The sum runs in a fixed order (the
+parts block of one program), so it is deterministic; it differs from the norm kernel's order only in
+fp32 rounding.
+
+PDL: the first weight block is loaded before `griddepcontrol.wait` (weights are never written by a
+kernel), so it overlaps the previous kernel's tail.
+
 NOTE: the counters are shared by all launches on a device, so split-K launches must not run
       concurrently on two streams (the Program issues its decode on one stream).
 """
