@@ -71,8 +71,12 @@ def model_dims(name: str) -> Qwen36Dims:
     return DIMS
 
 
-def unique_shapes(models: list[str], extra: list[tuple[int, int]] = ()) -> list[tuple[int, int, list[str]]]:
-    seen: dict[tuple[int, int], list[str]] = {(n, k): ["--shapes"] for n, k in extra}
+def unique_shapes(models: list[str], extra: list[tuple[int, int]] = (), extra_down: bool = False
+                  ) -> list[tuple[int, int, list[str]]]:
+    """(N, K, uses) of every decode GEMM of the models plus the extra shapes (labelled `--shapes`, or
+    `--shapes:mlp.down` with extra_down: then the SwiGLU-folded variant is timed for them too)."""
+    tag = "--shapes:mlp.down" if extra_down else "--shapes"
+    seen: dict[tuple[int, int], list[str]] = {(n, k): [tag] for n, k in extra}
     for mdl in models:
         for name, n, k, count in decode_gemms(model_dims(mdl)):
             seen.setdefault((n, k), []).append(f"{mdl}:{name}x{count}")
@@ -135,7 +139,7 @@ def time_us(fn, warmup_ms: int, rep_ms: int, max_reps: int = 100) -> float:
 def sweep(args, gemv, num_sms: int) -> list[dict]:
     t_start = time.perf_counter()
     results = []
-    shapes = unique_shapes(args.models, args.shapes)
+    shapes = unique_shapes(args.models, args.shapes, args.shapes_down)
     total = len(shapes) * len(args.m)
     done = 0
     for n, k, names in shapes:
@@ -339,6 +343,8 @@ def parse_args(argv=None):
                    help="27b,35b (empty: only --shapes)")
     p.add_argument("--shapes", type=lambda s: [tuple(int(d) for d in v.split("x")) for v in s.split(",") if v],
                    default=[], help="extra NxK shapes (comma list), e.g. 52224x5120")
+    p.add_argument("--shapes-down", action="store_true",
+                   help="the --shapes are dense MLP down projections: also time the SwiGLU folded into the GEMV")
     p.add_argument("--device", default="cuda", help="cuda; cpu = smoke run under TRITON_INTERPRET=1 (tiny "
                    "--shapes, --models '', wall-clock times)")
     p.add_argument("--m", type=ints, default=[1, 2, 4, 8], help="rows (comma list; 1..8)")
@@ -368,7 +374,7 @@ def dry_run(args) -> int:
     except ImportError as e:
         gemv = None
         print(f"(no Triton here: {e}; sweep sizes not shown)")
-    for n, k, names in unique_shapes(args.models, args.shapes):
+    for n, k, names in unique_shapes(args.models, args.shapes, args.shapes_down):
         sizes = [len(gemv.sweep_space(n, k, m)) for m in args.m] if gemv else "-"
         print(f"{n:>7} x {k:<6} {2 * n * k / 1e6:9.1f} MB  configs per M {sizes}  {' '.join(names)}")
     for mdl in args.models:
