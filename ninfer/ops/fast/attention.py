@@ -35,7 +35,7 @@ def _paged_decode_kernel(
     q, kc, vc, bt, lens, part_o, part_ml, scale, tok_per_split, nsplit,
     stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
     HQ: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-    BH: tl.constexpr, BN: tl.constexpr,
+    BH: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr = "tf32",
     PDL: tl.constexpr = False,
 ):
     _pdl.enter(PDL)
@@ -60,7 +60,7 @@ def _paged_decode_kernel(
         off = pos % PAGE
         kb = tl.load(kc + page[:, None] * stride_kp + off[:, None] * stride_ks + i_kv * stride_kh + o_d[None, :],
                      mask=mn[:, None], other=0.0)
-        s = tl.dot(qb, tl.trans(kb)) * scale
+        s = tl.dot(qb, tl.trans(kb), input_precision=PREC) * scale
         s = tl.where(mn[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         p = tl.exp(s - m_new[:, None])
@@ -68,7 +68,7 @@ def _paged_decode_kernel(
         vb = tl.load(vc + page[:, None] * stride_vp + off[:, None] * stride_vs + i_kv * stride_vh + o_d[None, :],
                      mask=mn[:, None], other=0.0)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PREC)
         m_i = m_new
     row = (i_b * HQ + heads) * nsplit + i_s                                  # [BH]
     tl.store(part_o + row[:, None] * D + o_d[None, :], acc, mask=mh[:, None])
@@ -125,7 +125,9 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
         q, k_cache, v_cache, bt, lens, part_o, part_ml, float(scale), per, nsplit,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), bt.stride(0),
-        HQ=Hq, REP=rep, D=D, PAGE=page, BH=BH, BN=BN, num_warps=4, num_stages=2, **_pdl.launch())
+        HQ=Hq, REP=rep, D=D, PAGE=page, BH=BH, BN=BN,
+        # NOTE: fp32 caches (tests, the fp32 Program) get IEEE fp32 products, not TF32; bf16 is unaffected.
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2, **_pdl.launch())
     out = torch.empty_like(q)
     # NOTE: the split count is a run-time argument (it follows the block-table width, which grows
     #       with the context): only BS, its next power of two, selects a compiled variant.
