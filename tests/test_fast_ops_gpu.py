@@ -351,32 +351,12 @@ def test_chunk_paged_attention(dtype):
 @pytest.mark.skipif(_DEV != "cuda", reason="Program parity runs on CUDA only")
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
 def test_program_fast_vs_reference_logits(identity):
-    import importlib
-
     from ninfer.ops.fast import fast_ops, reference_ops
-    from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
     from ninfer.targets.dummy_weights import DummyWeights
-    from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+    from ninfer.testing.forced_run import forced_logits
 
     w = DummyWeights(identity, device="cuda", dtype=torch.float32, seed=3, std=0.2)
-    pkg = importlib.import_module(w.package.module)
-    logits = {}
-    for name, ops in (("fast", fast_ops()), ("reference", reference_ops())):
-        prog = pkg.create_program(w, ProgramConfig(device="cuda", dtype="fp32", page_size=16, num_pages=64))
-        prog.model.ops = ops
-        prompt = [int(t) for t in torch.randint(0, w.dims.vocab_size, (70,), generator=torch.Generator().manual_seed(1))]
-        req = SequenceRequest(prompt_token_ids=tuple(prompt), sampling=SamplingParams(temperature=0.0),
-                              max_output_tokens=8)
-        h = prog.start_materialize(prog.plan_materialize(req)).sequence
-        step, pl = prog.prefill_with_logits(h, 40)
-        step, pl2 = prog.prefill_with_logits(h, 100)
-        prog.commit(step.pending, [1])
-        outs = [pl, pl2]
-        for _ in range(3):
-            batch, dl = prog.decode_with_logits([h], 1)
-            prog.commit(batch, [1])
-            outs.append(dl[:, 0])
-        logits[name] = torch.cat(outs)
+    logits = {name: forced_logits(w, ops, "cuda") for name, ops in (("fast", fast_ops()), ("reference", reference_ops()))}
     assert rel_rms(logits["fast"], logits["reference"]) < 5e-3
 
 

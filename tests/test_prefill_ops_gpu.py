@@ -208,32 +208,17 @@ def test_program_prefill_split_conv_and_host_bounds():
     (q, k, v split output) and the fast prefill attention in the reference op set == the
     reference op set alone."""
     import functools
-    import importlib
 
     from ninfer.ops.fast import attention as fa
     from ninfer.ops.fast import conv as fc
     from ninfer.ops.fast import reference_ops
-    from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
     from ninfer.targets.dummy_weights import DummyWeights
-    from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+    from ninfer.testing.forced_run import forced_logits
 
     w = DummyWeights("qwen3_6-tiny-dense", device=DEV, dtype=torch.float32, seed=3, std=0.2)
-    pkg = importlib.import_module(w.package.module)
     mixed = reference_ops()._replace(
         chunk_causal_conv1d=functools.partial(fc.chunk_causal_conv1d, gather_final_state=False),
         chunk_paged_attention=fa.chunk_paged_attention)
-    logits = {}
-    for name, ops in (("mixed", mixed), ("reference", reference_ops())):
-        prog = pkg.create_program(w, ProgramConfig(device=DEV, dtype="fp32", page_size=16, num_pages=64))
-        prog.model.ops = ops
-        prompt = [int(t) for t in torch.randint(0, w.dims.vocab_size, (70,), generator=torch.Generator().manual_seed(1))]
-        req = SequenceRequest(prompt_token_ids=tuple(prompt), sampling=SamplingParams(temperature=0.0),
-                              max_output_tokens=8)
-        h = prog.start_materialize(prog.plan_materialize(req)).sequence
-        _, pl = prog.prefill_with_logits(h, 40)
-        step, pl2 = prog.prefill_with_logits(h, 100)
-        prog.commit(step.pending, [1])
-        batch, dl = prog.decode_with_logits([h], 1)
-        prog.commit(batch, [1])
-        logits[name] = torch.cat([pl, pl2, dl[:, 0]])
+    logits = {name: forced_logits(w, ops, DEV, decode_steps=1)
+              for name, ops in (("mixed", mixed), ("reference", reference_ops()))}
     assert rel_rms(logits["mixed"], logits["reference"]) < 1e-4
