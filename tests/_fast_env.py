@@ -45,3 +45,26 @@ def poison_allocator() -> None:
     if DEV == "cuda":
         t = torch.full((64 << 20,), float("nan"), dtype=torch.float32, device="cuda")
         del t
+
+
+def paged_kv(lens, Hkv, D, page, dtype, g, extra_pages=3):
+    """NaN-filled K/V page pools [P, page, Hkv, D] with each row's L tokens (random) written through the
+    reference op to a random permutation of pages; block tables [rows, max pages + 1] int32 whose
+    padding entries point at a NaN page. Returns (k_cache, v_cache, block_tables) on the test device."""
+    from ninfer.ops.attention import write_kv_paged
+    need = [(L + page - 1) // page for L in lens]
+    P = sum(need) + extra_pages
+    perm = torch.randperm(P, generator=torch.Generator().manual_seed(0)).tolist()
+    bt = torch.zeros(len(lens), max(need) + 1, dtype=torch.int32)
+    kc = torch.full((P, page, Hkv, D), float("nan"), dtype=dtype, device=DEV)
+    vc = torch.full_like(kc, float("nan"))
+    i = 0
+    for b, L in enumerate(lens):
+        pages = perm[i:i + need[b]]
+        i += need[b]
+        bt[b, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
+        bt[b, len(pages):] = perm[-1]
+        k = randn(L, Hkv, D, dtype=dtype, g=g)
+        v = randn(L, Hkv, D, dtype=dtype, g=g)
+        write_kv_paged(kc, vc, k, v, bt[b:b + 1].to(DEV), torch.arange(L, device=DEV))
+    return kc, vc, bt.to(DEV)

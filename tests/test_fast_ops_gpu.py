@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ninfer import ops as ref
 
-from _fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, gen, poison_allocator, randn, rel_rms  # noqa: F401
+from _fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, gen, paged_kv, poison_allocator, randn, rel_rms  # noqa: F401
 
 pytestmark = GPU_MARKS
 
@@ -288,27 +288,6 @@ def test_chunk_gdn_fla_varlen_slots(dtype):
 # ------------------------------------------------------------------------------------------------
 # paged attention
 # ------------------------------------------------------------------------------------------------
-def _paged_kv(lens, Hkv, D, page, dtype, g, extra_pages=3):
-    """NaN pools; each row's tokens written to a random permutation of pages; rest stays NaN."""
-    need = [(L + page - 1) // page for L in lens]
-    P = sum(need) + extra_pages
-    perm = torch.randperm(P, generator=torch.Generator().manual_seed(0)).tolist()
-    width = max(need) + 1
-    bt = torch.zeros(len(lens), width, dtype=torch.int32)
-    kc = torch.full((P, page, Hkv, D), float("nan"), dtype=dtype, device=_DEV)
-    vc = torch.full_like(kc, float("nan"))
-    i = 0
-    for b, L in enumerate(lens):
-        pages = perm[i:i + need[b]]
-        i += need[b]
-        bt[b, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
-        bt[b, len(pages):] = perm[-1]                 # padding entries point at a NaN page
-        k = randn(L, Hkv, D, dtype=dtype, g=g)
-        v = randn(L, Hkv, D, dtype=dtype, g=g)
-        ref.write_kv_paged(kc, vc, k, v, bt[b:b + 1].to(_DEV), torch.arange(L, device=_DEV))
-    return kc, vc, bt.to(_DEV)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("Hq,Hkv,D", [(24, 4, 256), (4, 2, 64), (16, 2, 256)])
@@ -318,7 +297,7 @@ def test_decode_paged_attention(dtype, page, Hq, Hkv, D):
     from ninfer.ops.fast import attention as fa
     g = gen(9)
     lens = LENS + ([2000] if not _INTERPRET else [])
-    kc, vc, bt = _paged_kv(lens, Hkv, D, page, dtype, g)
+    kc, vc, bt = paged_kv(lens, Hkv, D, page, dtype, g)
     q = randn(len(lens), Hq, D, dtype=dtype, g=g)
     ctx = torch.tensor(lens, device=_DEV)
     poison_allocator()
@@ -336,7 +315,7 @@ def test_chunk_paged_attention(dtype):
     Hq, Hkv, D, page = 8, 2, 128, 16
     ctx_lens = [1, 63, 65, 500]
     new = [1, 63, 17, 500]                         # rows 2: a chunk over a prefix; others whole prompts
-    kc, vc, bt = _paged_kv(ctx_lens, Hkv, D, page, dtype, g)
+    kc, vc, bt = paged_kv(ctx_lens, Hkv, D, page, dtype, g)
     cu = torch.tensor([0] + torch.tensor(new).cumsum(0).tolist(), device=_DEV)
     q = randn(sum(new), Hq, D, dtype=dtype, g=g)
     ctx = torch.tensor(ctx_lens, device=_DEV)

@@ -12,7 +12,7 @@ import torch
 
 from ninfer import ops as ref
 
-from _fast_env import DEV, GPU_MARKS, INTERPRET, STRICT, gen, poison_allocator, randn, rel_rms
+from _fast_env import DEV, GPU_MARKS, INTERPRET, STRICT, gen, paged_kv, poison_allocator, randn, rel_rms
 
 pytestmark = GPU_MARKS
 
@@ -144,24 +144,6 @@ def test_chunk_gdn_one_sequence_cu_seqlens(T):
 # ------------------------------------------------------------------------------------------------
 # paged prefill attention
 # ------------------------------------------------------------------------------------------------
-def _paged_kv(lens, Hkv, D, page, dtype, g, extra_pages=3):
-    need = [(L + page - 1) // page for L in lens]
-    P = sum(need) + extra_pages
-    perm = torch.randperm(P, generator=torch.Generator().manual_seed(0)).tolist()
-    bt = torch.zeros(len(lens), max(need) + 1, dtype=torch.int32)
-    kc = torch.full((P, page, Hkv, D), float("nan"), dtype=dtype, device=DEV)
-    vc = torch.full_like(kc, float("nan"))
-    i = 0
-    for b, L in enumerate(lens):
-        pages = perm[i:i + need[b]]
-        i += need[b]
-        bt[b, :len(pages)] = torch.tensor(pages, dtype=torch.int32)
-        bt[b, len(pages):] = perm[-1]
-        ref.write_kv_paged(kc, vc, randn(L, Hkv, D, dtype=dtype, g=g), randn(L, Hkv, D, dtype=dtype, g=g),
-                           bt[b:b + 1].to(DEV), torch.arange(L, device=DEV))
-    return kc, vc, bt.to(DEV)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("L", LENS)
 @pytest.mark.parametrize("Hq,Hkv", [(6, 1), (8, 2), (4, 4)])
@@ -172,7 +154,7 @@ def test_chunk_paged_attention_one_row(dtype, L, Hq, Hkv):
     g = gen(15)
     D, page = 64, 16
     for ctx_len in (L, L + 37):
-        kc, vc, bt = _paged_kv([ctx_len], Hkv, D, page, dtype, g)
+        kc, vc, bt = paged_kv([ctx_len], Hkv, D, page, dtype, g)
         q = randn(L, Hq, D, dtype=dtype, g=g)
         ro = ref.chunk_paged_attention(q, kc, vc, bt, torch.tensor([ctx_len], device=DEV))
         for ctx, cu in ((torch.tensor([ctx_len]), torch.tensor([0, L])),
@@ -190,7 +172,7 @@ def test_chunk_paged_attention_rows_host_bounds(dtype):
     Hq, Hkv, D, page = 8, 2, 128, 16
     ctx_lens = [1, 63, 65, 500, 9]
     new = [1, 63, 17, 500, 0]
-    kc, vc, bt = _paged_kv(ctx_lens, Hkv, D, page, dtype, g)
+    kc, vc, bt = paged_kv(ctx_lens, Hkv, D, page, dtype, g)
     cu = torch.tensor([0] + torch.tensor(new).cumsum(0).tolist())
     q = randn(sum(new), Hq, D, dtype=dtype, g=g)
     ctx = torch.tensor(ctx_lens)
