@@ -109,9 +109,11 @@ class Qwen36Model:
             else:
                 delta = self._gdn(layer, h, fb, meta, residual=x)
             h, x = self._norm(x, delta, layer.post_norm)
-            delta = post_mixer(layer.mlp, h, self.ops, residual=x) if folds else post_mixer(layer.mlp, self._dense(h),
-                                                                                            self.ops)
-        return self._dense(self._norm(x, delta, self.view.norm)[0])
+            if folds:
+                delta = post_mixer(layer.mlp, h, self.ops, residual=x)
+            else:
+                delta = post_mixer(layer.mlp, self._materialize(h), self.ops)
+        return self._materialize(self._norm(x, delta, self.view.norm)[0])
 
     def _norm(self, x: torch.Tensor, delta, weight: torch.Tensor):
         """(rms_norm(x + delta), x + delta); after a folded add (delta a Residual) the norm is returned
@@ -120,7 +122,7 @@ class Qwen36Model:
             return NormedRows(delta.h, weight, self.eps, delta.parts), delta.h
         return self.ops.add_rms_norm(x, delta, weight, self.eps)
 
-    def _dense(self, h) -> torch.Tensor:
+    def _materialize(self, h) -> torch.Tensor:
         """A pending norm applied (one norm launch), for consumers other than a projection."""
         return self.ops.add_rms_norm(h.h, None, h.weight, h.eps)[0] if isinstance(h, NormedRows) else h
 
