@@ -129,20 +129,20 @@ def main() -> None:
                 tc, oc = timed("new", x, cfg)
                 ec = ((torch.stack(oc).double() - b).norm() / b.norm()).item()
                 sweep.append({"config": list(cfg), "us": tc, "err": ec})
-            best = min(sweep + [{"config": list(fm.DECODE_CONFIG), "us": t_new, "err": err}], key=lambda r: r["us"])
+            best = min(sweep + [{"config": list(fm.decode_config(T)), "us": t_new, "err": err}], key=lambda r: r["us"])
             for r in sweep:
                 print(f"  T={T} config {r['config']}: {r['us']:.2f} us/layer, err {r['err']:.2e}")
         rows.append([T, round(distinct, 1), t_gemv, t_old, t_new, t_old - t_gemv, t_new - t_gemv, fl,
                      t_new / fl, t_old / t_new, err, finite])
         results.append({"T": T, "distinct_experts": distinct, "gemv_us": t_gemv, "old_us": t_old, "new_us": t_new,
                         "old_experts_us": t_old - t_gemv, "new_experts_us": t_new - t_gemv, "floor_us": fl,
-                        "err_rel_rms": err, "finite": finite, "best": best})
+                        "err_rel_rms": err, "finite": finite, "best": best, "config": list(fm.decode_config(T))})
     print(f"\nMoE decode layer, 35B-A3B shapes, bf16, {L} layers per graph, PDL={'on' if _pdl.enabled() else 'off'}, "
-          f"new config {tuple(fm.DECODE_CONFIG)}; us per layer (median of {args.reps} replays)")
+          f"new = default tiles (T <= 2: {tuple(fm.DECODE_CONFIG)}, else {tuple(fm.DECODE_CONFIG_MANY)}); us per layer (median of {args.reps} replays)")
     print_table(["T", "experts", "gemv", "old", "new", "old-gemv", "new-gemv", "floor", "new/floor", "speedup",
                  "err", "finite"], rows)
     payload = {"dtype": "bf16", "model": "35B-A3B MoE layer (E=256, k=8, H=2048, I=512, Is=512)", "layers": L,
-               "pdl": _pdl.enabled(), "config": list(fm.DECODE_CONFIG), "floor_tbs": TBS / 1e12,
+               "pdl": _pdl.enabled(), "config": {"few": list(fm.DECODE_CONFIG), "many": list(fm.DECODE_CONFIG_MANY)}, "floor_tbs": TBS / 1e12,
                "results": results, "env": env_record(), "alloc_s": round(t_alloc, 1),
                "wall_s": round(time.time() - t_start, 1)}
     json_line("moe_decode", payload)

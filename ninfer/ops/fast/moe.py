@@ -52,8 +52,8 @@ from ninfer.ops.fused import silu_mul_halves
 from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
-__all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DECODE_CONFIG", "MAX_PAIRS",
-           "PREFILL_CHUNK"]
+__all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DECODE_CONFIG", "DECODE_CONFIG_MANY",
+           "decode_config", "MAX_PAIRS", "PREFILL_CHUNK"]
 
 MAX_PAIRS = 128          # (token, expert) pairs up to which the grouped GEMV (decode) path runs
 PREFILL_CHUNK = 8192     # tokens per grouped-GEMM pass
@@ -257,6 +257,11 @@ class DecodeConfig(NamedTuple):
 #       vs 128.9. DECODE_CONFIG is the few-token one; DECODE_CONFIG_MANY applies above 2 tokens.
 DECODE_CONFIG = DecodeConfig(1, 1024, 4, 2, 512, 4)
 DECODE_CONFIG_MANY = DecodeConfig(1, 256, 2, 2, 512, 4)
+
+
+def decode_config(tokens: int) -> DecodeConfig:
+    """The default decode tiles for `tokens` rows (the one place the choice is made)."""
+    return DECODE_CONFIG if tokens <= 2 else DECODE_CONFIG_MANY
 _TILE = 8192          # max elements of one expert-stacked weight tile per load (per gate / up / down)
 
 
@@ -366,7 +371,7 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
     """Routed (+ shared) experts at decode sizes, two launches. Either ids/weights [T, k] (a routing)
     or logits [T, E] (routing inside the gate|up kernel). Returns (out [T, H], weights, ids)."""
     T, H = x.shape
-    cfg = config or (DECODE_CONFIG if T <= 2 else DECODE_CONFIG_MANY)
+    cfg = config or decode_config(T)
     E, I = down.shape[0], down.shape[-1]
     KB = triton.next_power_of_2(k)
     dev = x.device
