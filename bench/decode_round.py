@@ -1,7 +1,10 @@
 """Where the wall time of one graph decode round goes beyond the graph replay: per identity and B, the
 replay alone (CUDA events), the whole `Program.decode` round (host wall, synchronized), and the host
 functions of a few rounds under torch.profiler (CPU self time, top entries); with programmatic
-dependent launch on and off (graphs re-captured in the same process).
+dependent launch on and off (graphs re-captured in the same process), and the host time of the
+replay call alone. The replay is timed after one round, so the graph's static inputs hold that
+round's tokens, pages and state entries (right after capture they hold B copies of token 0: at
+B > 1 the MoE then reads one row's experts, which made the 35B B=8 replay ~1.5 ms too fast).
 
     PYTHONPATH=$PWD python3 bench/decode_round.py --identity qwen3_6-35b-a3b --batches 1 8
 """
@@ -33,6 +36,18 @@ def rounds_ms(prog, hs, n: int = 25) -> float:
         ts.append((time.perf_counter() - t0) * 1e3)
         prog.abort_pending(b)
     return statistics.median(ts[5:])
+
+
+def launch_host_ms(graph, n: int = 20) -> float:
+    """Median host wall time of the replay call alone (cudaGraphLaunch; the GPU idle before each)."""
+    ts = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        graph.replay()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(ts)
 
 
 def main() -> None:
@@ -67,10 +82,13 @@ def main() -> None:
         for B in a.batches:
             for pdl in (True, False):
                 prog.graphs = graphs[pdl]
-                rep = graph_replay_ms(prog.graphs._graphs[B].graph)
+                prog.abort_pending(prog.decode(hs[:B]))          # the round's inputs into the static buffers
+                g = prog.graphs._graphs[B].graph
+                rep = graph_replay_ms(g)
                 rnd = rounds_ms(prog, hs[:B])
+                host = launch_host_ms(g)
                 print(f"[{ident} B={B} PDL={pdl}] replay {rep:.3f} ms, decode round {rnd:.3f} ms, "
-                      f"round - replay {rnd - rep:.3f} ms", flush=True)
+                      f"round - replay {rnd - rep:.3f} ms, replay call on the host {host:.3f} ms", flush=True)
             prog.graphs = graphs[first]
             with profile(activities=[ProfilerActivity.CPU]) as p:
                 for _ in range(5):

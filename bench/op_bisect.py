@@ -1,6 +1,7 @@
 """Which fast op moves a Program's logits away from the reference op set: a tiny identity (fp32,
 synthetic weights) prefilled in two chunks and decoded three steps with (a) the reference OpSet,
-(b) the fast OpSet, (c) the fast OpSet with one field swapped back to its reference, for every field.
+(b) the fast OpSet, (c) the fast OpSet with one field swapped back to its reference, for every field,
+(d) the reference OpSet with one field swapped to its fast op, for every field.
 Prints the relative RMS error of each variant against (a), largest first.
 
     PYTHONPATH=$PWD python3 bench/op_bisect.py [--identity qwen3_6-tiny-dense] [--std 0.2]
@@ -36,6 +37,8 @@ def main() -> None:
     rows = [("fast (all)", rel(logits_of(w, fast, a.device), base))]
     for f in fast._fields[1:]:
         rows.append((f"fast, {f} = reference", rel(logits_of(w, fast._replace(**{f: getattr(ref, f)}), a.device),
+                                                  base)))
+        rows.append((f"reference, {f} = fast", rel(logits_of(w, ref._replace(**{f: getattr(fast, f)}), a.device),
                                                   base)))
     for name, err in sorted(rows, key=lambda r: -r[1]):
         print(f"{name:55s} rel RMS vs reference {err:.3e}", flush=True)

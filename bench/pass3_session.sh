@@ -12,6 +12,9 @@
 #   moe      35B-A3B MoE decode layer, old vs new expert kernels (bench/moe_decode.py)
 #   prefill_ops  27B 8k prefill conv / GDN wrapper / attention, old vs new (bench/prefill_ops.py)
 #   serve_engine  the same workload through the public Engine in process (what the gateway adds)
+#   bisect   which fast op moves the fp32 Program's logits from the reference op set (bench/op_bisect.py)
+#   decode_ab  decode step at ctx 1k, B=$AB_BATCHES, with the GEMV tables as committed, then with
+#              NINFER_GEMV_CONFIGS=$AB_CONFIGS (default: this call's `gemv` part output) overlaid
 # Everything goes to $OUT/run.log (the device returns at most 8 files); Triton's cache to $OUT/tcache.tgz.
 set -o pipefail
 . bench/_device_env.sh
@@ -48,6 +51,15 @@ for part in "$@"; do
     profile) timeout ${T_PROFILE:-300} python3 bench/profile_step.py --decode ${PROFILE_DECODE:-qwen3_6-27b qwen3_6-35b-a3b} \
                --batches ${PROFILE_BATCHES:-1} ${PROFILE_PDL:---pdl} --prefill ${PROFILE_PREFILL-qwen3_6-27b:8192} 2>&1 \
                | tee -a "$LOG" | tail -${PROFILE_TAIL:-400} > /dev/null ;;
+    bisect)  for ident in ${BISECT_IDS:-qwen3_6-tiny-dense qwen3_6-tiny-moe}; do
+               timeout ${T_BISECT:-120} python3 bench/op_bisect.py --identity $ident 2>&1 | tee -a "$LOG" | tail -40
+             done ;;
+    decode_ab) for cfgs in "" "${AB_CONFIGS:-$OUT/gemv_configs.txt}"; do
+               echo "-- NINFER_GEMV_CONFIGS=$cfgs" | tee -a "$LOG"
+               NINFER_GEMV_CONFIGS=$cfgs timeout ${T_AB:-150} python3 -m ninfer.cli.main bench decode \
+                 --identity ${AB_IDS:-qwen3_6-27b qwen3_6-35b-a3b} --ctx 1024 --batches ${AB_BATCHES:-1} --reps 10 --no-ref \
+                 --prefill-ref-gdn --no-hf-baseline --step-timeout 80 2>&1 | tee -a "$LOG" | grep -v "^JSON" | tail -12
+             done ;;
     moe)     timeout ${T_MOE:-90} python3 bench/moe_decode.py ${MOE_ARGS:-} 2>&1 | tee -a "$LOG" | tail -30 ;;
     prefill_ops) timeout ${T_PREFILL_OPS:-120} python3 bench/prefill_ops.py ${PREFILL_OPS_ARGS:-} 2>&1 | tee -a "$LOG" | tail -40 ;;
     prefill) timeout ${T_PREFILL:-200} python3 -m ninfer.cli.main bench prefill --identity qwen3_6-27b qwen3_6-35b-a3b \

@@ -330,13 +330,24 @@ def test_chunk_paged_attention(dtype):
 @pytest.mark.skipif(_DEV != "cuda", reason="Program parity runs on CUDA only")
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
 def test_program_fast_vs_reference_logits(identity):
+    """fp32 Program, fast op set vs reference op set. fla-core's chunk gated-delta-rule kernels use TF32
+    products for fp32 inputs (its triangular solve asks for tf32 explicitly; the other dots take
+    Triton's tf32 default), which alone moves these logits by 6.5e-3 (dense) / 1.1e-2 (MoE) on the
+    H200 (bench/op_bisect.py, bench/NOTES.md pass 5; every other fast op swapped in alone: < 2e-5).
+    So every op we own is held to fp32 agreement against the reference set carrying fla's chunk op,
+    and the whole fast set to a TF32-level bound; the chunk op itself is checked against its
+    reference above (test_chunk_gdn_fla_*)."""
     from ninfer.ops.fast import fast_ops, reference_ops
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.testing.forced_run import forced_logits
 
     w = DummyWeights(identity, device="cuda", dtype=torch.float32, seed=3, std=0.2)
-    logits = {name: forced_logits(w, ops, "cuda") for name, ops in (("fast", fast_ops()), ("reference", reference_ops()))}
-    assert rel_rms(logits["fast"], logits["reference"]) < 5e-3
+    fast, ref = fast_ops(), reference_ops()
+    ref_fla = ref._replace(chunk_gated_delta_rule=fast.chunk_gated_delta_rule)
+    logits = {name: forced_logits(w, ops, "cuda") for name, ops in (("fast", fast), ("reference", ref),
+                                                                     ("reference+fla", ref_fla))}
+    assert rel_rms(logits["fast"], logits["reference+fla"]) < 1e-3
+    assert rel_rms(logits["fast"], logits["reference"]) < 3e-2
 
 
 # ------------------------------------------------------------------------------------------------

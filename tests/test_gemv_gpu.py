@@ -206,7 +206,7 @@ def test_swiglu_prologue(m):
     from ninfer.ops.fused import silu_mul_halves
     n, k = (300, 333) if _INTERPRET else (1000, 1088)
     for i, cfg in enumerate((gemv.GemvConfig(16, 128, 1, 4, 1), gemv.GemvConfig(32, 64, 3, 4, 2, True),
-                             gemv.GemvConfig(8, 256, 2, 4, 1))):
+                             gemv.GemvConfig(8, 256, 2, 4, 1), gemv.GemvConfig(8, 128, 2, 4, 1, prefetch=True))):
         dt = dtype_for(cfg)
         big = randn(m, 2 * k + 9, dtype=dt, seed=i + 10 * m)
         gu = big[:, 3:3 + 2 * k]                                        # unit last stride, row stride 2k+9
@@ -251,7 +251,7 @@ def test_residual_epilogue(m):
     from ninfer.ops.fast import gemv
     n, k = (300, 333) if _INTERPRET else (1000, 1088)
     for i, cfg in enumerate((gemv.GemvConfig(16, 128, 1, 4, 1), gemv.GemvConfig(32, 64, 3, 4, 2, True),
-                             gemv.GemvConfig(8, 256, 2, 4, 1))):
+                             gemv.GemvConfig(8, 256, 2, 4, 1), gemv.GemvConfig(8, 128, 2, 4, 1, prefetch=True))):
         dt = dtype_for(cfg)
         x = randn(m, k, dtype=dt, seed=i + 10 * m)
         w = randn(n, k, dtype=dt, seed=300 + i)
@@ -280,7 +280,9 @@ def test_norm_prologue_chains_a_residual_launch():
     h_dim, k1, n2 = (192, 96, 130) if _INTERPRET else (640, 1088, 1000)
     for i, (c1, c2) in enumerate([(gemv.GemvConfig(8, 64, 1, 4, 1), gemv.GemvConfig(16, 64, 1, 4, 1)),
                                   (gemv.GemvConfig(16, 32, 2, 4, 1), gemv.GemvConfig(32, 64, 2, 4, 2, True)),
-                                  (gemv.GemvConfig(32, 64, 1, 4, 2, True), gemv.GemvConfig(8, 128, 3, 4, 1))]):
+                                  (gemv.GemvConfig(32, 64, 1, 4, 2, True), gemv.GemvConfig(8, 128, 3, 4, 1)),
+                                  (gemv.GemvConfig(8, 32, 2, 4, 1, prefetch=True),
+                                   gemv.GemvConfig(16, 32, 1, 4, 1, prefetch=True))]):
         dt = torch.float32 if (_INTERPRET and (c1.dot or c2.dot)) else torch.bfloat16
         y = randn(1, k1, dtype=dt, seed=50 + i)
         w1 = randn(h_dim, k1, dtype=dt, seed=60 + i) * 0.1
@@ -351,3 +353,28 @@ def test_program_decode_folds_residual_norm(identity, monkeypatch):
     assert out["nofold"][1] == 3 * (2 * layers + 1)
     assert out["fold"][1] == 3 * (2 if dense else 2 + 2 * layers - 1)
     assert rel_rms(out["fold"][0], out["nofold"][0]) < (1e-5 if dt == torch.float32 else 2e-2)
+
+
+@pytest.mark.gpu
+def test_load_tuning_overlays_the_tables(tmp_path, monkeypatch):
+    """`load_tuning` ($NINFER_GEMV_CONFIGS) takes a bench/gemv.py --out file's JSON line: the best config
+    of every swept shape, Triton only where it beat cuBLAS by the threshold; no JSON line is refused."""
+    pytest.importorskip("triton")
+    import json
+
+    from ninfer.ops.fast import gemv
+    monkeypatch.setattr(gemv, "CONFIGS", dict(gemv.CONFIGS))
+    monkeypatch.setattr(gemv, "USE_TRITON", dict(gemv.USE_TRITON))
+    results = [{"N": 5120, "K": 6144, "M": 1, "best": [8, 1024, 1, 4, 1, False, True], "speedup": 1.2},
+               {"N": 96, "K": 256, "M": 3, "best": [16, 128, 1, 4, 1, False, False], "speedup": 1.01},
+               {"N": 64, "K": 64, "M": 1, "best": None, "speedup": None}]
+    f = tmp_path / "gemv.txt"
+    f.write_text("JSON " + json.dumps({"bench": "gemv", "results": results}) + "\nCONFIGS: ...\n")
+    assert gemv.load_tuning(str(f)) == 2
+    assert gemv.config_for(5120, 6144, 1) == gemv.GemvConfig(8, 1024, 1, 4, 1, False, True)
+    assert gemv.use_triton(5120, 6144, 1)
+    assert gemv.CONFIGS[(96, 256, 4)] == (16, 128, 1, 4, 1, False, False) and not gemv.use_triton(96, 256, 3)
+    assert (64, 64, 1) not in gemv.CONFIGS
+    (tmp_path / "bad.txt").write_text("no json here\n")
+    with pytest.raises(ValueError, match="JSON"):
+        gemv.load_tuning(str(tmp_path / "bad.txt"))

@@ -40,6 +40,7 @@ NOTE: the counters are shared by all launches on a device, so split-K launches m
 """
 from __future__ import annotations
 
+import os
 import warnings
 from typing import NamedTuple
 
@@ -53,7 +54,7 @@ from ninfer.ops.fused import NormedRows, Residual
 from ninfer.ops.fast import _pdl
 
 __all__ = ["GemvConfig", "RowNorm", "CONFIGS", "USE_TRITON", "USE_TRITON_SWIGLU", "MAX_ROWS", "linear", "linear_swiglu",
-           "gemv", "use_triton", "m_bucket", "config_for", "default_config", "sweep_space"]
+           "gemv", "use_triton", "m_bucket", "config_for", "default_config", "sweep_space", "load_tuning"]
 
 MAX_ROWS = 8
 
@@ -65,6 +66,7 @@ class GemvConfig(NamedTuple):
     num_warps: int = 4
     num_stages: int = 2
     dot: bool = False
+    prefetch: bool = False      # load the next weight block before this block's products (FMA path)
 
 
 # NOTE: measured tables, pasted from `bench/gemv.py --out FILE` (H200). Keys (N, K, M bucket) with
@@ -167,6 +169,26 @@ USE_TRITON: dict[tuple[int, int, int], bool] = {
 USE_TRITON_SWIGLU: dict[tuple[int, int, int], bool] = {}
 
 
+def load_tuning(path: str, min_speedup: float = 1.02) -> int:
+    """Overlay the decision tables with a `bench/gemv.py --out FILE` result (its JSON line): each swept
+    (N, K, M) gets the sweep's best config, and the Triton kernel where it beat cuBLAS by min_speedup.
+    Read at import from $NINFER_GEMV_CONFIGS (tuning on another card, or A/B of a sweep before its
+    tables are pasted here). Returns the number of shapes taken; a file without a JSON line raises."""
+    import json
+    with open(path) as f:
+        lines = [ln[5:] for ln in f if ln.startswith("JSON ")]
+    if not lines:
+        raise ValueError(f"{path}: no 'JSON ' line (expected a bench/gemv.py --out file)")
+    n = 0
+    for r in json.loads(lines[-1])["results"]:
+        if r.get("best"):
+            key = (int(r["N"]), int(r["K"]), m_bucket(int(r["M"])))
+            CONFIGS[key] = tuple(r["best"])
+            USE_TRITON[key] = (r.get("speedup") or 0.0) >= min_speedup
+            n += 1
+    return n
+
+
 def m_bucket(m: int) -> int:
     return 1 if m <= 1 else 2 if m == 2 else 4 if m <= 4 else 8
 
@@ -209,7 +231,11 @@ def sweep_space(n: int, k: int, m: int, num_sms: int = 132, full: bool = False) 
     if m <= 1:
         tiles = [GemvConfig(8, 512, 1, 4, 1), GemvConfig(16, 512, 1, 4, 1), GemvConfig(16, 256, 1, 4, 1),
                  GemvConfig(32, 256, 1, 8, 1), GemvConfig(16, 512, 1, 4, 3), GemvConfig(32, 128, 1, 4, 1),
-                 GemvConfig(32, 128, 1, 4, 4, True), GemvConfig(64, 128, 1, 4, 4, True)]
+                 GemvConfig(32, 128, 1, 4, 4, True), GemvConfig(64, 128, 1, 4, 4, True),
+                 GemvConfig(8, 512, 1, 4, 1, prefetch=True), GemvConfig(16, 512, 1, 4, 1, prefetch=True),
+                 GemvConfig(8, 256, 1, 4, 1, prefetch=True), GemvConfig(16, 256, 1, 4, 1, prefetch=True),
+                 GemvConfig(16, 512, 1, 8, 1, prefetch=True), GemvConfig(32, 256, 1, 8, 1, prefetch=True),
+                 GemvConfig(8, 1024, 1, 4, 1, prefetch=True), GemvConfig(8, 1024, 1, 8, 1, prefetch=True)]
     else:
         tiles = [GemvConfig(32, 128, 1, 4, 4, True), GemvConfig(64, 128, 1, 4, 4, True),
                  GemvConfig(64, 256, 1, 4, 3, True), GemvConfig(128, 128, 1, 4, 4, True),
@@ -287,7 +313,7 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
                  M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  DOT: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, SWIGLU: tl.constexpr = False,
                  RESID: tl.constexpr = False, NORM: tl.constexpr = False, BP: tl.constexpr = 1,
-                 PDL: tl.constexpr = False):
+                 PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
     """y[m, n] = sum_k x[m, k] w[n, k]; program (pid_n, pid_k) covers rows pid_n*BLOCK_N.. and the K range
     [pid_k * k_per_split, +k_per_split) (k_per_split a multiple of BLOCK_K).
     SWIGLU: x_ptr holds [gate | up] rows of 2K and x[m, k] = silu(gate[m, k]) * up[m, k], rounded as
@@ -322,12 +348,27 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
         offs_p = tl.arange(0, BP)
         pv = tl.load(parts_ptr + offs_p, mask=offs_p < n_parts, other=0.0)
         rstd = tl.rsqrt(tl.sum(pv, 0) / K + eps)
-    acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd, NORM)
-    for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        w = _load_w(w_rows, offs_k, k_end, EVEN_K, BLOCK_K)
+    if PREFETCH:
+        # NOTE: block k+1's weight load is issued before block k's products, so two blocks per program
+        #       are in flight (the FMA path is not software-pipelined by Triton); the last block is
+        #       peeled after the loop, so nothing past the split's K range is read.
+        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+            offs_next = k0 + tl.arange(0, BLOCK_K)
+            w_next = _load_w(w_rows, offs_next, k_end, EVEN_K, BLOCK_K)
+            acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr,
+                              rstd, NORM)
+            w = w_next
+            offs_k = offs_next
         acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd,
                           NORM)
+    else:
+        acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd,
+                          NORM)
+        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            w = _load_w(w_rows, offs_k, k_end, EVEN_K, BLOCK_K)
+            acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr,
+                              rstd, NORM)
     if DOT:
         res = tl.trans(acc)
     elif M_PAD == 1:
@@ -475,7 +516,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
         res, res.stride(0), pp, n_parts, norm.weight if norm is not None else w,
         float(norm.eps) if norm is not None else 0.0,
         M_PAD=m_pad, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1, DOT=cfg.dot, EVEN_K=K % bk == 0, PREC=prec,
-        SWIGLU=swiglu, RESID=residual is not None, NORM=norm is not None,
+        SWIGLU=swiglu, RESID=residual is not None, NORM=norm is not None, PREFETCH=cfg.prefetch,
         BP=triton.next_power_of_2(n_parts) if norm is not None else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl.launch())
     return y if residual is None else (y, parts)
@@ -536,3 +577,7 @@ def linear_swiglu(gu: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | No
             return Residual(h.view(*gu.shape[:-1], N), parts)
         return gemv(rows, w, cfg, swiglu=True).view(*gu.shape[:-1], N)
     return linear(_fast_silu_mul_halves(gu), w, residual=residual)
+
+
+if os.environ.get("NINFER_GEMV_CONFIGS"):
+    load_tuning(os.environ["NINFER_GEMV_CONFIGS"])
