@@ -73,7 +73,10 @@ class GemvConfig(NamedTuple):
 #       the bucket m_bucket(M) in (1, 2, 4, 8); CONFIGS values are GemvConfig fields as a tuple.
 #       Measured on the H200, 2026-11-29, `python3 bench/gemv.py --out FILE --budget-s 170` (commit
 #       ce35b43; bench/NOTES.md "Decode pass 3"): per-call medians with L2 flushed; a shape is listed
-#       in USE_TRITON when the best config beat cuBLAS by >= 2 %.
+#       in USE_TRITON when the best config beat cuBLAS by >= 2 %. The M=1 rows of the 27B and 35B-A3B
+#       mixer shapes were swept again on 2026-12-01 with the prefetch tiles (`--shapes ... --m 1`,
+#       bench/NOTES.md pass 5): 5120x6144, 9216x2048 and 2048x4096 changed (the 27B's GEMVs in one
+#       graph: 12.70 -> 12.55 ms).
 CONFIGS: dict[tuple[int, int, int], tuple] = {
     (1281, 2048, 1): (64, 128, 4, 4, 4, True),
     (1281, 2048, 2): (64, 128, 4, 4, 4, True),
@@ -83,11 +86,11 @@ CONFIGS: dict[tuple[int, int, int], tuple] = {
     (2048, 512, 2): (8, 512, 1, 4, 1, False),
     (2048, 512, 4): (64, 128, 1, 4, 4, True),
     (2048, 512, 8): (64, 128, 1, 4, 4, True),
-    (2048, 4096, 1): (8, 512, 2, 4, 1, False),
+    (2048, 4096, 1): (8, 1024, 1, 4, 1, False, True),
     (2048, 4096, 2): (64, 256, 4, 4, 3, True),
     (2048, 4096, 4): (64, 256, 4, 4, 3, True),
     (2048, 4096, 8): (64, 256, 4, 4, 3, True),
-    (5120, 6144, 1): (8, 512, 1, 4, 1, False),
+    (5120, 6144, 1): (8, 512, 1, 4, 1, False, True),
     (5120, 6144, 2): (32, 128, 4, 4, 4, True),
     (5120, 6144, 4): (32, 128, 4, 4, 4, True),
     (5120, 6144, 8): (32, 128, 4, 4, 4, True),
@@ -95,7 +98,7 @@ CONFIGS: dict[tuple[int, int, int], tuple] = {
     (5120, 17408, 2): (64, 128, 8, 4, 4, True),
     (5120, 17408, 4): (64, 128, 8, 4, 4, True),
     (5120, 17408, 8): (64, 128, 8, 4, 4, True),
-    (9216, 2048, 1): (8, 512, 1, 4, 1, False),
+    (9216, 2048, 1): (8, 512, 1, 4, 1, False, True),
     (9216, 2048, 2): (128, 64, 1, 8, 6, True),
     (9216, 2048, 4): (128, 64, 1, 8, 6, True),
     (9216, 2048, 8): (128, 128, 1, 4, 4, True),
