@@ -216,6 +216,15 @@ def test_swiglu_prologue(m):
         assert y.shape == (m, n) and y.dtype == dt
         err = rel_rms(y, reference(silu_mul_halves(gu.contiguous()), w))
         assert err < TOL[dt], f"{cfg} M={m}: rel RMS {err:.3g}"
+        # with the residual epilogue too (the dense MLP's down projection at one decode row): the same
+        # product as above, then the add rounded like the schedule's (r + y in the dtype)
+        r = randn(m, n, dtype=dt, seed=500 + i)
+        h, parts = gemv.gemv(gu, w, cfg, swiglu=True, residual=r)
+        assert h.shape == (m, n) and parts.shape == (m, -(-n // cfg.block_n))
+        torch.testing.assert_close(h, r + y, msg=f"{cfg} M={m} swiglu + residual")
+        hp = torch.zeros(m, parts.shape[1] * cfg.block_n, device=h.device)
+        hp[:, :n] = h.float()
+        torch.testing.assert_close(parts, (hp * hp).view(m, -1, cfg.block_n).sum(2), rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="odd width"):
         gemv.gemv(randn(1, 7, dtype=torch.float32, seed=0), randn(4, 3, dtype=torch.float32, seed=1), swiglu=True)
 
@@ -323,11 +332,21 @@ def test_program_decode_folds_residual_norm(identity, monkeypatch):
                             and w.dim() == 2 and x.shape[-1] == w.shape[1])
     w = DummyWeights(identity, device=_DEV, dtype=dt, seed=5, std=0.1)
     pkg = importlib.import_module(w.package.module)
-    norms = []
+    norms, silus = [], []
     real_norm = fast_fused.add_rms_norm
+    real_silu = gemv._fast_silu_mul_halves
+    monkeypatch.setattr(gemv, "_fast_silu_mul_halves", lambda gu: silus.append(1) or real_silu(gu))
+
+    class _Always(dict):                       # every down projection folds its SwiGLU (bf16 on CUDA)
+        def get(self, key, default=None):
+            return True
+
     out = {}
-    for name in ("fold", "nofold"):
+    for name in ("fold", "swiglu", "nofold"):
+        if name == "swiglu":
+            monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", _Always())
         if name == "nofold":
+            monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", {})
             monkeypatch.setattr(gemv, "_fold", lambda residual, x2, w: None)
         prog = pkg.create_program(w, ProgramConfig(device=_DEV, dtype="fp32" if dt == torch.float32 else "bf16",
                                                    page_size=16, num_pages=64, enforce_eager=True))
@@ -340,19 +359,25 @@ def test_program_decode_folds_residual_norm(identity, monkeypatch):
         prog.commit(step.pending, [1])
         logits = []
         norms.clear()
+        silus.clear()
         for _ in range(3):
             batch, dl = prog.decode_with_logits([h], 1)
             prog.commit(batch, [1])
             logits.append(dl[:, 0].float())
-        out[name] = (torch.cat(logits), len(norms))
+        out[name] = (torch.cat(logits), len(norms), len(silus))
         prog.release(h)
     layers = w.dims.num_hidden_layers
     dense = not w.dims.is_moe
     # unfolded: 2 norms per layer + the final one per step; folded: the first layer's input norm and
     # the final norm, plus (MoE) every post-mixer norm (the MoE leaf takes a tensor) and each norm after it
     assert out["nofold"][1] == 3 * (2 * layers + 1)
-    assert out["fold"][1] == 3 * (2 if dense else 2 + 2 * layers - 1)
+    assert out["fold"][1] == out["swiglu"][1] == 3 * (2 if dense else 2 + 2 * layers - 1)
     assert rel_rms(out["fold"][0], out["nofold"][0]) < (1e-5 if dt == torch.float32 else 2e-2)
+    # the SwiGLU folded into the down projection's x load (bf16/fp16 only: the interpreter's fp32 run
+    # keeps the separate kernel): no SwiGLU launch in a dense decode step, same logits
+    if dense and dt == torch.bfloat16:
+        assert out["fold"][2] == 3 * layers and out["swiglu"][2] == 0
+    assert rel_rms(out["swiglu"][0], out["nofold"][0]) < (1e-5 if dt == torch.float32 else 2e-2)
 
 
 @pytest.mark.gpu

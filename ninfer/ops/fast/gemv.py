@@ -167,9 +167,13 @@ USE_TRITON: dict[tuple[int, int, int], bool] = {
 
 
 # NOTE: (N, K, M bucket) of the down projections where `linear_swiglu` runs the SwiGLU inside the
-#       GEMV (config from CONFIGS). Empty until measured on the H200 (`bench/gemv.py --out FILE`
-#       prints it); until then the SwiGLU is its own kernel followed by `linear`.
-USE_TRITON_SWIGLU: dict[tuple[int, int, int], bool] = {}
+#       GEMV (config from CONFIGS); elsewhere the SwiGLU is its own kernel followed by `linear`.
+#       Measured on the H200 2026-12-01 (`bench/gemv.py --models , --shapes 5120x17408 --shapes-down
+#       --m 1`, bench/NOTES.md pass 5): the 27B down projection at one row 55.9 us folded vs 87.2 us
+#       for the SwiGLU kernel + the GEMV. Other rows and shapes not measured: not folded.
+USE_TRITON_SWIGLU: dict[tuple[int, int, int], bool] = {
+    (5120, 17408, 1): True,
+}
 
 
 def load_tuning(path: str, min_speedup: float = 1.02) -> int:
