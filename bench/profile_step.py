@@ -6,6 +6,12 @@
     the other way (NINFER_PDL) in the same process;
   * one prefill of an L-token prompt (eager, as the Engine runs it), grouped by kernel.
 
+NOTE: the decode graphs replay the static inputs of their capture (B copies of token 0, context 1):
+      at B > 1 every row of an MoE picks the same experts, so a 35B-A3B replay there reads fewer
+      expert bytes than a real round (bench/decode_round.py times the replay after a real round).
+      With PDL on, a kernel's duration includes its wait in griddepcontrol.wait: take per-kernel
+      breakdowns with NINFER_PDL=0.
+
     PYTHONPATH=$PWD python3 bench/profile_step.py --decode qwen3_6-27b qwen3_6-35b-a3b --batches 1 --pdl \
         --prefill qwen3_6-27b:8192
 """
