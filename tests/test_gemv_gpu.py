@@ -51,6 +51,13 @@ def dtype_for(cfg) -> torch.dtype:
     return torch.float32 if (_INTERPRET and cfg.dot) else torch.bfloat16
 
 
+def prologue_dtype(cfg) -> torch.dtype:
+    """fp32 in the interpreter for the fused x-load modes: its bf16 casts are not the GPU's
+    round-to-nearest, which alone puts a bf16 SwiGLU product at ~1e-2 there (torch's bf16 linear of the
+    same x: 1.6e-3), on the edge of the bound; the GPU checks bf16."""
+    return torch.float32 if _INTERPRET else dtype_for(cfg)
+
+
 def configs(n: int, k: int, m: int):
     from ninfer.ops.fast import gemv
     return gemv.sweep_space(n, k, m, num_sms=4, full=True)
@@ -206,8 +213,9 @@ def test_swiglu_prologue(m):
     from ninfer.ops.fused import silu_mul_halves
     n, k = (300, 333) if _INTERPRET else (1000, 1088)
     for i, cfg in enumerate((gemv.GemvConfig(16, 128, 1, 4, 1), gemv.GemvConfig(32, 64, 3, 4, 2, True),
-                             gemv.GemvConfig(8, 256, 2, 4, 1), gemv.GemvConfig(8, 128, 2, 4, 1, prefetch=True))):
-        dt = dtype_for(cfg)
+                             gemv.GemvConfig(8, 256, 2, 4, 1), gemv.GemvConfig(8, 128, 2, 4, 1, prefetch=True),
+                             gemv.GemvConfig(8, 64, 3, 4, 1, prefetch=True, early=True))):
+        dt = prologue_dtype(cfg)
         big = randn(m, 2 * k + 9, dtype=dt, seed=i + 10 * m)
         gu = big[:, 3:3 + 2 * k]                                        # unit last stride, row stride 2k+9
         w = randn(n, k, dtype=dt, seed=200 + i)
@@ -260,7 +268,8 @@ def test_residual_epilogue(m):
     from ninfer.ops.fast import gemv
     n, k = (300, 333) if _INTERPRET else (1000, 1088)
     for i, cfg in enumerate((gemv.GemvConfig(16, 128, 1, 4, 1), gemv.GemvConfig(32, 64, 3, 4, 2, True),
-                             gemv.GemvConfig(8, 256, 2, 4, 1), gemv.GemvConfig(8, 128, 2, 4, 1, prefetch=True))):
+                             gemv.GemvConfig(8, 256, 2, 4, 1), gemv.GemvConfig(8, 128, 2, 4, 1, prefetch=True),
+                             gemv.GemvConfig(8, 64, 3, 4, 1, prefetch=True, early=True))):
         dt = dtype_for(cfg)
         x = randn(m, k, dtype=dt, seed=i + 10 * m)
         w = randn(n, k, dtype=dt, seed=300 + i)
@@ -279,6 +288,69 @@ def test_residual_epilogue(m):
 
 @pytest.mark.gpu
 @_NEEDS_KERNEL
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("wdtype", ["same", "fp32"])
+def test_gated_prologue(m, wdtype):
+    """gemv(gated=GatedNorm(z, w_norm, eps)) == the GDN's gated_rms_norm(o, z) per head, then the product
+    (the norm kernel's casts, incl. the rounded w * norm when the weight is not wider than o), for FMA,
+    tensor-core, split-K and prefetch configs; K a whole number of heads but not of blocks; z a strided
+    view (a slice of the in_proj row); with the residual epilogue too; bad arguments refused."""
+    from ninfer.ops import norms as ref_norms
+    from ninfer.ops.fast import gemv
+    D, n = (32, 300) if _INTERPRET else (128, 1000)
+    for i, cfg in enumerate((gemv.GemvConfig(16, 128, 1, 4, 1), gemv.GemvConfig(32, 128, 2, 4, 2, True),
+                             gemv.GemvConfig(8, 128, 2, 4, 1, prefetch=True),
+                             gemv.GemvConfig(8, 256, 1, 4, 1, prefetch=True, early=True))):
+        dt = prologue_dtype(cfg)
+        for heads in (5, 8):
+            K = heads * D
+            o = randn(m, heads, D, dtype=dt, seed=i + 10 * heads)
+            big = randn(m, K + 40, dtype=dt, seed=20 + i)
+            z = big[:, 17:17 + K]                                       # row stride K + 40
+            gw = randn(D, dtype=torch.float32 if wdtype == "fp32" else dt, seed=30 + i) * 0.5 + 1.0
+            w = randn(n, K, dtype=dt, seed=40 + i)
+            poison_allocator()
+            y = gemv.gemv(o.reshape(m, K), w, cfg, gated=gemv.GatedNorm(z, gw, 1e-6))
+            xn = ref_norms.gated_rms_norm(o, z.reshape(m, heads, D), gw, 1e-6).reshape(m, K)
+            err = rel_rms(y, reference(xn, w))
+            assert err < TOL[dt], f"{cfg} heads={heads} M={m}: rel RMS {err:.3g}"
+            r = randn(m, n, dtype=dt, seed=50 + i)
+            h, parts = gemv.gemv(o.reshape(m, K), w, cfg, gated=gemv.GatedNorm(z, gw, 1e-6), residual=r)
+            torch.testing.assert_close(h, r + y)
+    with pytest.raises(ValueError, match="gated"):                      # block_k not a multiple of D
+        gemv.gemv(o.reshape(m, K), w, gemv.GemvConfig(16, D // 2, 1, 4, 1), gated=gemv.GatedNorm(z, gw, 1e-6))
+    with pytest.raises(ValueError, match="gated"):                      # z of another shape
+        gemv.gemv(o.reshape(m, K), w, gated=gemv.GatedNorm(z[:, :-1], gw, 1e-6))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_DEV != "cuda" or not torch.cuda.is_available(),
+                    reason="both paths of linear_gated need CUDA tensors")
+def test_linear_gated_dispatch(monkeypatch):
+    """`linear_gated` runs the norm in the GEMV only for shapes USE_TRITON_GATED marks (and a block_k that
+    holds whole heads); else the norm kernel followed by `linear` (the same result within rounding)."""
+    from ninfer.ops import fused as ref_fused
+    from ninfer.ops.fast import gemv
+    o = randn(1, 4, 64, dtype=torch.bfloat16, seed=0)
+    z = randn(1, 4, 64, dtype=torch.bfloat16, seed=1)
+    gw = randn(64, dtype=torch.bfloat16, seed=2)
+    w = randn(96, 256, dtype=torch.bfloat16, seed=3)
+    calls = []
+    real = gemv.gemv
+    monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: calls.append(kw.get("gated") is not None) or real(*a, **kw))
+    monkeypatch.setattr(gemv, "USE_TRITON", {})
+    monkeypatch.setattr(gemv, "USE_TRITON_GATED", {})
+    want = ref_fused.linear_gated(o, z, gw, 1e-6, w)
+    assert rel_rms(gemv.linear_gated(o, z, gw, 1e-6, w), want) < 1e-2 and not calls
+    monkeypatch.setattr(gemv, "USE_TRITON_GATED", {(96, 256, 1): True})
+    assert rel_rms(gemv.linear_gated(o, z, gw, 1e-6, w), want) < 1e-2 and calls == [True]
+    r = randn(1, 96, dtype=torch.bfloat16, seed=4)
+    out = gemv.linear_gated(o, z, gw, 1e-6, w, residual=r)
+    assert isinstance(out, gemv.Residual) and rel_rms(out.h, r + want) < 1e-2
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
 def test_norm_prologue_chains_a_residual_launch():
     """The decode chain the schedule runs at one row: h, parts = gemv(y, w1, residual=r), then
     gemv(h, w2, norm=RowNorm(parts, nw, eps)) == add_rms_norm(r, y @ w1.T) then @ w2.T (the same
@@ -291,7 +363,9 @@ def test_norm_prologue_chains_a_residual_launch():
                                   (gemv.GemvConfig(16, 32, 2, 4, 1), gemv.GemvConfig(32, 64, 2, 4, 2, True)),
                                   (gemv.GemvConfig(32, 64, 1, 4, 2, True), gemv.GemvConfig(8, 128, 3, 4, 1)),
                                   (gemv.GemvConfig(8, 32, 2, 4, 1, prefetch=True),
-                                   gemv.GemvConfig(16, 32, 1, 4, 1, prefetch=True))]):
+                                   gemv.GemvConfig(16, 32, 1, 4, 1, prefetch=True)),
+                                  (gemv.GemvConfig(8, 32, 1, 4, 1, prefetch=True, early=True),
+                                   gemv.GemvConfig(16, 64, 2, 4, 1, prefetch=True, early=True))]):
         dt = torch.float32 if (_INTERPRET and (c1.dot or c2.dot)) else torch.bfloat16
         y = randn(1, k1, dtype=dt, seed=50 + i)
         w1 = randn(h_dim, k1, dtype=dt, seed=60 + i) * 0.1
@@ -341,12 +415,18 @@ def test_program_decode_folds_residual_norm(identity, monkeypatch):
         def get(self, key, default=None):
             return True
 
+    gateds = []
+    real_gated = gemv._fast_gated_rms_norm
+    monkeypatch.setattr(gemv, "_fast_gated_rms_norm", lambda *a: gateds.append(1) or real_gated(*a))
     out = {}
-    for name in ("fold", "swiglu", "nofold"):
+    for name in ("fold", "swiglu", "gated", "nofold"):
         if name == "swiglu":
             monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", _Always())
-        if name == "nofold":
+        if name == "gated":
             monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", {})
+            monkeypatch.setattr(gemv, "USE_TRITON_GATED", _Always())
+        if name == "nofold":
+            monkeypatch.setattr(gemv, "USE_TRITON_GATED", {})
             monkeypatch.setattr(gemv, "_fold", lambda residual, x2, w: None)
         prog = pkg.create_program(w, ProgramConfig(device=_DEV, dtype="fp32" if dt == torch.float32 else "bf16",
                                                    page_size=16, num_pages=64, enforce_eager=True))
@@ -360,11 +440,12 @@ def test_program_decode_folds_residual_norm(identity, monkeypatch):
         logits = []
         norms.clear()
         silus.clear()
+        gateds.clear()
         for _ in range(3):
             batch, dl = prog.decode_with_logits([h], 1)
             prog.commit(batch, [1])
             logits.append(dl[:, 0].float())
-        out[name] = (torch.cat(logits), len(norms), len(silus))
+        out[name] = (torch.cat(logits), len(norms), len(silus), len(gateds))
         prog.release(h)
     layers = w.dims.num_hidden_layers
     dense = not w.dims.is_moe
@@ -378,6 +459,11 @@ def test_program_decode_folds_residual_norm(identity, monkeypatch):
     if dense and dt == torch.bfloat16:
         assert out["fold"][2] == 3 * layers and out["swiglu"][2] == 0
     assert rel_rms(out["swiglu"][0], out["nofold"][0]) < (1e-5 if dt == torch.float32 else 2e-2)
+    # the GDN gated RMSNorm applied in the out-projection's x load: no norm launch per GDN layer
+    gdn_layers = len(w.dims.gdn_layers)
+    assert out["fold"][3] == out["nofold"][3] == 3 * gdn_layers and out["gated"][3] == 0
+    assert out["gated"][1] == out["fold"][1]
+    assert rel_rms(out["gated"][0], out["nofold"][0]) < (1e-5 if dt == torch.float32 else 2e-2)
 
 
 @pytest.mark.gpu
