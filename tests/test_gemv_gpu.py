@@ -476,16 +476,24 @@ def test_load_tuning_overlays_the_tables(tmp_path, monkeypatch):
     from ninfer.ops.fast import gemv
     monkeypatch.setattr(gemv, "CONFIGS", dict(gemv.CONFIGS))
     monkeypatch.setattr(gemv, "USE_TRITON", dict(gemv.USE_TRITON))
+    monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", {})
+    monkeypatch.setattr(gemv, "USE_TRITON_GATED", {})
     results = [{"N": 5120, "K": 6144, "M": 1, "best": [8, 1024, 1, 4, 1, False, True], "speedup": 1.2},
                {"N": 96, "K": 256, "M": 3, "best": [16, 128, 1, 4, 1, False, False], "speedup": 1.01},
                {"N": 64, "K": 64, "M": 1, "best": None, "speedup": None}]
+    swiglu = [{"N": 5120, "K": 17408, "M": 1, "speedup": 1.5, "ok": True},
+              {"N": 5120, "K": 17408, "M": 2, "speedup": 1.5, "ok": False}]
+    gated = [{"N": 5120, "K": 6144, "M": 1, "speedup": 1.01, "ok": True}]
     f = tmp_path / "gemv.txt"
-    f.write_text("JSON " + json.dumps({"bench": "gemv", "results": results}) + "\nCONFIGS: ...\n")
+    f.write_text("JSON " + json.dumps({"bench": "gemv", "results": results, "swiglu": swiglu, "gated": gated})
+                 + "\nCONFIGS: ...\n")
     assert gemv.load_tuning(str(f)) == 2
     assert gemv.config_for(5120, 6144, 1) == gemv.GemvConfig(8, 1024, 1, 4, 1, False, True)
     assert gemv.use_triton(5120, 6144, 1)
     assert gemv.CONFIGS[(96, 256, 4)] == (16, 128, 1, 4, 1, False, False) and not gemv.use_triton(96, 256, 3)
     assert (64, 64, 1) not in gemv.CONFIGS
+    assert gemv.USE_TRITON_SWIGLU == {(5120, 17408, 1): True, (5120, 17408, 2): False}
+    assert gemv.USE_TRITON_GATED == {(5120, 6144, 1): False}                 # under the threshold
     (tmp_path / "bad.txt").write_text("no json here\n")
     with pytest.raises(ValueError, match="JSON"):
         gemv.load_tuning(str(tmp_path / "bad.txt"))

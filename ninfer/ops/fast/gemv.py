@@ -188,21 +188,27 @@ USE_TRITON_GATED: dict[tuple[int, int, int], bool] = {}
 
 def load_tuning(path: str, min_speedup: float = 1.02) -> int:
     """Overlay the decision tables with a `bench/gemv.py --out FILE` result (its JSON line): each swept
-    (N, K, M) gets the sweep's best config, and the Triton kernel where it beat cuBLAS by min_speedup.
-    Read at import from $NINFER_GEMV_CONFIGS (tuning on another card, or A/B of a sweep before its
-    tables are pasted here). Returns the number of shapes taken; a file without a JSON line raises."""
+    (N, K, M) gets the sweep's best config, and the Triton kernel where it beat cuBLAS by min_speedup;
+    its `swiglu` / `gated` rows (the folded x-load variants) set USE_TRITON_SWIGLU / USE_TRITON_GATED
+    the same way. Read at import from $NINFER_GEMV_CONFIGS (tuning on another card, or A/B of a sweep
+    before its tables are pasted here). Returns the number of swept shapes taken; a file without a JSON
+    line raises."""
     import json
     with open(path) as f:
         lines = [ln[5:] for ln in f if ln.startswith("JSON ")]
     if not lines:
         raise ValueError(f"{path}: no 'JSON ' line (expected a bench/gemv.py --out file)")
     n = 0
-    for r in json.loads(lines[-1])["results"]:
+    payload = json.loads(lines[-1])
+    for r in payload["results"]:
         if r.get("best"):
             key = (int(r["N"]), int(r["K"]), m_bucket(int(r["M"])))
             CONFIGS[key] = tuple(r["best"])
             USE_TRITON[key] = (r.get("speedup") or 0.0) >= min_speedup
             n += 1
+    for name, table in (("swiglu", USE_TRITON_SWIGLU), ("gated", USE_TRITON_GATED)):
+        for r in payload.get(name) or []:
+            table[(int(r["N"]), int(r["K"]), m_bucket(int(r["M"])))] = bool(r.get("ok")) and r["speedup"] >= min_speedup
     return n
 
 
