@@ -54,3 +54,22 @@ def test_l2norm(dtype):
     torch.testing.assert_close(y, hf_l2norm(x.float()), rtol=0, atol=0)
     torch.testing.assert_close(y.norm(dim=-1), torch.ones(3, 9), rtol=1e-5, atol=1e-5)
     assert torch.all(l2norm(torch.zeros(2, 4)) == 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_gated_reference_is_the_gdn_output_projection(dtype):
+    """`ops.fused.linear_gated` (the GDN output step of the OpSet) == the HF order: gated RMSNorm per
+    head, heads flattened, then the projection; a z view into a wider row; zero rows keep their shape."""
+    from ninfer.ops.fused import linear_gated
+    g = torch.Generator().manual_seed(3)
+    o = torch.randn(5, 4, 32, generator=g).to(dtype)
+    row = torch.randn(5, 3 * 128, generator=g).to(dtype)
+    z = row[:, 128:256].view(5, 4, 32)
+    w = (1 + 0.1 * torch.randn(32, generator=g)).to(dtype)
+    proj = (0.1 * torch.randn(24, 128, generator=g)).to(dtype)
+    ref = Qwen3_5RMSNormGated(32)
+    with torch.no_grad():
+        ref.weight.data = w.clone()
+        expected = torch.nn.functional.linear(ref(o, z).reshape(5, 128), proj)
+    torch.testing.assert_close(linear_gated(o, z, w, 1e-6, proj), expected, rtol=0, atol=0)
+    assert linear_gated(o[:0], z[:0], w, 1e-6, proj).shape == (0, 24)

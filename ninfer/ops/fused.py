@@ -104,7 +104,7 @@ def linear_gated(o: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, ep
                  residual: torch.Tensor | None = None) -> torch.Tensor:
     """o, z [N, H, D] -> gated_rms_norm(o, z, norm_weight, eps) as [N, H * D] @ weight[O, H * D].T  [N, O]
     in o.dtype (`residual` as in `linear`: never folded here)."""
-    return F.linear(gated_rms_norm(o, z, norm_weight, eps).reshape(o.shape[0], -1), weight)
+    return F.linear(gated_rms_norm(o, z, norm_weight, eps).reshape(o.shape[0], o.shape[1] * o.shape[2]), weight)
 
 
 def gdn_conv_recurrent(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor, a: torch.Tensor,

@@ -40,6 +40,7 @@ NOTE: the counters are shared by all launches on a device, so split-K launches m
 """
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from typing import NamedTuple
@@ -674,7 +675,6 @@ def linear_swiglu(gu: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | No
     return linear(_fast_silu_mul_halves(gu), w, residual=residual)
 
 
-
 def linear_gated(o: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch.Tensor,
                  residual: torch.Tensor | None = None):
     """gated_rms_norm(o, z, norm_weight, eps) [N, H * D] @ w.T (`ninfer.ops.fused.linear_gated`): o, z
@@ -682,7 +682,7 @@ def linear_gated(o: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, ep
     USE_TRITON_GATED marks as measured faster and a config whose block_k holds whole heads; otherwise
     the fast norm kernel, then `linear`. `residual` as in `linear`."""
     rows, D = o.shape[0], o.shape[-1]
-    K = o.numel() // max(rows, 1)
+    K = math.prod(o.shape[1:])
     o2, z2 = o.reshape(rows, K), z.reshape(rows, K)
     if (_eligible(o2, w) and 1 <= rows <= MAX_ROWS and z.shape == o.shape and z2.stride(-1) == 1
             and z2.dtype == o2.dtype and D & (D - 1) == 0 and norm_weight.shape == (D,)
