@@ -497,3 +497,35 @@ def test_load_tuning_overlays_the_tables(tmp_path, monkeypatch):
     (tmp_path / "bad.txt").write_text("no json here\n")
     with pytest.raises(ValueError, match="JSON"):
         gemv.load_tuning(str(tmp_path / "bad.txt"))
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+@pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
+def test_program_gemv_folds_match_reference_ops(identity, monkeypatch):
+    """The reference op set with only `linear` / `linear_gated` taken from the GEMV (every shape on the
+    kernel, the gated norm folded into each GDN out-projection, the residual/norm folds at one row):
+    an fp32 Program's logits equal the reference set's (prefill in two stages, decode rounds), and every
+    GDN layer of every decode step ran the gated prologue."""
+    from ninfer.ops.fast import gemv, reference_ops
+    from ninfer.targets.dummy_weights import DummyWeights
+    from ninfer.testing.forced_run import forced_logits
+
+    class _Always(dict):
+        def get(self, key, default=None):
+            return True
+
+    monkeypatch.setattr(gemv, "use_triton", lambda n, k, m: True)
+    monkeypatch.setattr(gemv, "_eligible", lambda x, w: x.dtype == w.dtype and x.stride(-1) == 1
+                        and w.dim() == 2 and x.shape[-1] == w.shape[1])      # fp32 on the kernel too
+    w = DummyWeights(identity, device=_DEV, dtype=torch.float32, seed=3, std=0.2)
+    ref = reference_ops()
+    base = forced_logits(w, ref, _DEV, enforce_eager=True, decode_steps=2)
+    gated = []
+    real = gemv.gemv
+    monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: gated.append(kw.get("gated") is not None) or real(*a, **kw))
+    monkeypatch.setattr(gemv, "USE_TRITON_GATED", _Always())
+    got = forced_logits(w, ref._replace(linear=gemv.linear, linear_gated=gemv.linear_gated), _DEV,
+                        enforce_eager=True, decode_steps=2)
+    assert sum(gated) == 2 * len(w.dims.gdn_layers)
+    assert rel_rms(got, base) < 1e-4
