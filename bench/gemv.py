@@ -214,19 +214,30 @@ def swiglu_sweep(results: list[dict], gemv, min_speedup: float) -> tuple[list[di
 
         def folded():
             return gemv.gemv(gu, w, cfg, swiglu=True)
-        ref = fp32_reference(silu_mul_halves(gu), w)
-        err = rel_rms(folded(), ref)
-        t_c, t_f = time_us(composed, 25, 100), time_us(folded, 25, 100)
-        ok = err < 1e-2
-        if ok and t_c / t_f >= min_speedup:
-            use[(n, k, m)] = True
-        rows.append({"shape": f"{n}x{k}", "N": n, "K": k, "M": m, "composed_us": round(t_c, 2),
-                     "folded_us": round(t_f, 2), "speedup": round(t_c / t_f, 3), "err": err, "ok": ok})
-        print(f"[swiglu] {n}x{k} M={m}: SwiGLU kernel + {'triton' if plain_triton else 'cuBLAS'} {t_c:.1f} us | "
-              f"folded {t_f:.1f} us ({t_c / t_f:.3f}x, err {err:.1e})", flush=True)
-    lit = "\n".join(["USE_TRITON_SWIGLU: dict[tuple[int, int, int], bool] = {",
-                     *[f"    {key}: True," for key in sorted(use)], "}"])
-    return rows, lit
+        rows.append(fold_row("swiglu", "SwiGLU kernel", (n, k, m), composed, folded,
+                             fp32_reference(silu_mul_halves(gu), w), plain_triton, min_speedup, use))
+    return rows, fold_literal("USE_TRITON_SWIGLU", use)
+
+
+def fold_row(tag: str, what: str, key: tuple[int, int, int], composed, folded, ref: torch.Tensor,
+             plain_triton: bool, min_speedup: float, use: dict) -> dict:
+    """Time a folded x-load variant against its two-kernel composition; mark `use[key]` when it is
+    correct (rel RMS < 1e-2 vs the fp32 product) and >= min_speedup faster. Returns the result row."""
+    n, k, m = key
+    err = rel_rms(folded(), ref)
+    t_c, t_f = time_us(composed, 25, 100), time_us(folded, 25, 100)
+    ok = err < 1e-2
+    if ok and t_c / t_f >= min_speedup:
+        use[key] = True
+    print(f"[{tag}] {n}x{k} M={m}: {what} + {'triton' if plain_triton else 'cuBLAS'} {t_c:.1f} us | "
+          f"folded {t_f:.1f} us ({t_c / t_f:.3f}x, err {err:.1e})", flush=True)
+    return {"shape": f"{n}x{k}", "N": n, "K": k, "M": m, "composed_us": round(t_c, 2), "folded_us": round(t_f, 2),
+            "speedup": round(t_c / t_f, 3), "err": err, "ok": ok}
+
+
+def fold_literal(name: str, use: dict) -> str:
+    return "\n".join([f"{name}: dict[tuple[int, int, int], bool] = {{", *[f"    {key}: True," for key in sorted(use)],
+                      "}"])
 
 
 def gated_sweep(results: list[dict], gemv, min_speedup: float, head_dim: int = 128) -> tuple[list[dict], str]:
@@ -257,19 +268,10 @@ def gated_sweep(results: list[dict], gemv, min_speedup: float, head_dim: int = 1
 
         def folded():
             return gemv.gemv(o.reshape(m, k), w, cfg, gated=gemv.GatedNorm(z.reshape(m, k), nw, 1e-6))
-        ref = fp32_reference(gated_rms_norm(o, z, nw, 1e-6).reshape(m, k), w)
-        err = rel_rms(folded(), ref)
-        t_c, t_f = time_us(composed, 25, 100), time_us(folded, 25, 100)
-        ok = err < 1e-2
-        if ok and t_c / t_f >= min_speedup:
-            use[(n, k, m)] = True
-        rows.append({"shape": f"{n}x{k}", "N": n, "K": k, "M": m, "composed_us": round(t_c, 2),
-                     "folded_us": round(t_f, 2), "speedup": round(t_c / t_f, 3), "err": err, "ok": ok})
-        print(f"[gated] {n}x{k} M={m}: gated norm kernel + {'triton' if plain_triton else 'cuBLAS'} {t_c:.1f} us | "
-              f"folded {t_f:.1f} us ({t_c / t_f:.3f}x, err {err:.1e})", flush=True)
-    lit = "\n".join(["USE_TRITON_GATED: dict[tuple[int, int, int], bool] = {",
-                     *[f"    {key}: True," for key in sorted(use)], "}"])
-    return rows, lit
+        rows.append(fold_row("gated", "gated norm kernel", (n, k, m), composed, folded,
+                             fp32_reference(gated_rms_norm(o, z, nw, 1e-6).reshape(m, k), w), plain_triton,
+                             min_speedup, use))
+    return rows, fold_literal("USE_TRITON_GATED", use)
 
 
 def print_sweep(results: list[dict], copy_tbs: float) -> None:

@@ -351,6 +351,24 @@ def _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD: tl.constexpr, DOT: tl.c
 
 
 @triton.jit
+def _stream_prefetched(acc, w, offs_k, k_from, w_rows, x_rows, k_end, K, M_PAD: tl.constexpr, DOT: tl.constexpr,
+                       EVEN_K: tl.constexpr, PREC: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_K: tl.constexpr, nw_ptr,
+                       rstd, NORM: tl.constexpr, z_rows, gw_ptr, geps, GATED: tl.constexpr, HEAD_D: tl.constexpr,
+                       ROUND_WN: tl.constexpr):
+    """The prefetch tiles' loop: `w` (the block at offs_k) is in flight; for each block from k_from on,
+    load it, then take the products of the one before. Returns the accumulator and the last block
+    (loaded, its products not yet taken)."""
+    for k0 in range(k_from, k_end, BLOCK_K):
+        offs_next = k0 + tl.arange(0, BLOCK_K)
+        w_next = _load_w(w_rows, offs_next, k_end, EVEN_K, BLOCK_K)
+        acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd,
+                          NORM, z_rows, gw_ptr, geps, GATED, HEAD_D, ROUND_WN)
+        w = w_next
+        offs_k = offs_next
+    return acc, w, offs_k
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
                  res_ptr, stride_rm, parts_ptr, n_parts, nw_ptr, eps, z_ptr, stride_zm, gw_ptr, geps,
                  M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
@@ -408,15 +426,9 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
     if EARLY:
         acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd,
                           NORM, z_rows, gw_ptr, geps, GATED, HEAD_D, ROUND_WN)
-        w = w1
-        offs_k = offs_1
-        for k0 in range(k_start + 2 * BLOCK_K, k_end, BLOCK_K):
-            offs_next = k0 + tl.arange(0, BLOCK_K)
-            w_next = _load_w(w_rows, offs_next, k_end, EVEN_K, BLOCK_K)
-            acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr,
-                              rstd, NORM, z_rows, gw_ptr, geps, GATED, HEAD_D, ROUND_WN)
-            w = w_next
-            offs_k = offs_next
+        acc, w, offs_k = _stream_prefetched(acc, w1, offs_1, k_start + 2 * BLOCK_K, w_rows, x_rows, k_end, K, M_PAD,
+                                            DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd, NORM, z_rows, gw_ptr,
+                                            geps, GATED, HEAD_D, ROUND_WN)
         if k1 < k_end:
             acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr,
                               rstd, NORM, z_rows, gw_ptr, geps, GATED, HEAD_D, ROUND_WN)
@@ -424,13 +436,9 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
         # NOTE: block k+1's weight load is issued before block k's products, so two blocks per program
         #       are in flight (the FMA path is not software-pipelined by Triton); the last block is
         #       peeled after the loop, so nothing past the split's K range is read.
-        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
-            offs_next = k0 + tl.arange(0, BLOCK_K)
-            w_next = _load_w(w_rows, offs_next, k_end, EVEN_K, BLOCK_K)
-            acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr,
-                              rstd, NORM, z_rows, gw_ptr, geps, GATED, HEAD_D, ROUND_WN)
-            w = w_next
-            offs_k = offs_next
+        acc, w, offs_k = _stream_prefetched(acc, w, offs_k, k_start + BLOCK_K, w_rows, x_rows, k_end, K, M_PAD, DOT,
+                                            EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd, NORM, z_rows, gw_ptr, geps,
+                                            GATED, HEAD_D, ROUND_WN)
         acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd,
                           NORM, z_rows, gw_ptr, geps, GATED, HEAD_D, ROUND_WN)
     else:
