@@ -5,7 +5,8 @@ a pure read may run faster or slower than it, so the decode floor should be take
 Per size (bf16 buffers, L2 flushed by do_bench before every rep; median):
     torch.sum                                     the framework's reduction
     triton stream  BLOCK x ITERS per program      16-byte loads, fp32 partial sums, one store per program
-    the GEMV kernel at M=1 on [N, K] = the same bytes (config from the table), for the gap to it
+    the GEMV kernel at M=1 on [N, K] = the same bytes (config_for: these N are in no table, so the
+                                                  unmeasured default_config), for the gap to it
 
     PYTHONPATH=$PWD python3 bench/read_bw.py [--mb 50 180 2048]
 """

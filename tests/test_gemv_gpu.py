@@ -32,6 +32,16 @@ SHAPES = [(1000, 333), (200, 1024), (5, 64)] if not _INTERPRET else [(300, 333),
 
 
 
+class _AlwaysTrue(dict):
+    """A decision table that marks every shape (monkeypatched over USE_TRITON_SWIGLU / _GATED)."""
+
+    def get(self, key, default=None):
+        return True
+
+
+_ALWAYS = _AlwaysTrue()
+
+
 def poison_allocator() -> None:
     if _DEV == "cuda":
         torch.full((64 << 20,), float("nan"), dtype=torch.float32, device="cuda")
@@ -411,20 +421,16 @@ def test_program_decode_folds_residual_norm(identity, monkeypatch):
     real_silu = gemv._fast_silu_mul_halves
     monkeypatch.setattr(gemv, "_fast_silu_mul_halves", lambda gu: silus.append(1) or real_silu(gu))
 
-    class _Always(dict):                       # every down projection folds its SwiGLU (bf16 on CUDA)
-        def get(self, key, default=None):
-            return True
-
     gateds = []
     real_gated = gemv._fast_gated_rms_norm
     monkeypatch.setattr(gemv, "_fast_gated_rms_norm", lambda *a: gateds.append(1) or real_gated(*a))
     out = {}
     for name in ("fold", "swiglu", "gated", "nofold"):
         if name == "swiglu":
-            monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", _Always())
+            monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", _ALWAYS)
         if name == "gated":
             monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", {})
-            monkeypatch.setattr(gemv, "USE_TRITON_GATED", _Always())
+            monkeypatch.setattr(gemv, "USE_TRITON_GATED", _ALWAYS)
         if name == "nofold":
             monkeypatch.setattr(gemv, "USE_TRITON_GATED", {})
             monkeypatch.setattr(gemv, "_fold", lambda residual, x2, w: None)
@@ -511,10 +517,6 @@ def test_program_gemv_folds_match_reference_ops(identity, monkeypatch):
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.testing.forced_run import forced_logits
 
-    class _Always(dict):
-        def get(self, key, default=None):
-            return True
-
     monkeypatch.setattr(gemv, "use_triton", lambda n, k, m: True)
     monkeypatch.setattr(gemv, "_eligible", lambda x, w: x.dtype == w.dtype and x.stride(-1) == 1
                         and w.dim() == 2 and x.shape[-1] == w.shape[1])      # fp32 on the kernel too
@@ -524,7 +526,7 @@ def test_program_gemv_folds_match_reference_ops(identity, monkeypatch):
     gated = []
     real = gemv.gemv
     monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: gated.append(kw.get("gated") is not None) or real(*a, **kw))
-    monkeypatch.setattr(gemv, "USE_TRITON_GATED", _Always())
+    monkeypatch.setattr(gemv, "USE_TRITON_GATED", _ALWAYS)
     got = forced_logits(w, ref._replace(linear=gemv.linear, linear_gated=gemv.linear_gated), _DEV,
                         enforce_eager=True, decode_steps=2)
     assert sum(gated) == 2 * len(w.dims.gdn_layers)

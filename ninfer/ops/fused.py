@@ -36,8 +36,7 @@ from ninfer.ops.norms import gated_rms_norm, rms_norm
 from ninfer.ops.rope import apply_rotary_qk
 
 __all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "linear", "linear_swiglu", "linear_gated",
-           "gdn_conv_recurrent",
-           "Residual", "NormedRows", "normed"]
+           "gdn_conv_recurrent", "Residual", "NormedRows", "normed"]
 
 
 class Residual(NamedTuple):

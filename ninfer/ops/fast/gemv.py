@@ -51,7 +51,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.fast.fused import add_rms_norm as _fast_add_rms_norm, silu_mul_halves as _fast_silu_mul_halves
-from ninfer.ops.fast.norms import gated_rms_norm as _fast_gated_rms_norm
+from ninfer.ops.fast.norms import gated_rms_norm as _fast_gated_rms_norm, round_wn as _round_wn
 from ninfer.ops.fused import NormedRows, Residual
 from ninfer.ops.fast import _pdl
 
@@ -70,7 +70,8 @@ class GemvConfig(NamedTuple):
     num_stages: int = 2
     dot: bool = False
     prefetch: bool = False      # load the next weight block before this block's products (FMA path)
-    early: bool = False         # with prefetch: the second block is loaded before the PDL wait too
+    early: bool = False         # the prefetch loop with its second block loaded before the PDL wait too
+                                # (implies prefetch)
 
 
 # NOTE: measured tables, pasted from `bench/gemv.py --out FILE` (H200). Keys (N, K, M bucket) with
@@ -618,9 +619,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
         gated.weight if gated is not None else w, float(gated.eps) if gated is not None else 0.0,
         M_PAD=m_pad, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1, DOT=cfg.dot, EVEN_K=K % bk == 0, PREC=prec,
         SWIGLU=swiglu, RESID=residual is not None, NORM=norm is not None, PREFETCH=cfg.prefetch,
-        EARLY=cfg.prefetch and cfg.early, GATED=gated is not None, HEAD_D=head_d,
-        ROUND_WN=gated is not None and x.dtype != torch.float32
-        and torch.promote_types(gated.weight.dtype, x.dtype) == x.dtype,
+        EARLY=cfg.early, GATED=gated is not None, HEAD_D=head_d,
+        ROUND_WN=gated is not None and _round_wn(gated.weight.dtype, x.dtype),
         BP=triton.next_power_of_2(n_parts) if norm is not None else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl.launch())
     return y if residual is None else (y, parts)
