@@ -133,3 +133,62 @@ def test_static_inputs_fill_the_graph_layout():
     assert tables == [[5, -7, -7, -7, -7], [6, 2, -7, -7, -7], [4, 4, 4, 4, 4]]
     with pytest.raises(ValueError, match="6 pages"):
         fill_static_inputs(host, W, [1], [1], [1], [1], [[0] * 6])
+
+
+class _EagerGraphs:
+    """`DecodeGraphs`' run contract on the CPU: the inputs go through `fill_static_inputs` into the
+    `_Graph` buffer layout and `decode_body` runs eagerly on views of it (no capture, no pinned memory)."""
+
+    def __init__(self, prog, max_batch: int) -> None:
+        self.model, self.state, self.ops = prog.model, prog._state, prog.model.ops
+        self.width = -(-prog.config.max_model_len // prog.config.page_size)
+        self.max_batch, self.replays = max_batch, 0
+
+    def fits(self, B, tables):
+        return B <= self.max_batch and all(len(t) <= self.width for t in tables)
+
+    def run(self, input_ids, positions, src, dst, tables):
+        from ninfer.targets.qwen3_6.runtime.cuda_graphs import fill_static_inputs
+        B, W = len(input_ids), self.width
+        v = torch.zeros(5 * B + B * W, dtype=torch.long)
+        fill_static_inputs(v, W, input_ids, positions, src, dst, tables)
+        g = SimpleNamespace(input_ids=v[:B], positions=v[B:2 * B], src=v[2 * B:3 * B], dst=v[3 * B:4 * B],
+                            context_lens=v[4 * B:5 * B], block_tables=v[5 * B:].view(B, W), rows=torch.arange(B))
+        self.replays += 1
+        return decode_body(self.model, self.state, g)
+
+
+@pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
+def test_final_one_token_prefill_stage_runs_the_decode_graph(identity):
+    """A prompt's final prefill stage of one token (what the context cache's P - 1 capture leaves) goes
+    through the decode graph of B=1 when graphs apply: same first token, logits and state as eager
+    (the following decode steps agree too); a stage of more tokens, or one asking for prompt log-probs,
+    stays eager."""
+    _, eager = _program(identity)
+    _, graphed = _program(identity)
+    graphed.graphs = _EagerGraphs(graphed, max_batch=1)
+    g = torch.Generator().manual_seed(3)
+    for n, split, plp in ((9, 8, None), (1, 0, None), (12, 11, 2), (7, 5, None)):
+        prompt = tuple(torch.randint(0, 1000, (n,), generator=g).tolist())
+        out = []
+        for prog in (eager, graphed):
+            req = SequenceRequest(prompt_token_ids=prompt, sampling=SamplingParams(temperature=0.0),
+                                  max_output_tokens=8, prompt_logprobs=plp)
+            h = prog.start_materialize(prog.plan_materialize(req)).sequence
+            n0 = prog.graphs.replays if prog.graphs is not None else 0
+            if split:
+                assert prog.prefill(h, split).pending is None
+            st, lg = prog.prefill_with_logits(h, n - split)
+            replayed = (prog.graphs.replays - n0) if prog.graphs is not None else 0
+            prog.commit(st.pending, [1])
+            b, dl = prog.decode_with_logits([h], 2)
+            prog.commit(b, [2])
+            out.append((st.pending.rows[0].tokens, lg[-1:], b.rows[0].tokens, dl, replayed, st.prompt_logprobs))
+            prog.release(h)
+        (t0, l0, d0, dl0, _, p0), (t1, l1, d1, dl1, replayed, p1) = out
+        assert t0 == t1 and d0 == d1
+        torch.testing.assert_close(l1, l0, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(dl1, dl0, rtol=1e-5, atol=1e-5)
+        assert p0 == p1
+        one = n - split == 1 and plp is None
+        assert replayed == (1 if one else 0), (n, split, plp, replayed)

@@ -53,14 +53,15 @@ def _run(identity, mode):
     if mode == "reference":
         prog.model.ops = reference_ops()
     g = torch.Generator().manual_seed(4)
-    hs = []
+    hs, firsts = [], []
     for n in PROMPT_LENS:
         prompt = tuple(torch.randint(0, w.dims.vocab_size, (n,), generator=g).tolist())
         req = SequenceRequest(prompt_token_ids=prompt, sampling=SamplingParams(temperature=0.0), max_output_tokens=40)
         h = prog.start_materialize(prog.plan_materialize(req)).sequence
         while True:
-            step = prog.prefill(h, 1)
-            if step.pending is not None:
+            step, lg = prog.prefill_with_logits(h, 1)
+            if step.pending is not None:                 # the final 1-token stage: a graph replay too
+                firsts.append((step.pending.rows[0].tokens, lg))
                 prog.commit(step.pending, [1])
                 break
         hs.append(h)
@@ -77,14 +78,18 @@ def _run(identity, mode):
         prog.commit(batch, acc)
         prog.check_integrity()
     replays = prog.graphs.replays if prog.graphs is not None else 0
-    return tokens, logits, replays
+    return tokens, logits, replays, firsts
 
 
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
 def test_graph_decode_equals_eager(identity):
-    tg, lg, replays = _run(identity, "graphs")
-    te, le, _ = _run(identity, "eager")
-    assert replays == sum(steps for _, steps, _ in SCHEDULE)          # every decode step replayed a graph
+    tg, lg, replays, fg = _run(identity, "graphs")
+    te, le, _, fe = _run(identity, "eager")
+    # every decode step and every prompt's final 1-token prefill stage replayed a graph
+    assert replays == sum(steps for _, steps, _ in SCHEDULE) + len(PROMPT_LENS)
+    assert [t for t, _ in fg] == [t for t, _ in fe]
+    for (_, a), (_, b) in zip(fg, fe):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert tg == te
     for a, b in zip(lg, le):
         assert torch.isfinite(a).all()
@@ -92,7 +97,7 @@ def test_graph_decode_equals_eager(identity):
     # NOTE: fast vs reference ops differ by rounding, which can flip a greedy choice; after the
     #       first differing token the two runs decode different text. Compare up to that round
     #       (its first step's logits precede the flip).
-    tr, lr, _ = _run(identity, "reference")
+    tr, lr, _, _ = _run(identity, "reference")
     compared = 0
     for a, b, ta, tb in zip(lg, lr, tg, tr):
         same = ta == tb
@@ -138,12 +143,12 @@ def test_graph_decode_with_pdl_equals_eager(identity, monkeypatch):
     same tokens and logits as without it."""
     from ninfer.ops.fast import _pdl
     monkeypatch.setattr(_pdl, "enabled", lambda: False)
-    te, le, _ = _run(identity, "eager")
+    te, le, _, fe = _run(identity, "eager")
     monkeypatch.setattr(_pdl, "enabled", lambda: True)
-    tg, lg, replays = _run(identity, "graphs")
-    tp, lp, _ = _run(identity, "eager")
-    assert replays == sum(steps for _, steps, _ in SCHEDULE)
-    assert tg == te and tp == te
+    tg, lg, replays, fg = _run(identity, "graphs")
+    tp, lp, _, _ = _run(identity, "eager")
+    assert replays == sum(steps for _, steps, _ in SCHEDULE) + len(PROMPT_LENS)
+    assert tg == te and tp == te and [t for t, _ in fg] == [t for t, _ in fe]
     for a, b, c in zip(lg, lp, le):
         torch.testing.assert_close(a, c, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(b, c, rtol=1e-4, atol=1e-4)
