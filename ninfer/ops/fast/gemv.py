@@ -71,7 +71,9 @@ class GemvConfig(NamedTuple):
     dot: bool = False
     prefetch: bool = False      # load the next weight block before this block's products (FMA path)
     early: bool = False         # the prefetch loop with its second block loaded before the PDL wait too
-                                # (implies prefetch)
+                                # (implies prefetch). No table row uses it: in the 27B step it changed
+                                # nothing on the prefetch rows and cost 0.29 ms on all rows (128 registers
+                                # vs 64: half the programs per SM; bench/NOTES.md pass 6)
 
 
 # NOTE: measured tables, pasted from `bench/gemv.py --out FILE` (H200). Keys (N, K, M bucket) with
@@ -183,8 +185,11 @@ USE_TRITON_SWIGLU: dict[tuple[int, int, int], bool] = {
 
 # NOTE: (N, K, M bucket) of the GDN output projections where `linear_gated` applies the gated RMSNorm in
 #       the GEMV's x load (config from CONFIGS, whose block_k must hold whole heads); elsewhere the norm
-#       is its own kernel followed by `linear`. Empty until measured on the H200 (`bench/gemv.py
-#       --shapes-gated` prints the literal).
+#       is its own kernel followed by `linear`. Empty: measured on the H200 (2026-12-01, bench/NOTES.md
+#       pass 6, `bench/gemv_ab.py`, graphs A/B in one process) the fold made the step slower (27B replay
+#       13.994 -> 14.046 ms, 35B-A3B 2.618 -> 2.649): every program recomputes the per-head norm of the
+#       whole row, so the folded 5120x6144 GEMV takes ~40 us against ~22 us plain, more than the
+#       norm launch it removes.
 USE_TRITON_GATED: dict[tuple[int, int, int], bool] = {}
 
 
