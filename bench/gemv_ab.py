@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import statistics
-import time
 
 import torch
 
@@ -33,6 +32,7 @@ from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 from ninfer.targets.qwen3_6.runtime.cuda_graphs import DecodeGraphs
 
+from bench.decode_round import rounds_ms
 from bench.round_timeline import idle_replay_ms, round_breakdown
 
 TABLES = (G.CONFIGS, G.USE_TRITON, G.USE_TRITON_SWIGLU, G.USE_TRITON_GATED)
@@ -58,18 +58,6 @@ VARIANTS = {
     "gated": _gated,
     "gated_early_pf": lambda: (_gated(), _set_early(lambda c: c.prefetch)),
 }
-
-
-def rounds_ms(prog, hs, n: int) -> list[float]:
-    ts = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        b = prog.decode(hs)
-        torch.cuda.synchronize()
-        ts.append((time.perf_counter() - t0) * 1e3)
-        prog.abort_pending(b)
-    return ts
 
 
 def main() -> None:
@@ -123,7 +111,7 @@ def main() -> None:
                 prog.abort_pending(prog.decode(hs))          # this round's inputs into the static buffers
                 g = graphs[v]._graphs[B].graph
                 res[v]["replay"].append(graph_replay_ms(g, n=30))
-                res[v]["round"].extend(rounds_ms(prog, hs, 12)[2:])
+                res[v]["round"].append(rounds_ms(prog, hs, 15))
         print(f"[{ident} B={B} ctx 1000] variant: replay median (min..max of {a.reps} reps) | round median | "
               f"logits rel RMS vs base", flush=True)
         for v in a.variants:
