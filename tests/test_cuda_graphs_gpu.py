@@ -5,7 +5,8 @@ context lengths join and leave, B goes through 1..4, rounds of 1 and 2 steps, fu
 prefix commits (accepted < produced), cancelled rows (accepted 0) and aborts. Greedy tokens must be
 equal round by round, and the logits equal within fp32 tolerance. A third Program with the
 reference op set (eager) bounds the fast path's error. Prompts are prefilled in 1-token stages
-(the decode kernels; no fla compile in this file).
+(the decode kernels; no fla compile in this file); with graphs, each prompt's final stage replays the
+B=1 decode graph, and its first token and logits must equal the eager stage's.
 """
 from __future__ import annotations
 
