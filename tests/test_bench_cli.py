@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ninfer.cli.main import main
 
 
@@ -40,10 +42,11 @@ def test_bench_prefill_cpu(capsys):
     assert "floor_ms" in out and "prefill_tok/s" in out
 
 
-def test_bench_serve_cpu(capsys, tmp_path):
+@pytest.mark.parametrize("client", ["http", "openai"])
+def test_bench_serve_cpu(capsys, tmp_path, client):
     rc = main(["bench", "serve", "--identity", "qwen3_6-tiny-dense", "--device", "cpu", "--concurrency", "1", "2",
                "--prompt-len", "16", "--output-len", "5", "--requests-per-client", "1", "--step-timeout", "60",
-               "--startup-timeout", "60", "--out", str(tmp_path)])
+               "--startup-timeout", "60", "--out", str(tmp_path), "--client", client])
     out = capsys.readouterr().out
     assert rc == 0, out
     data = _json_line(out)
@@ -53,6 +56,7 @@ def test_bench_serve_cpu(capsys, tmp_path):
     rows = [r for r in data["results"] if r["kind"] == "serve"]
     assert [r["concurrency"] for r in rows] == [1, 2]
     for r in rows:
+        assert r["path"] == ("http" if client == "http" else "openai-sdk")
         assert r["all_outputs_full"] and r["synthetic_fingerprint"]
         assert r["output_tokens"] == 5 * r["concurrency"]
         assert r["ttft_mean_ms"] > 0 and r["tpot_mean_ms"] > 0 and r["output_tokens_per_s"] > 0

@@ -45,6 +45,9 @@ def serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for the server's /health")
     ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                     help="extra `ninfer serve` argument (repeatable, e.g. --server-arg=--enforce-eager)")
+    ap.add_argument("--client", choices=["http", "openai"], default="http",
+                    help="http: raw streaming requests over httpx (default); openai: the official openai client, "
+                         "whose per-request client CPU time then counts in the TTFT")
     ap.add_argument("--in-process", action="store_true",
                     help="drive the public Engine in this process instead of `ninfer serve` (no HTTP): "
                          "the difference is what the gateway adds")

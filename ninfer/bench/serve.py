@@ -7,10 +7,15 @@
 Per identity: starts `ninfer serve --load-format dummy --identity X` as a subprocess on a free
 loopback port (`--max-concurrency` = the largest concurrency, `--max-model-len` = prompt + output
 + 16), waits for /health, checks that /v1/models says `synthetic_weights`, sends one warm-up
-request (first-call compiles), then for each concurrency c runs c clients of the official
-`openai` async client, each sending --requests-per-client streaming completions one after
-another: a fresh random prompt of exactly --prompt-len token ids (no prefix reuse), temperature 0,
-`max_tokens` = --output-len with `ignore_eos` so every output has the asked length.
+request (first-call compiles), then for each concurrency c runs c clients, each sending
+--requests-per-client streaming completions one after another: a fresh random prompt of exactly
+--prompt-len token ids (no prefix reuse), temperature 0, `max_tokens` = --output-len with
+`ignore_eos` so every output has the asked length. The clients (`--client http`, the default) post
+the OpenAI request JSON over one shared `httpx.AsyncClient` and read the SSE lines themselves, as
+vLLM's and SGLang's serving benches do with aiohttp. `--client openai` uses the official `openai`
+async client instead; its client-side work counts in the TTFT (~15 ms more per 1024-id request than
+the raw client: median of 8 interleaved requests each, tiny model on a 2-core CPU host, bench/NOTES.md
+pass 6).
 
 Per request: TTFT = first streamed chunk with a choice - send time; TPOT = (last chunk - first
 chunk) / (output tokens - 1). Per level: TTFT mean/p50/p99, TPOT mean/p50/p99, output tokens/s =
@@ -126,30 +131,64 @@ class Server:
             self._log.close()
 
 
-async def one_request(client, model: str, prompt: list[int], output_len: int) -> dict:
-    t0 = time.perf_counter()
-    first = last = None
-    n_out = None
-    chunks = 0
-    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=output_len, temperature=0.0,
-                                             stream=True, stream_options={"include_usage": True},
-                                             extra_body={"ignore_eos": True})
-    fingerprint = None
-    async for chunk in stream:
-        now = time.perf_counter()
-        fingerprint = fingerprint or getattr(chunk, "system_fingerprint", None)
-        if chunk.choices:
-            chunks += 1
-            if first is None:
-                first = now
-            last = now
-        if getattr(chunk, "usage", None) is not None:
-            n_out = chunk.usage.completion_tokens
-    if first is None:
+def _chunk_record(chunk: dict, state: dict, now: float) -> None:
+    """Fold one streamed completion chunk (a dict) into the request's timing state."""
+    state["fingerprint"] = state["fingerprint"] or chunk.get("system_fingerprint")
+    if chunk.get("choices"):
+        state["chunks"] += 1
+        if state["first"] is None:
+            state["first"] = now
+        state["last"] = now
+    if chunk.get("usage"):
+        state["n_out"] = chunk["usage"].get("completion_tokens")
+
+
+def _request_row(state: dict, t0: float) -> dict:
+    if state["first"] is None:
         raise RuntimeError("the stream carried no choice")
-    n_out = n_out if n_out is not None else chunks
+    n_out = state["n_out"] if state["n_out"] is not None else state["chunks"]
+    first, last = state["first"], state["last"]
     return {"ttft_ms": (first - t0) * 1e3, "e2e_ms": (last - t0) * 1e3, "output_tokens": n_out,
-            "tpot_ms": (last - first) * 1e3 / (n_out - 1) if n_out > 1 else None, "fingerprint": fingerprint}
+            "tpot_ms": (last - first) * 1e3 / (n_out - 1) if n_out > 1 else None,
+            "fingerprint": state["fingerprint"]}
+
+
+def _body(model: str, prompt: list[int], output_len: int) -> dict:
+    return {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}, "ignore_eos": True}
+
+
+async def one_request_http(client, model: str, prompt: list[int], output_len: int) -> dict:
+    """One streaming completion over raw HTTP (httpx.AsyncClient): SSE `data:` lines until [DONE]."""
+    state = {"first": None, "last": None, "n_out": None, "chunks": 0, "fingerprint": None}
+    t0 = time.perf_counter()
+    async with client.stream("POST", "/v1/completions", json=_body(model, prompt, output_len)) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:300]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise RuntimeError(f"stream error: {chunk['error']}")
+            _chunk_record(chunk, state, time.perf_counter())
+    return _request_row(state, t0)
+
+
+async def one_request(client, model: str, prompt: list[int], output_len: int) -> dict:
+    """The same through the official `openai` async client (`--client openai`)."""
+    state = {"first": None, "last": None, "n_out": None, "chunks": 0, "fingerprint": None}
+    t0 = time.perf_counter()
+    body = _body(model, prompt, output_len)
+    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=output_len, temperature=0.0,
+                                             stream=True, stream_options=body["stream_options"],
+                                             extra_body={"ignore_eos": True})
+    async for chunk in stream:
+        _chunk_record(chunk.model_dump(exclude_none=True), state, time.perf_counter())
+    return _request_row(state, t0)
 
 
 def _prompt(rng: random.Random, n: int) -> list[int]:
@@ -157,12 +196,19 @@ def _prompt(rng: random.Random, n: int) -> list[int]:
 
 
 async def run_level(url: str, model: str, c: int, per_client: int, prompt_len: int, output_len: int,
-                    rng: random.Random) -> tuple[list[dict], float]:
-    from openai import AsyncOpenAI
-
-    async with AsyncOpenAI(base_url=url + "/v1", api_key="ninfer-bench", timeout=600.0, max_retries=0) as client:
+                    rng: random.Random, client_kind: str = "http") -> tuple[list[dict], float]:
+    if client_kind == "openai":
+        from openai import AsyncOpenAI
+        client = AsyncOpenAI(base_url=url + "/v1", api_key="ninfer-bench", timeout=600.0, max_retries=0)
+        send = one_request
+    else:
+        import httpx
+        client = httpx.AsyncClient(base_url=url, timeout=600.0,
+                                   limits=httpx.Limits(max_connections=c, max_keepalive_connections=c))
+        send = one_request_http
+    async with client:
         async def worker() -> list[dict]:
-            return [await one_request(client, model, _prompt(rng, prompt_len), output_len) for _ in range(per_client)]
+            return [await send(client, model, _prompt(rng, prompt_len), output_len) for _ in range(per_client)]
 
         t0 = time.perf_counter()
         per_worker = await asyncio.gather(*(worker() for _ in range(c)))
@@ -276,20 +322,21 @@ def bench_identity(identity: str, args, ceil: dict, device: str, rec: Recorder, 
         rec.add(dict(identity=identity, kind="startup", startup_s=startup_s, models_synthetic=synthetic))
         t0 = time.perf_counter()
         asyncio.run(asyncio.wait_for(run_level(server.url, server.name, 1, 1, args.prompt_len,
-                                               min(args.output_len, 8), rng), args.step_timeout or None))
+                                               min(args.output_len, 8), rng, args.client), args.step_timeout or None))
         print(f"[{identity}] warm-up request {time.perf_counter() - t0:.1f} s", flush=True)
         for c in args.concurrency:
             try:
                 reqs, wall = asyncio.run(asyncio.wait_for(
                     run_level(server.url, server.name, c, args.requests_per_client, args.prompt_len, args.output_len,
-                              rng), args.step_timeout or None))
+                              rng, args.client), args.step_timeout or None))
             except (asyncio.TimeoutError, TimeoutError):
                 rec.error(f"{identity} concurrency {c}: timed out after {args.step_timeout:.0f} s")
                 continue
             except Exception as e:  # noqa: BLE001 - keep the other levels
                 rec.error(f"{identity} concurrency {c}: failed: {type(e).__name__}: {e}")
                 continue
-            row = summarize(identity, c, reqs, wall, args.prompt_len, args.output_len, ceil, 2 if cuda else 4)
+            row = summarize(identity, c, reqs, wall, args.prompt_len, args.output_len, ceil, 2 if cuda else 4,
+                            path="http" if args.client == "http" else "openai-sdk")
             rec.add(row)
             _report(identity, row)
     finally:
@@ -370,7 +417,7 @@ def run(args: argparse.Namespace) -> int:
                                        "weights": "dummy (synthetic)", "identities": args.identity,
                                        "concurrency": args.concurrency, "prompt_len": args.prompt_len,
                                        "output_len": args.output_len, "requests_per_client": args.requests_per_client,
-                                       "path": "engine" if args.in_process else "http"})
+                                       "path": "engine" if args.in_process else "http" if args.client == "http" else "openai-sdk"})
     log_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ninfer-bench-serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     for ident in args.identity:
