@@ -52,8 +52,9 @@ def fill_static_inputs(host: "torch.Tensor | np.ndarray", W: int, input_ids: Seq
     NOTE: only each row's own pages are written; the entries past them keep stale ids, which no
           kernel reads (attention and the KV write stop at the row's context). Padding every row
           to W (= max_model_len / page_size) from a Python list cost ~3 ms per round at W = 4096.
-          The writes go through a numpy view of the buffer: ~2 us a round against ~20 us (H200 host:
-          up to 0.18 ms) for the same writes as torch.tensor + slice assignments."""
+          The writes go through a numpy view of the buffer: ~2 us a round against ~20 us for
+          torch.tensor + slice assignments on a 2-core CPU host (on the H200 machine, 27B process,
+          B=1: 0.01-0.09 ms against 0.04-0.18 ms; bench/NOTES.md pass 6)."""
     a = host.numpy() if isinstance(host, torch.Tensor) else host
     B = len(input_ids)
     a[:B], a[B:2 * B], a[2 * B:3 * B], a[3 * B:4 * B] = input_ids, positions, src, dst
