@@ -25,6 +25,8 @@ from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 from ninfer.targets.qwen3_6.runtime.cuda_graphs import DecodeGraphs
 
+from bench.round_timeline import timed
+
 
 def rounds_ms(prog, hs, n: int = 25) -> float:
     ts = []
@@ -36,18 +38,6 @@ def rounds_ms(prog, hs, n: int = 25) -> float:
         ts.append((time.perf_counter() - t0) * 1e3)
         prog.abort_pending(b)
     return statistics.median(ts[5:])
-
-
-def launch_host_ms(graph, n: int = 20) -> float:
-    """Median host wall time of the replay call alone (cudaGraphLaunch; the GPU idle before each)."""
-    ts = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        graph.replay()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    torch.cuda.synchronize()
-    return statistics.median(ts)
 
 
 def main() -> None:
@@ -86,7 +76,7 @@ def main() -> None:
                 g = prog.graphs._graphs[B].graph
                 rep = graph_replay_ms(g)
                 rnd = rounds_ms(prog, hs[:B])
-                host = launch_host_ms(g)
+                host = timed(g.replay, n=20)                     # the replay call alone, GPU idle before
                 print(f"[{ident} B={B} PDL={pdl}] replay {rep:.3f} ms, decode round {rnd:.3f} ms, "
                       f"round - replay {rnd - rep:.3f} ms, replay call on the host {host:.3f} ms", flush=True)
             prog.graphs = graphs[first]

@@ -13,8 +13,7 @@ fp32 product is < 1e-2. Prints a table and the copy ceiling of this run; `--out 
 line (every result) and then `CONFIGS = {...}` / `USE_TRITON = {...}` / `USE_TRITON_SWIGLU = {...}`
 python literals to paste into ninfer/ops/fast/gemv.py (USE_TRITON: shapes where the best config beats
 cuBLAS by >= --min-speedup; USE_TRITON_SWIGLU: MLP down shapes where the SwiGLU folded into the
-GEMV beats the SwiGLU kernel + the product by as much; USE_TRITON_GATED: the same for the GDN output
-projections and their gated RMSNorm, at one row).
+GEMV beats the SwiGLU kernel + the product by as much).
 
 Graph: all weight GEMMs of one 27B decode step (each layer its own weight buffer, 51.2 GB, so
 nothing stays in L2) captured in one CUDA graph and replayed: cuBLAS, Triton for every GEMM, and
@@ -72,13 +71,12 @@ def model_dims(name: str) -> Qwen36Dims:
     return DIMS
 
 
-def unique_shapes(models: list[str], extra: list[tuple[int, int]] = (), extra_down: bool = False,
-                  extra_gated: bool = False) -> list[tuple[int, int, list[str]]]:
-    """(N, K, uses) of every decode GEMM of the models plus the extra shapes (labelled `--shapes`;
-    `--shapes:mlp.down` with extra_down: then the SwiGLU-folded variant is timed for them too;
-    `--shapes:gdn.out_proj` with extra_gated: the gated-norm-folded variant)."""
-    tags = [t for t, on in (("--shapes:mlp.down", extra_down), ("--shapes:gdn.out_proj", extra_gated)) if on]
-    seen: dict[tuple[int, int], list[str]] = {(n, k): list(tags or ["--shapes"]) for n, k in extra}
+def unique_shapes(models: list[str], extra: list[tuple[int, int]] = (), extra_down: bool = False
+                  ) -> list[tuple[int, int, list[str]]]:
+    """(N, K, uses) of every decode GEMM of the models plus the extra shapes (labelled `--shapes`, or
+    `--shapes:mlp.down` with extra_down: then the SwiGLU-folded variant is timed for them too)."""
+    tag = "--shapes:mlp.down" if extra_down else "--shapes"
+    seen: dict[tuple[int, int], list[str]] = {(n, k): [tag] for n, k in extra}
     for mdl in models:
         for name, n, k, count in decode_gemms(model_dims(mdl)):
             seen.setdefault((n, k), []).append(f"{mdl}:{name}x{count}")
@@ -141,7 +139,7 @@ def time_us(fn, warmup_ms: int, rep_ms: int, max_reps: int = 100) -> float:
 def sweep(args, gemv, num_sms: int) -> list[dict]:
     t_start = time.perf_counter()
     results = []
-    shapes = unique_shapes(args.models, args.shapes, args.shapes_down, args.shapes_gated)
+    shapes = unique_shapes(args.models, args.shapes, args.shapes_down)
     total = len(shapes) * len(args.m)
     done = 0
     for n, k, names in shapes:
@@ -214,64 +212,19 @@ def swiglu_sweep(results: list[dict], gemv, min_speedup: float) -> tuple[list[di
 
         def folded():
             return gemv.gemv(gu, w, cfg, swiglu=True)
-        rows.append(fold_row("swiglu", "SwiGLU kernel", (n, k, m), composed, folded,
-                             fp32_reference(silu_mul_halves(gu), w), plain_triton, min_speedup, use))
-    return rows, fold_literal("USE_TRITON_SWIGLU", use)
-
-
-def fold_row(tag: str, what: str, key: tuple[int, int, int], composed, folded, ref: torch.Tensor,
-             plain_triton: bool, min_speedup: float, use: dict) -> dict:
-    """Time a folded x-load variant against its two-kernel composition; mark `use[key]` when it is
-    correct (rel RMS < 1e-2 vs the fp32 product) and >= min_speedup faster. Returns the result row."""
-    n, k, m = key
-    err = rel_rms(folded(), ref)
-    t_c, t_f = time_us(composed, 25, 100), time_us(folded, 25, 100)
-    ok = err < 1e-2
-    if ok and t_c / t_f >= min_speedup:
-        use[key] = True
-    print(f"[{tag}] {n}x{k} M={m}: {what} + {'triton' if plain_triton else 'cuBLAS'} {t_c:.1f} us | "
-          f"folded {t_f:.1f} us ({t_c / t_f:.3f}x, err {err:.1e})", flush=True)
-    return {"shape": f"{n}x{k}", "N": n, "K": k, "M": m, "composed_us": round(t_c, 2), "folded_us": round(t_f, 2),
-            "speedup": round(t_c / t_f, 3), "err": err, "ok": ok}
-
-
-def fold_literal(name: str, use: dict) -> str:
-    return "\n".join([f"{name}: dict[tuple[int, int, int], bool] = {{", *[f"    {key}: True," for key in sorted(use)],
-                      "}"])
-
-
-def gated_sweep(results: list[dict], gemv, min_speedup: float, head_dim: int = 128) -> tuple[list[dict], str]:
-    """For the GDN output projections (M = 1): the gated RMSNorm kernel + the product (what `linear_gated`
-    does with an empty table) vs the norm folded into the GEMV's x load (`gemv(..., gated=...)` with the
-    sweep's best config, when its block_k holds whole heads). Returns the rows and the
-    `USE_TRITON_GATED` literal (folded >= min_speedup faster)."""
-    from ninfer.ops.fast.norms import gated_rms_norm
-    rows, use = [], {}
-    for r in results:
-        if not r["best"] or r["M"] != 1 or not any("gdn.out_proj" in u for u in r["uses"]):
-            continue
-        n, k, m = r["N"], r["K"], r["M"]
-        cfg = gemv.GemvConfig(*r["best"])
-        if k % head_dim or cfg.block_k % head_dim:
-            print(f"[gated] {n}x{k}: best block_k {cfg.block_k} does not hold whole heads of {head_dim}; skipped")
-            continue
-        o = torch.randn(m, k // head_dim, head_dim, device=DEVICE, dtype=torch.bfloat16)
-        zrow = torch.randn(m, 3 * k, device=DEVICE, dtype=torch.bfloat16)        # z: a slice of a wider row
-        z = zrow[:, k:2 * k].view(m, k // head_dim, head_dim)
-        nw = torch.rand(head_dim, device=DEVICE, dtype=torch.bfloat16) + 0.5
-        w = torch.randn(n, k, device=DEVICE, dtype=torch.bfloat16)
-        plain_triton = r["speedup"] is not None and r["speedup"] >= min_speedup
-
-        def composed():
-            x = gated_rms_norm(o, z, nw, 1e-6).reshape(m, k)
-            return gemv.gemv(x, w, cfg) if plain_triton else F.linear(x, w)
-
-        def folded():
-            return gemv.gemv(o.reshape(m, k), w, cfg, gated=gemv.GatedNorm(z.reshape(m, k), nw, 1e-6))
-        rows.append(fold_row("gated", "gated norm kernel", (n, k, m), composed, folded,
-                             fp32_reference(gated_rms_norm(o, z, nw, 1e-6).reshape(m, k), w), plain_triton,
-                             min_speedup, use))
-    return rows, fold_literal("USE_TRITON_GATED", use)
+        ref = fp32_reference(silu_mul_halves(gu), w)
+        err = rel_rms(folded(), ref)
+        t_c, t_f = time_us(composed, 25, 100), time_us(folded, 25, 100)
+        ok = err < 1e-2
+        if ok and t_c / t_f >= min_speedup:
+            use[(n, k, m)] = True
+        rows.append({"shape": f"{n}x{k}", "N": n, "K": k, "M": m, "composed_us": round(t_c, 2),
+                     "folded_us": round(t_f, 2), "speedup": round(t_c / t_f, 3), "err": err, "ok": ok})
+        print(f"[swiglu] {n}x{k} M={m}: SwiGLU kernel + {'triton' if plain_triton else 'cuBLAS'} {t_c:.1f} us | "
+              f"folded {t_f:.1f} us ({t_c / t_f:.3f}x, err {err:.1e})", flush=True)
+    lit = "\n".join(["USE_TRITON_SWIGLU: dict[tuple[int, int, int], bool] = {",
+                     *[f"    {key}: True," for key in sorted(use)], "}"])
+    return rows, lit
 
 
 def print_sweep(results: list[dict], copy_tbs: float) -> None:
@@ -392,9 +345,6 @@ def parse_args(argv=None):
                    default=[], help="extra NxK shapes (comma list), e.g. 52224x5120")
     p.add_argument("--shapes-down", action="store_true",
                    help="the --shapes are dense MLP down projections: also time the SwiGLU folded into the GEMV")
-    p.add_argument("--shapes-gated", action="store_true",
-                   help="the --shapes are GDN output projections (heads of 128): also time the gated RMSNorm "
-                        "folded into the GEMV")
     p.add_argument("--device", default="cuda", help="cuda; cpu = smoke run under TRITON_INTERPRET=1 (tiny "
                    "--shapes, --models '', wall-clock times)")
     p.add_argument("--m", type=ints, default=[1, 2, 4, 8], help="rows (comma list; 1..8)")
@@ -424,7 +374,7 @@ def dry_run(args) -> int:
     except ImportError as e:
         gemv = None
         print(f"(no Triton here: {e}; sweep sizes not shown)")
-    for n, k, names in unique_shapes(args.models, args.shapes, args.shapes_down, args.shapes_gated):
+    for n, k, names in unique_shapes(args.models, args.shapes, args.shapes_down):
         sizes = [len(gemv.sweep_space(n, k, m)) for m in args.m] if gemv else "-"
         print(f"{n:>7} x {k:<6} {2 * n * k / 1e6:9.1f} MB  configs per M {sizes}  {' '.join(names)}")
     for mdl in args.models:
@@ -471,9 +421,7 @@ def main(argv=None) -> int:
     if results and not args.no_sweep:
         sw_rows, sw_lit = swiglu_sweep(results, gemv, args.min_speedup)
         payload["swiglu"] = sw_rows
-        g_rows, g_lit = gated_sweep(results, gemv, args.min_speedup)
-        payload["gated"] = g_rows
-        lit = tables_literal(results, args.min_speedup) + "\n" + sw_lit + "\n" + g_lit
+        lit = tables_literal(results, args.min_speedup) + "\n" + sw_lit
         print(lit)
         if args.out:
             with open(args.out, "w") as f:

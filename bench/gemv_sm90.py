@@ -21,18 +21,14 @@ from ninfer.ops.fast import gemv as G
 VARIANTS = {
     "plain 8x512": dict(BLOCK_N=8, BLOCK_K=512),
     "prefetch": dict(BLOCK_N=8, BLOCK_K=512, PREFETCH=True),
-    "early": dict(BLOCK_N=8, BLOCK_K=512, PREFETCH=True, EARLY=True),
-    "early+norm": dict(BLOCK_N=8, BLOCK_K=512, PREFETCH=True, EARLY=True, NORM=True, BP=1024),
-    "gated": dict(BLOCK_N=8, BLOCK_K=512, GATED=True, HEAD_D=128, ROUND_WN=True),
-    "gated+resid+prefetch": dict(BLOCK_N=8, BLOCK_K=512, GATED=True, HEAD_D=128, RESID=True, PREFETCH=True),
-    "gated+early+resid 8x1024": dict(BLOCK_N=8, BLOCK_K=1024, GATED=True, HEAD_D=128, RESID=True, PREFETCH=True,
-                                     EARLY=True),
-    "gated dot split 32x128": dict(BLOCK_N=32, BLOCK_K=128, GATED=True, HEAD_D=128, DOT=True, M_PAD=16, SPLIT=True),
-    "swiglu+resid+early": dict(BLOCK_N=8, BLOCK_K=512, SWIGLU=True, RESID=True, PREFETCH=True, EARLY=True),
+    "prefetch+norm": dict(BLOCK_N=8, BLOCK_K=512, PREFETCH=True, NORM=True, BP=1024),
+    "prefetch+resid 8x1024": dict(BLOCK_N=8, BLOCK_K=1024, RESID=True, PREFETCH=True),
+    "swiglu+resid": dict(BLOCK_N=8, BLOCK_K=512, SWIGLU=True, RESID=True),
+    "dot split 32x128": dict(BLOCK_N=32, BLOCK_K=128, DOT=True, M_PAD=16, SPLIT=True),
 }
 BASE = dict(M_PAD=1, SPLIT=False, DOT=False, EVEN_K=True, PREC="tf32", SWIGLU=False, RESID=False, NORM=False, BP=1,
-            PREFETCH=False, EARLY=False, GATED=False, HEAD_D=1, ROUND_WN=False, PDL=True)
-_TYPES = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "parts_ptr": "*fp32", "eps": "fp32", "geps": "fp32"}
+            PREFETCH=False, PDL=True)
+_TYPES = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "parts_ptr": "*fp32", "eps": "fp32"}
 
 
 def arg_type(name: str) -> str:

@@ -1,15 +1,16 @@
-"""Where a decode round's time over its graph replay goes (B=1, ctx 1000, synthetic weights), for the
-graphs with the static-input copy inside (the default) and with the pass-5 host-side copy, one process:
+"""Where a decode round's time over its graph replay goes (B=1, ctx 1000, synthetic weights, one identity
+per process):
 
-  1. host time of the graph launch call (median of 30, GPU idle before): alone, after an eager kernel +
-     D2H sync (what a round does between launches); the pieces of `DecodeGraphs.run` (fill, copy,
-     replay); a `Program.decode` round split at the graph launch and the sampler (host stamps);
-  2. both layouts' rounds interleaved (4 x 20 rounds);
-  3. with --profile, a torch.profiler trace (CPU runtime calls + CUDA activity on one clock) of a few rounds: per round,
-     when the first graph kernel starts after cudaGraphLaunch began, the launch call's length, the GPU
-     span of the graph, and the gaps after it (argmax, D2H).
+  1. the replay (CUDA events) and the host time of the graph launch call (median of 30, GPU idle
+     before): alone, after an eager kernel + D2H sync (what a round does between launches), and with
+     the synchronize (what a round waits for the graph);
+  2. a `Program.decode` round split by host stamps at the graph launch and the sampler;
+  3. with --profile, a torch.profiler trace (CPU runtime calls + CUDA activity on one clock) of a few
+     rounds: per round, when the first graph kernel starts after cudaGraphLaunch began, the launch call's
+     length, the GPU span of the graph, and the gaps after it (argmax, D2H). The profiler's hooks make
+     the launch call itself look several times slower than it is (bench/NOTES.md pass 5).
 
-    PYTHONPATH=$PWD python3 bench/round_timeline.py --identity qwen3_6-27b      (one identity per process)
+    PYTHONPATH=$PWD python3 bench/round_timeline.py --identity qwen3_6-27b [--profile]
 """
 from __future__ import annotations
 
@@ -25,12 +26,12 @@ from ninfer.bench.common import graph_replay_ms
 from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
-from ninfer.targets.qwen3_6.runtime.cuda_graphs import DecodeGraphs, fill_static_inputs
 
 CUDA = torch.autograd.DeviceType.CUDA
 
 
 def timed(fn, before=None, n: int = 30) -> float:
+    """Median host wall (ms) of fn() with the GPU idle before each call (`before()` runs first, untimed)."""
     ts = []
     for _ in range(n):
         if before is not None:
@@ -80,41 +81,6 @@ def round_breakdown(prog, hs, n: int = 20) -> dict:
     return {k: statistics.median(r[k] for r in rows) * 1e3 for k in rows[0]}
 
 
-def idle_replay_ms(g, n: int = 20) -> float:
-    """Host wall of replay + synchronize from an idle GPU (what a round pays for the graph)."""
-    ts = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        g.replay()
-        torch.cuda.synchronize()
-        ts.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(ts)
-
-
-def run_pieces(dg, g, args, n: int = 30) -> dict:
-    """Host time of each statement of DecodeGraphs.run, as a round runs it (GPU idle at the start)."""
-    rows = []
-    for _ in range(n):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        g.done.synchronize()
-        t1 = time.perf_counter()
-        fill_static_inputs(g.host_np, dg.width, *args)
-        t2 = time.perf_counter()
-        if not dg.copy_in_graph:
-            g.dev.copy_(g.host, non_blocking=True)
-        t3 = time.perf_counter()
-        g.graph.replay()
-        g.done.record()
-        t4 = time.perf_counter()
-        torch.cuda.synchronize()
-        t5 = time.perf_counter()
-        rows.append((t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t5 - t0))
-    names = ("event sync", "fill", "H2D copy", "replay call + record", "wait", "total")
-    return {k: statistics.median(r[i] for r in rows) * 1e3 for i, k in enumerate(names)}
-
-
 def timeline(prog, hs, rounds: int = 4) -> None:
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
@@ -156,19 +122,6 @@ def timeline(prog, hs, rounds: int = 4) -> None:
         flush=True)
 
 
-def report(tag: str, prog, hs, dg, args) -> None:
-    g = dg._graphs[1]
-    small = torch.zeros(248320, device="cuda")
-    print(f"[{tag}] replay (events) {graph_replay_ms(g.graph):.3f} ms; host time "
-          f"of the replay call: alone {timed(g.graph.replay):.3f} ms, after argmax + D2H "
-          f"{timed(g.graph.replay, lambda: small.argmax().tolist()):.3f} ms; replay + sync from idle "
-          f"{idle_replay_ms(g.graph):.3f} ms", flush=True)
-    print(f"[{tag}] DecodeGraphs.run pieces (ms): " +
-          ", ".join(f"{k} {v:.3f}" for k, v in run_pieces(dg, g, args).items()), flush=True)
-    print(f"[{tag}] Program.decode round (ms, medians): " +
-          ", ".join(f"{k} {v:.3f}" for k, v in round_breakdown(prog, hs).items()), flush=True)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--identity", default="qwen3_6-27b")
@@ -180,32 +133,19 @@ def main() -> None:
     cfg = ProgramConfig(device="cuda", dtype="bf16", page_size=64, num_pages=64, num_slots=8,
                         max_model_len=1088, max_batch=1, max_steps=1)
     prog = pkg.create_program(w, cfg)
-    # the pass-5 layout (host-side H2D copy before each replay), captured before any sequence exists
-    host_copy = DecodeGraphs(prog.model, prog._state, 1, cfg.max_model_len, cfg.page_size, torch.device("cuda"),
-                             copy_in_graph=False)
-    host_copy.capture()
     req = SequenceRequest(prompt_token_ids=tuple(range(10, 1010)), max_output_tokens=64,
                           sampling=SamplingParams(temperature=0.0))
     h = prog.start_materialize(prog.plan_materialize(req)).sequence
     prog.commit(prog.prefill(h, 1000).pending, [1])
     hs = [h]
-    prog.abort_pending(prog.decode(hs))
-    dg = prog.graphs
-    s = prog._seq(h)
-    args = ([s.tokens[-1]], [s.frontier], [s.slot], [prog._state.scratch_entry(0)], [s.holding.table.pages])
-    report(f"{ident} B=1 copy in graph", prog, hs, dg, args)
-    sets = {"copy in graph": dg, "host-side copy": host_copy}
-    res: dict[str, list[dict]] = {m: [] for m in sets}
-    for _ in range(4):
-        for m, graphs in sets.items():
-            prog.graphs = graphs
-            prog.abort_pending(prog.decode(hs))
-            res[m].append(round_breakdown(prog, hs))
-    prog.graphs = dg
-    for m, rows in res.items():
-        print(f"[{ident} B=1] {m:14s} round (medians of 4 x 20, interleaved): " + ", ".join(
-            f"{k} {statistics.median(r[k] for r in rows):.3f}" for k in rows[0]), flush=True)
-    report(f"{ident} B=1 host-side copy", prog, hs, host_copy, args)
+    prog.abort_pending(prog.decode(hs))               # the round's inputs into the static buffers
+    g = prog.graphs._graphs[1].graph
+    small = torch.zeros(248320, device="cuda")
+    print(f"[{ident} B=1] replay (events) {graph_replay_ms(g):.3f} ms; host time of the replay call: alone "
+          f"{timed(g.replay):.3f} ms, after argmax + D2H {timed(g.replay, lambda: small.argmax().tolist()):.3f} ms; "
+          f"replay + synchronize {timed(lambda: (g.replay(), torch.cuda.synchronize())):.3f} ms", flush=True)
+    print(f"[{ident} B=1] Program.decode round (ms, medians): " +
+          ", ".join(f"{k} {v:.3f}" for k, v in round_breakdown(prog, hs).items()), flush=True)
     if a.profile:
         timeline(prog, hs)
 

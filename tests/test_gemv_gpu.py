@@ -33,7 +33,7 @@ SHAPES = [(1000, 333), (200, 1024), (5, 64)] if not _INTERPRET else [(300, 333),
 
 
 class _AlwaysTrue(dict):
-    """A decision table that marks every shape (monkeypatched over USE_TRITON_SWIGLU / _GATED)."""
+    """A decision table that marks every shape (monkeypatched over USE_TRITON_SWIGLU)."""
 
     def get(self, key, default=None):
         return True
@@ -224,7 +224,7 @@ def test_swiglu_prologue(m):
     n, k = (300, 333) if _INTERPRET else (1000, 1088)
     for i, cfg in enumerate((gemv.GemvConfig(16, 128, 1, 4, 1), gemv.GemvConfig(32, 64, 3, 4, 2, True),
                              gemv.GemvConfig(8, 256, 2, 4, 1), gemv.GemvConfig(8, 128, 2, 4, 1, prefetch=True),
-                             gemv.GemvConfig(8, 64, 3, 4, 1, prefetch=True, early=True))):
+                             gemv.GemvConfig(8, 64, 3, 4, 1, prefetch=True))):
         dt = prologue_dtype(cfg)
         big = randn(m, 2 * k + 9, dtype=dt, seed=i + 10 * m)
         gu = big[:, 3:3 + 2 * k]                                        # unit last stride, row stride 2k+9
@@ -279,7 +279,7 @@ def test_residual_epilogue(m):
     n, k = (300, 333) if _INTERPRET else (1000, 1088)
     for i, cfg in enumerate((gemv.GemvConfig(16, 128, 1, 4, 1), gemv.GemvConfig(32, 64, 3, 4, 2, True),
                              gemv.GemvConfig(8, 256, 2, 4, 1), gemv.GemvConfig(8, 128, 2, 4, 1, prefetch=True),
-                             gemv.GemvConfig(8, 64, 3, 4, 1, prefetch=True, early=True))):
+                             gemv.GemvConfig(8, 64, 3, 4, 1, prefetch=True))):
         dt = dtype_for(cfg)
         x = randn(m, k, dtype=dt, seed=i + 10 * m)
         w = randn(n, k, dtype=dt, seed=300 + i)
@@ -298,69 +298,6 @@ def test_residual_epilogue(m):
 
 @pytest.mark.gpu
 @_NEEDS_KERNEL
-@pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("wdtype", ["same", "fp32"])
-def test_gated_prologue(m, wdtype):
-    """gemv(gated=GatedNorm(z, w_norm, eps)) == the GDN's gated_rms_norm(o, z) per head, then the product
-    (the norm kernel's casts, incl. the rounded w * norm when the weight is not wider than o), for FMA,
-    tensor-core, split-K and prefetch configs; K a whole number of heads but not of blocks; z a strided
-    view (a slice of the in_proj row); with the residual epilogue too; bad arguments refused."""
-    from ninfer.ops import norms as ref_norms
-    from ninfer.ops.fast import gemv
-    D, n = (32, 300) if _INTERPRET else (128, 1000)
-    for i, cfg in enumerate((gemv.GemvConfig(16, 128, 1, 4, 1), gemv.GemvConfig(32, 128, 2, 4, 2, True),
-                             gemv.GemvConfig(8, 128, 2, 4, 1, prefetch=True),
-                             gemv.GemvConfig(8, 256, 1, 4, 1, prefetch=True, early=True))):
-        dt = prologue_dtype(cfg)
-        for heads in (5, 8):
-            K = heads * D
-            o = randn(m, heads, D, dtype=dt, seed=i + 10 * heads)
-            big = randn(m, K + 40, dtype=dt, seed=20 + i)
-            z = big[:, 17:17 + K]                                       # row stride K + 40
-            gw = randn(D, dtype=torch.float32 if wdtype == "fp32" else dt, seed=30 + i) * 0.5 + 1.0
-            w = randn(n, K, dtype=dt, seed=40 + i)
-            poison_allocator()
-            y = gemv.gemv(o.reshape(m, K), w, cfg, gated=gemv.GatedNorm(z, gw, 1e-6))
-            xn = ref_norms.gated_rms_norm(o, z.reshape(m, heads, D), gw, 1e-6).reshape(m, K)
-            err = rel_rms(y, reference(xn, w))
-            assert err < TOL[dt], f"{cfg} heads={heads} M={m}: rel RMS {err:.3g}"
-            r = randn(m, n, dtype=dt, seed=50 + i)
-            h, parts = gemv.gemv(o.reshape(m, K), w, cfg, gated=gemv.GatedNorm(z, gw, 1e-6), residual=r)
-            torch.testing.assert_close(h, r + y)
-    with pytest.raises(ValueError, match="gated"):                      # block_k not a multiple of D
-        gemv.gemv(o.reshape(m, K), w, gemv.GemvConfig(16, D // 2, 1, 4, 1), gated=gemv.GatedNorm(z, gw, 1e-6))
-    with pytest.raises(ValueError, match="gated"):                      # z of another shape
-        gemv.gemv(o.reshape(m, K), w, gated=gemv.GatedNorm(z[:, :-1], gw, 1e-6))
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(_DEV != "cuda" or not torch.cuda.is_available(),
-                    reason="both paths of linear_gated need CUDA tensors")
-def test_linear_gated_dispatch(monkeypatch):
-    """`linear_gated` runs the norm in the GEMV only for shapes USE_TRITON_GATED marks (and a block_k that
-    holds whole heads); else the norm kernel followed by `linear` (the same result within rounding)."""
-    from ninfer.ops import fused as ref_fused
-    from ninfer.ops.fast import gemv
-    o = randn(1, 4, 64, dtype=torch.bfloat16, seed=0)
-    z = randn(1, 4, 64, dtype=torch.bfloat16, seed=1)
-    gw = randn(64, dtype=torch.bfloat16, seed=2)
-    w = randn(96, 256, dtype=torch.bfloat16, seed=3)
-    calls = []
-    real = gemv.gemv
-    monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: calls.append(kw.get("gated") is not None) or real(*a, **kw))
-    monkeypatch.setattr(gemv, "USE_TRITON", {})
-    monkeypatch.setattr(gemv, "USE_TRITON_GATED", {})
-    want = ref_fused.linear_gated(o, z, gw, 1e-6, w)
-    assert rel_rms(gemv.linear_gated(o, z, gw, 1e-6, w), want) < 1e-2 and not calls
-    monkeypatch.setattr(gemv, "USE_TRITON_GATED", {(96, 256, 1): True})
-    assert rel_rms(gemv.linear_gated(o, z, gw, 1e-6, w), want) < 1e-2 and calls == [True]
-    r = randn(1, 96, dtype=torch.bfloat16, seed=4)
-    out = gemv.linear_gated(o, z, gw, 1e-6, w, residual=r)
-    assert isinstance(out, gemv.Residual) and rel_rms(out.h, r + want) < 1e-2
-
-
-@pytest.mark.gpu
-@_NEEDS_KERNEL
 def test_norm_prologue_chains_a_residual_launch():
     """The decode chain the schedule runs at one row: h, parts = gemv(y, w1, residual=r), then
     gemv(h, w2, norm=RowNorm(parts, nw, eps)) == add_rms_norm(r, y @ w1.T) then @ w2.T (the same
@@ -374,8 +311,8 @@ def test_norm_prologue_chains_a_residual_launch():
                                   (gemv.GemvConfig(32, 64, 1, 4, 2, True), gemv.GemvConfig(8, 128, 3, 4, 1)),
                                   (gemv.GemvConfig(8, 32, 2, 4, 1, prefetch=True),
                                    gemv.GemvConfig(16, 32, 1, 4, 1, prefetch=True)),
-                                  (gemv.GemvConfig(8, 32, 1, 4, 1, prefetch=True, early=True),
-                                   gemv.GemvConfig(16, 64, 2, 4, 1, prefetch=True, early=True))]):
+                                  (gemv.GemvConfig(8, 32, 1, 4, 1, prefetch=True),
+                                   gemv.GemvConfig(16, 64, 2, 4, 1, prefetch=True))]):
         dt = torch.float32 if (_INTERPRET and (c1.dot or c2.dot)) else torch.bfloat16
         y = randn(1, k1, dtype=dt, seed=50 + i)
         w1 = randn(h_dim, k1, dtype=dt, seed=60 + i) * 0.1
@@ -420,19 +357,12 @@ def test_program_decode_folds_residual_norm(identity, monkeypatch):
     real_norm = fast_fused.add_rms_norm
     real_silu = gemv._fast_silu_mul_halves
     monkeypatch.setattr(gemv, "_fast_silu_mul_halves", lambda gu: silus.append(1) or real_silu(gu))
-
-    gateds = []
-    real_gated = gemv._fast_gated_rms_norm
-    monkeypatch.setattr(gemv, "_fast_gated_rms_norm", lambda *a: gateds.append(1) or real_gated(*a))
     out = {}
-    for name in ("fold", "swiglu", "gated", "nofold"):
+    for name in ("fold", "swiglu", "nofold"):
         if name == "swiglu":
             monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", _ALWAYS)
-        if name == "gated":
-            monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", {})
-            monkeypatch.setattr(gemv, "USE_TRITON_GATED", _ALWAYS)
         if name == "nofold":
-            monkeypatch.setattr(gemv, "USE_TRITON_GATED", {})
+            monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", {})
             monkeypatch.setattr(gemv, "_fold", lambda residual, x2, w: None)
         prog = pkg.create_program(w, ProgramConfig(device=_DEV, dtype="fp32" if dt == torch.float32 else "bf16",
                                                    page_size=16, num_pages=64, enforce_eager=True))
@@ -446,12 +376,11 @@ def test_program_decode_folds_residual_norm(identity, monkeypatch):
         logits = []
         norms.clear()
         silus.clear()
-        gateds.clear()
         for _ in range(3):
             batch, dl = prog.decode_with_logits([h], 1)
             prog.commit(batch, [1])
             logits.append(dl[:, 0].float())
-        out[name] = (torch.cat(logits), len(norms), len(silus), len(gateds))
+        out[name] = (torch.cat(logits), len(norms), len(silus))
         prog.release(h)
     layers = w.dims.num_hidden_layers
     dense = not w.dims.is_moe
@@ -465,11 +394,6 @@ def test_program_decode_folds_residual_norm(identity, monkeypatch):
     if dense and dt == torch.bfloat16:
         assert out["fold"][2] == 3 * layers and out["swiglu"][2] == 0
     assert rel_rms(out["swiglu"][0], out["nofold"][0]) < (1e-5 if dt == torch.float32 else 2e-2)
-    # the GDN gated RMSNorm applied in the out-projection's x load: no norm launch per GDN layer
-    gdn_layers = len(w.dims.gdn_layers)
-    assert out["fold"][3] == out["nofold"][3] == 3 * gdn_layers and out["gated"][3] == 0
-    assert out["gated"][1] == out["fold"][1]
-    assert rel_rms(out["gated"][0], out["nofold"][0]) < (1e-5 if dt == torch.float32 else 2e-2)
 
 
 @pytest.mark.gpu
@@ -483,15 +407,13 @@ def test_load_tuning_overlays_the_tables(tmp_path, monkeypatch):
     monkeypatch.setattr(gemv, "CONFIGS", dict(gemv.CONFIGS))
     monkeypatch.setattr(gemv, "USE_TRITON", dict(gemv.USE_TRITON))
     monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", {})
-    monkeypatch.setattr(gemv, "USE_TRITON_GATED", {})
     results = [{"N": 5120, "K": 6144, "M": 1, "best": [8, 1024, 1, 4, 1, False, True], "speedup": 1.2},
                {"N": 96, "K": 256, "M": 3, "best": [16, 128, 1, 4, 1, False, False], "speedup": 1.01},
                {"N": 64, "K": 64, "M": 1, "best": None, "speedup": None}]
     swiglu = [{"N": 5120, "K": 17408, "M": 1, "speedup": 1.5, "ok": True},
               {"N": 5120, "K": 17408, "M": 2, "speedup": 1.5, "ok": False}]
-    gated = [{"N": 5120, "K": 6144, "M": 1, "speedup": 1.01, "ok": True}]
     f = tmp_path / "gemv.txt"
-    f.write_text("JSON " + json.dumps({"bench": "gemv", "results": results, "swiglu": swiglu, "gated": gated})
+    f.write_text("JSON " + json.dumps({"bench": "gemv", "results": results, "swiglu": swiglu})
                  + "\nCONFIGS: ...\n")
     assert gemv.load_tuning(str(f)) == 2
     assert gemv.config_for(5120, 6144, 1) == gemv.GemvConfig(8, 1024, 1, 4, 1, False, True)
@@ -499,7 +421,6 @@ def test_load_tuning_overlays_the_tables(tmp_path, monkeypatch):
     assert gemv.CONFIGS[(96, 256, 4)] == (16, 128, 1, 4, 1, False, False) and not gemv.use_triton(96, 256, 3)
     assert (64, 64, 1) not in gemv.CONFIGS
     assert gemv.USE_TRITON_SWIGLU == {(5120, 17408, 1): True, (5120, 17408, 2): False}
-    assert gemv.USE_TRITON_GATED == {(5120, 6144, 1): False}                 # under the threshold
     (tmp_path / "bad.txt").write_text("no json here\n")
     with pytest.raises(ValueError, match="JSON"):
         gemv.load_tuning(str(tmp_path / "bad.txt"))
@@ -509,10 +430,9 @@ def test_load_tuning_overlays_the_tables(tmp_path, monkeypatch):
 @_NEEDS_KERNEL
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
 def test_program_gemv_folds_match_reference_ops(identity, monkeypatch):
-    """The reference op set with only `linear` / `linear_gated` taken from the GEMV (every shape on the
-    kernel, the gated norm folded into each GDN out-projection, the residual/norm folds at one row):
-    an fp32 Program's logits equal the reference set's (prefill in two stages, decode rounds), and every
-    GDN layer of every decode step ran the gated prologue."""
+    """The reference op set with only `linear` taken from the GEMV (every shape on the kernel, the
+    residual/norm folds at one row): an fp32 Program's logits equal the reference set's (prefill in two
+    stages, decode rounds), and the decode steps ran the residual epilogue."""
     from ninfer.ops.fast import gemv, reference_ops
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.testing.forced_run import forced_logits
@@ -523,11 +443,9 @@ def test_program_gemv_folds_match_reference_ops(identity, monkeypatch):
     w = DummyWeights(identity, device=_DEV, dtype=torch.float32, seed=3, std=0.2)
     ref = reference_ops()
     base = forced_logits(w, ref, _DEV, enforce_eager=True, decode_steps=2)
-    gated = []
+    resid = []
     real = gemv.gemv
-    monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: gated.append(kw.get("gated") is not None) or real(*a, **kw))
-    monkeypatch.setattr(gemv, "USE_TRITON_GATED", _ALWAYS)
-    got = forced_logits(w, ref._replace(linear=gemv.linear, linear_gated=gemv.linear_gated), _DEV,
-                        enforce_eager=True, decode_steps=2)
-    assert sum(gated) == 2 * len(w.dims.gdn_layers)
+    monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: resid.append(kw.get("residual") is not None) or real(*a, **kw))
+    got = forced_logits(w, ref._replace(linear=gemv.linear), _DEV, enforce_eager=True, decode_steps=2)
+    assert sum(resid) >= 2 * w.dims.num_hidden_layers
     assert rel_rms(got, base) < 1e-4

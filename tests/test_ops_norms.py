@@ -57,19 +57,24 @@ def test_l2norm(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_linear_gated_reference_is_the_gdn_output_projection(dtype):
-    """`ops.fused.linear_gated` (the GDN output step of the OpSet) == the HF order: gated RMSNorm per
-    head, heads flattened, then the projection; a z view into a wider row; zero rows keep their shape."""
-    from ninfer.ops.fused import linear_gated
+def test_gdn_output_projection_is_the_hf_order(dtype):
+    """The GDN leaf's output step with the reference op set == the HF order: gated RMSNorm per head,
+    heads flattened, then the projection; a z view into a wider row; zero rows keep their shape."""
+    from types import SimpleNamespace
+
+    from ninfer.ops.fast import reference_ops
+    from ninfer.targets.qwen3_6_leaves.gdn import GDNProjection
     g = torch.Generator().manual_seed(3)
     o = torch.randn(5, 4, 32, generator=g).to(dtype)
     row = torch.randn(5, 3 * 128, generator=g).to(dtype)
     z = row[:, 128:256].view(5, 4, 32)
     w = (1 + 0.1 * torch.randn(32, generator=g)).to(dtype)
     proj = (0.1 * torch.randn(24, 128, generator=g)).to(dtype)
+    leaf = GDNProjection(SimpleNamespace(linear_num_value_heads=4, linear_value_head_dim=32, rms_norm_eps=1e-6))
+    weights = SimpleNamespace(norm=w, out_proj=proj)
     ref = Qwen3_5RMSNormGated(32)
     with torch.no_grad():
         ref.weight.data = w.clone()
         expected = torch.nn.functional.linear(ref(o, z).reshape(5, 128), proj)
-    torch.testing.assert_close(linear_gated(o, z, w, 1e-6, proj), expected, rtol=0, atol=0)
-    assert linear_gated(o[:0], z[:0], w, 1e-6, proj).shape == (0, 24)
+    torch.testing.assert_close(leaf.output(weights, o, z, reference_ops()), expected, rtol=0, atol=0)
+    assert leaf.output(weights, o[:0], z[:0], reference_ops()).shape == (0, 24)

@@ -131,6 +131,10 @@ class Server:
             self._log.close()
 
 
+def _stream_state() -> dict:
+    return {"first": None, "last": None, "n_out": None, "chunks": 0, "fingerprint": None}
+
+
 def _chunk_record(chunk: dict, state: dict, now: float) -> None:
     """Fold one streamed completion chunk (a dict) into the request's timing state."""
     state["fingerprint"] = state["fingerprint"] or chunk.get("system_fingerprint")
@@ -153,14 +157,17 @@ def _request_row(state: dict, t0: float) -> dict:
             "fingerprint": state["fingerprint"]}
 
 
+STREAM_OPTIONS = {"include_usage": True}       # the last chunk carries the usage (output token count)
+
+
 def _body(model: str, prompt: list[int], output_len: int) -> dict:
     return {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}, "ignore_eos": True}
+            "stream_options": STREAM_OPTIONS, "ignore_eos": True}
 
 
 async def one_request_http(client, model: str, prompt: list[int], output_len: int) -> dict:
     """One streaming completion over raw HTTP (httpx.AsyncClient): SSE `data:` lines until [DONE]."""
-    state = {"first": None, "last": None, "n_out": None, "chunks": 0, "fingerprint": None}
+    state = _stream_state()
     t0 = time.perf_counter()
     async with client.stream("POST", "/v1/completions", json=_body(model, prompt, output_len)) as r:
         if r.status_code != 200:
@@ -180,12 +187,10 @@ async def one_request_http(client, model: str, prompt: list[int], output_len: in
 
 async def one_request(client, model: str, prompt: list[int], output_len: int) -> dict:
     """The same through the official `openai` async client (`--client openai`)."""
-    state = {"first": None, "last": None, "n_out": None, "chunks": 0, "fingerprint": None}
+    state = _stream_state()
     t0 = time.perf_counter()
-    body = _body(model, prompt, output_len)
     stream = await client.completions.create(model=model, prompt=prompt, max_tokens=output_len, temperature=0.0,
-                                             stream=True, stream_options=body["stream_options"],
-                                             extra_body={"ignore_eos": True})
+                                             stream=True, stream_options=STREAM_OPTIONS, extra_body={"ignore_eos": True})
     async for chunk in stream:
         _chunk_record(chunk.model_dump(exclude_none=True), state, time.perf_counter())
     return _request_row(state, t0)

@@ -11,9 +11,6 @@ the exact HF order of casts.
     linear(x, w, residual=None)             x @ w.T (the fast set may use a GEMV for small M); x may be a
                                             NormedRows, residual see below
     linear_swiglu(gu, w, residual=None)     silu_mul_halves(gu) @ w.T (the fast set may fold the SwiGLU into the GEMV)
-    linear_gated(o, z, nw, eps, w, residual=None)
-                                            gated_rms_norm(o, z, nw, eps) [N, H*D] @ w.T (the GDN output projection;
-                                            the fast set may apply the per-head norm in the GEMV's x load)
 
 Residual + norm folding (decode at one row). The schedule's residual add + RMSNorm between a leaf's
 last projection and the next leaf's first projection can run inside those two GEMVs:
@@ -32,11 +29,11 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.ops.mlp import silu_mul
-from ninfer.ops.norms import gated_rms_norm, rms_norm
+from ninfer.ops.norms import rms_norm
 from ninfer.ops.rope import apply_rotary_qk
 
-__all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "linear", "linear_swiglu", "linear_gated",
-           "gdn_conv_recurrent", "Residual", "NormedRows", "normed"]
+__all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "linear", "linear_swiglu", "gdn_conv_recurrent",
+           "Residual", "NormedRows", "normed"]
 
 
 class Residual(NamedTuple):
@@ -97,13 +94,6 @@ def linear_swiglu(gu: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor
     """gu [N, 2I] (gate | up) -> silu_mul_halves(gu) @ weight[H, I].T  [N, H] in gu.dtype (`residual`
     as in `linear`: never folded here)."""
     return F.linear(silu_mul_halves(gu), weight)
-
-
-def linear_gated(o: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, eps: float, weight: torch.Tensor,
-                 residual: torch.Tensor | None = None) -> torch.Tensor:
-    """o, z [N, H, D] -> gated_rms_norm(o, z, norm_weight, eps) as [N, H * D] @ weight[O, H * D].T  [N, O]
-    in o.dtype (`residual` as in `linear`: never folded here)."""
-    return F.linear(gated_rms_norm(o, z, norm_weight, eps).reshape(o.shape[0], o.shape[1] * o.shape[2]), weight)
 
 
 def gdn_conv_recurrent(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor, a: torch.Tensor,

@@ -17,8 +17,8 @@ reference's signature and results and is tested against it (tests/test_fast_ops_
                                                   sorted by expert at prefill; no host sync
     moe.route_moe_experts                         routing + experts, the routing inside the first decode kernel
     gemv.linear                                   skinny GEMM for M <= 8 where measured faster than cuBLAS
-    gemv.linear_swiglu / linear_gated             the same with the SwiGLU / the GDN gated RMSNorm in its x load
-                                                  (shapes in USE_TRITON_SWIGLU / USE_TRITON_GATED; else two ops)
+    gemv.linear_swiglu                            the same with the SwiGLU in its x load (shapes in
+                                                  USE_TRITON_SWIGLU; else two ops)
     gdn_decode.gdn_conv_recurrent                 GDN decode state step (conv + delta rule) in one launch
 
 `select_ops(device)` returns the `OpSet` a model should use: the fast set on CUDA when Triton is
@@ -59,7 +59,6 @@ class OpSet(NamedTuple):
     gdn_conv_recurrent: Callable       # GDN decode state step (conv update + delta rule), src -> dst entries
     linear_swiglu: Callable            # (gu, w) -> silu_mul_halves(gu) @ w.T
     route_moe_experts: Callable        # (x, router_logits, k, gate_up, down, *, shared) -> moe_experts(x, route_topk(..))
-    linear_gated: Callable             # (o, z, nw, eps, w, residual) -> gated_rms_norm(o, z, nw, eps) @ w.T
 
 
 @functools.cache
@@ -71,7 +70,7 @@ def reference_ops() -> OpSet:
                  attention.chunk_paged_attention, attention.decode_paged_attention, moe.moe_experts,
                  fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, attention.attention_output_gate,
                  gated_delta.gdn_gates, moe.route_topk, fused.linear, fused.gdn_conv_recurrent, fused.linear_swiglu,
-                 moe.route_moe_experts, fused.linear_gated)
+                 moe.route_moe_experts)
 
 
 @functools.cache
@@ -99,7 +98,7 @@ def fast_ops() -> OpSet:
         fused.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention,
         moe.moe_experts, fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, fused.sigmoid_gate_mul,
         fused.gdn_gates, moe.route_topk, gemv.linear, gdn_decode.gdn_conv_recurrent, gemv.linear_swiglu,
-        moe.route_moe_experts, gemv.linear_gated)
+        moe.route_moe_experts)
 
 
 def select_ops(device: torch.device | str) -> OpSet:

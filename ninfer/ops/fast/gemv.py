@@ -40,7 +40,6 @@ NOTE: the counters are shared by all launches on a device, so split-K launches m
 """
 from __future__ import annotations
 
-import math
 import os
 import warnings
 from typing import NamedTuple
@@ -51,12 +50,11 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.fast.fused import add_rms_norm as _fast_add_rms_norm, silu_mul_halves as _fast_silu_mul_halves
-from ninfer.ops.fast.norms import gated_rms_norm as _fast_gated_rms_norm, round_wn as _round_wn
 from ninfer.ops.fused import NormedRows, Residual
 from ninfer.ops.fast import _pdl
 
-__all__ = ["GemvConfig", "RowNorm", "GatedNorm", "CONFIGS", "USE_TRITON", "USE_TRITON_SWIGLU", "USE_TRITON_GATED",
-           "MAX_ROWS", "linear", "linear_swiglu", "linear_gated", "gemv", "use_triton", "m_bucket", "config_for",
+__all__ = ["GemvConfig", "RowNorm", "CONFIGS", "USE_TRITON", "USE_TRITON_SWIGLU",
+           "MAX_ROWS", "linear", "linear_swiglu", "gemv", "use_triton", "m_bucket", "config_for",
            "default_config", "sweep_space", "load_tuning"]
 
 MAX_ROWS = 8
@@ -70,10 +68,6 @@ class GemvConfig(NamedTuple):
     num_stages: int = 2
     dot: bool = False
     prefetch: bool = False      # load the next weight block before this block's products (FMA path)
-    early: bool = False         # the prefetch loop with its second block loaded before the PDL wait too
-                                # (implies prefetch). No table row uses it: in the 27B step it changed
-                                # nothing on the prefetch rows and cost 0.29 ms on all rows (128 registers
-                                # vs 64: half the programs per SM; bench/NOTES.md pass 6)
 
 
 # NOTE: measured tables, pasted from `bench/gemv.py --out FILE` (H200). Keys (N, K, M bucket) with
@@ -183,21 +177,17 @@ USE_TRITON_SWIGLU: dict[tuple[int, int, int], bool] = {
 }
 
 
-# NOTE: (N, K, M bucket) of the GDN output projections where `linear_gated` applies the gated RMSNorm in
-#       the GEMV's x load (config from CONFIGS, whose block_k must hold whole heads); elsewhere the norm
-#       is its own kernel followed by `linear`. Empty: measured on the H200 (2026-12-01, bench/NOTES.md
-#       pass 6, `bench/gemv_ab.py`, graphs A/B in one process) the fold made the step slower (27B replay
-#       13.994 -> 14.046 ms, 35B-A3B 2.618 -> 2.649): every program recomputes the per-head norm of the
-#       whole row, so the folded 5120x6144 GEMV takes ~40 us against ~22 us plain, more than the
-#       norm launch it removes.
-USE_TRITON_GATED: dict[tuple[int, int, int], bool] = {}
+# NOTE: two more x-load variants were built and measured in the decode step on the H200 (2026-12-01,
+#       `bench/gemv_ab.py`, bench/NOTES.md pass 6) and removed: the GDN gated RMSNorm in the
+#       out-projection's x load (27B replay 13.994 -> 14.046 ms: every program recomputes the per-head
+#       norm of the whole row) and a second weight block loaded before the PDL wait (no gain on the
+#       prefetch rows, +0.29 ms on all rows: 128 registers vs 64).
 
 
 def load_tuning(path: str, min_speedup: float = 1.02) -> int:
     """Overlay the decision tables with a `bench/gemv.py --out FILE` result (its JSON line): each swept
     (N, K, M) gets the sweep's best config, and the Triton kernel where it beat cuBLAS by min_speedup;
-    its `swiglu` / `gated` rows (the folded x-load variants) set USE_TRITON_SWIGLU / USE_TRITON_GATED
-    the same way. Read at import from $NINFER_GEMV_CONFIGS (tuning on another card, or A/B of a sweep
+    its `swiglu` rows (the folded x-load variant) set USE_TRITON_SWIGLU the same way. Read at import from $NINFER_GEMV_CONFIGS (tuning on another card, or A/B of a sweep
     before its tables are pasted here). Returns the number of swept shapes taken; a file without a JSON
     line raises."""
     import json
@@ -213,9 +203,8 @@ def load_tuning(path: str, min_speedup: float = 1.02) -> int:
             CONFIGS[key] = tuple(r["best"])
             USE_TRITON[key] = (r.get("speedup") or 0.0) >= min_speedup
             n += 1
-    for name, table in (("swiglu", USE_TRITON_SWIGLU), ("gated", USE_TRITON_GATED)):
-        for r in payload.get(name) or []:
-            table[(int(r["N"]), int(r["K"]), m_bucket(int(r["M"])))] = bool(r.get("ok")) and r["speedup"] >= min_speedup
+    for r in payload.get("swiglu") or []:
+        USE_TRITON_SWIGLU[(int(r["N"]), int(r["K"]), m_bucket(int(r["M"])))] = bool(r.get("ok")) and r["speedup"] >= min_speedup
     return n
 
 
@@ -265,9 +254,7 @@ def sweep_space(n: int, k: int, m: int, num_sms: int = 132, full: bool = False) 
                  GemvConfig(8, 512, 1, 4, 1, prefetch=True), GemvConfig(16, 512, 1, 4, 1, prefetch=True),
                  GemvConfig(8, 256, 1, 4, 1, prefetch=True), GemvConfig(16, 256, 1, 4, 1, prefetch=True),
                  GemvConfig(16, 512, 1, 8, 1, prefetch=True), GemvConfig(32, 256, 1, 8, 1, prefetch=True),
-                 GemvConfig(8, 1024, 1, 4, 1, prefetch=True), GemvConfig(8, 1024, 1, 8, 1, prefetch=True),
-                 GemvConfig(8, 512, 1, 4, 1, prefetch=True, early=True),
-                 GemvConfig(8, 1024, 1, 4, 1, prefetch=True, early=True)]
+                 GemvConfig(8, 1024, 1, 4, 1, prefetch=True), GemvConfig(8, 1024, 1, 8, 1, prefetch=True)]
     else:
         tiles = [GemvConfig(32, 128, 1, 4, 4, True), GemvConfig(64, 128, 1, 4, 4, True),
                  GemvConfig(64, 256, 1, 4, 3, True), GemvConfig(128, 128, 1, 4, 4, True),
@@ -306,37 +293,20 @@ def _load_w(w_rows, offs_k, k_end, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD: tl.constexpr, DOT: tl.constexpr, EVEN_K: tl.constexpr,
-                PREC: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_K: tl.constexpr, nw_ptr, rstd, NORM: tl.constexpr,
-                z_rows, gw_ptr, geps, GATED: tl.constexpr, HEAD_D: tl.constexpr, ROUND_WN: tl.constexpr):
+                PREC: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_K: tl.constexpr, nw_ptr, rstd, NORM: tl.constexpr):
     """acc += the products of one [BLOCK_N, BLOCK_K] weight block `w` with the x rows' K block.
     NORM: x is h and the row's rms_norm is applied on the fly: x = h * rstd * (1 + nw[k]), rounded to
-    x's dtype (as the add_rms_norm kernel stores it).
-    GATED: x is the GDN output o and z_rows its gate; x = gated_rms_norm(o, z) per head of HEAD_D
-    (BLOCK_K a multiple of HEAD_D, so a block holds whole heads), with the casts of the norm kernel."""
+    x's dtype (as the add_rms_norm kernel stores it)."""
     if EVEN_K:
         offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
         xv = tl.load(x_rows + offs_k[None, :])
         if SWIGLU:
             up = tl.load(x_rows + K + offs_k[None, :])
-        if GATED:
-            zv = tl.load(z_rows + offs_k[None, :])
     else:
         km = offs_k < k_end
         xv = tl.load(x_rows + offs_k[None, :], mask=km[None, :], other=0.0)
         if SWIGLU:
             up = tl.load(x_rows + K + offs_k[None, :], mask=km[None, :], other=0.0)
-        if GATED:
-            zv = tl.load(z_rows + offs_k[None, :], mask=km[None, :], other=0.0)
-    if GATED:
-        of = tl.reshape(xv.to(tl.float32), [M_PAD, BLOCK_K // HEAD_D, HEAD_D])
-        rs = tl.rsqrt(tl.sum(of * of, 2) / HEAD_D + geps)
-        nv = (of * rs[:, :, None]).to(xv.dtype).to(tl.float32)
-        gw = tl.load(gw_ptr + offs_k % HEAD_D).to(tl.float32)          # % HEAD_D: in bounds past K too
-        wn = tl.reshape(gw, [1, BLOCK_K // HEAD_D, HEAD_D]) * nv
-        if ROUND_WN:
-            wn = wn.to(xv.dtype).to(tl.float32)
-        zf = tl.reshape(zv.to(tl.float32), [M_PAD, BLOCK_K // HEAD_D, HEAD_D])
-        xv = tl.reshape(wn * (zf / (1.0 + tl.exp(-zf))), [M_PAD, BLOCK_K]).to(xv.dtype)
     if SWIGLU:
         g = xv.to(tl.float32)
         act = (g / (1.0 + tl.exp(-g))).to(xv.dtype).to(tl.float32)
@@ -357,31 +327,12 @@ def _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD: tl.constexpr, DOT: tl.c
 
 
 @triton.jit
-def _stream_prefetched(acc, w, offs_k, k_from, w_rows, x_rows, k_end, K, M_PAD: tl.constexpr, DOT: tl.constexpr,
-                       EVEN_K: tl.constexpr, PREC: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_K: tl.constexpr, nw_ptr,
-                       rstd, NORM: tl.constexpr, z_rows, gw_ptr, geps, GATED: tl.constexpr, HEAD_D: tl.constexpr,
-                       ROUND_WN: tl.constexpr):
-    """The prefetch tiles' loop: `w` (the block at offs_k) is in flight; for each block from k_from on,
-    load it, then take the products of the one before. Returns the accumulator and the last block
-    (loaded, its products not yet taken)."""
-    for k0 in range(k_from, k_end, BLOCK_K):
-        offs_next = k0 + tl.arange(0, BLOCK_K)
-        w_next = _load_w(w_rows, offs_next, k_end, EVEN_K, BLOCK_K)
-        acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd,
-                          NORM, z_rows, gw_ptr, geps, GATED, HEAD_D, ROUND_WN)
-        w = w_next
-        offs_k = offs_next
-    return acc, w, offs_k
-
-
-@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
-                 res_ptr, stride_rm, parts_ptr, n_parts, nw_ptr, eps, z_ptr, stride_zm, gw_ptr, geps,
+                 res_ptr, stride_rm, parts_ptr, n_parts, nw_ptr, eps,
                  M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  DOT: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, SWIGLU: tl.constexpr = False,
                  RESID: tl.constexpr = False, NORM: tl.constexpr = False, BP: tl.constexpr = 1,
-                 PREFETCH: tl.constexpr = False, EARLY: tl.constexpr = False, GATED: tl.constexpr = False,
-                 HEAD_D: tl.constexpr = 1, ROUND_WN: tl.constexpr = False, PDL: tl.constexpr = False):
+                 PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
     """y[m, n] = sum_k x[m, k] w[n, k]; program (pid_n, pid_k) covers rows pid_n*BLOCK_N.. and the K range
     [pid_k * k_per_split, +k_per_split) (k_per_split a multiple of BLOCK_K).
     SWIGLU: x_ptr holds [gate | up] rows of 2K and x[m, k] = silu(gate[m, k]) * up[m, k], rounded as
@@ -389,9 +340,7 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
     RESID: y = residual + (x @ w.T rounded to y's dtype), rounded (the schedule's residual add), and
     parts[m, pid_n] = sum over the tile's columns of y^2 in fp32 (n_parts = number of N tiles).
     NORM (M == 1): x is the residual row h; x = rms_norm(h) = h * rsqrt(sum(parts[0, :n_parts]) / K + eps)
-    * (1 + nw) on the fly, the parts written by the RESID launch that produced h.
-    GATED: x = gated_rms_norm(x, z) per head of HEAD_D on the fly (z rows at z_ptr, stride_zm; plain
-    weight gw, eps geps; ROUND_WN: w * norm rounded to x's dtype, as the reference's promoted product)."""
+    * (1 + nw) on the fly, the parts written by the RESID launch that produced h."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -399,7 +348,6 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
     # NOTE: clamped row indices keep every load in bounds without a mask; the duplicates are not stored.
     w_rows = w_ptr + tl.minimum(offs_n, N - 1).to(tl.int64)[:, None] * stride_wn
     x_rows = x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_xm
-    z_rows = z_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * stride_zm
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     if DOT:
@@ -413,48 +361,33 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
     #       counters are touched only after it (every split has at least one block: no empty splits).
     offs_k = k_start + tl.arange(0, BLOCK_K)
     w = _load_w(w_rows, offs_k, k_end, EVEN_K, BLOCK_K)
-    if EARLY:
-        # NOTE: the second block too (prefetch tiles hold two): more of the weight stream in flight
-        #       while the previous kernel (often a short latency-bound one) finishes. A split of one
-        #       block reloads its block (EVEN_K: clamped start) or loads masked zeros; never used then.
-        k1 = k_start + BLOCK_K
-        if EVEN_K:
-            offs_1 = tl.minimum(k1, k_end - BLOCK_K) + tl.arange(0, BLOCK_K)
-        else:
-            offs_1 = k1 + tl.arange(0, BLOCK_K)
-        w1 = _load_w(w_rows, offs_1, k_end, EVEN_K, BLOCK_K)
     _pdl.enter(PDL)
     rstd = 0.0
     if NORM:
         offs_p = tl.arange(0, BP)
         pv = tl.load(parts_ptr + offs_p, mask=offs_p < n_parts, other=0.0)
         rstd = tl.rsqrt(tl.sum(pv, 0) / K + eps)
-    if EARLY:
-        acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd,
-                          NORM, z_rows, gw_ptr, geps, GATED, HEAD_D, ROUND_WN)
-        acc, w, offs_k = _stream_prefetched(acc, w1, offs_1, k_start + 2 * BLOCK_K, w_rows, x_rows, k_end, K, M_PAD,
-                                            DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd, NORM, z_rows, gw_ptr,
-                                            geps, GATED, HEAD_D, ROUND_WN)
-        if k1 < k_end:
-            acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr,
-                              rstd, NORM, z_rows, gw_ptr, geps, GATED, HEAD_D, ROUND_WN)
-    elif PREFETCH:
+    if PREFETCH:
         # NOTE: block k+1's weight load is issued before block k's products, so two blocks per program
         #       are in flight (the FMA path is not software-pipelined by Triton); the last block is
         #       peeled after the loop, so nothing past the split's K range is read.
-        acc, w, offs_k = _stream_prefetched(acc, w, offs_k, k_start + BLOCK_K, w_rows, x_rows, k_end, K, M_PAD, DOT,
-                                            EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd, NORM, z_rows, gw_ptr, geps,
-                                            GATED, HEAD_D, ROUND_WN)
+        for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
+            offs_next = k0 + tl.arange(0, BLOCK_K)
+            w_next = _load_w(w_rows, offs_next, k_end, EVEN_K, BLOCK_K)
+            acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr,
+                              rstd, NORM)
+            w = w_next
+            offs_k = offs_next
         acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd,
-                          NORM, z_rows, gw_ptr, geps, GATED, HEAD_D, ROUND_WN)
+                          NORM)
     else:
         acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd,
-                          NORM, z_rows, gw_ptr, geps, GATED, HEAD_D, ROUND_WN)
+                          NORM)
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             w = _load_w(w_rows, offs_k, k_end, EVEN_K, BLOCK_K)
             acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr,
-                              rstd, NORM, z_rows, gw_ptr, geps, GATED, HEAD_D, ROUND_WN)
+                              rstd, NORM)
     if DOT:
         res = tl.trans(acc)
     elif M_PAD == 1:
@@ -519,14 +452,6 @@ class RowNorm(NamedTuple):
     eps: float
 
 
-class GatedNorm(NamedTuple):
-    """The GDN gated RMSNorm applied to the rows fed to `gemv(gated=...)`: z [M, K] the gate (unit last
-    stride), the plain weight [D] of one head, eps; K = heads * D, D a power of two."""
-    z: torch.Tensor
-    weight: torch.Tensor
-    eps: float
-
-
 def _torch_norm(h: torch.Tensor, norm: RowNorm) -> torch.Tensor:
     """rms_norm of h with the sum of squares taken from norm.parts (the fallbacks of the fused modes)."""
     r = torch.rsqrt(norm.parts.sum(1, keepdim=True) / h.shape[1] + norm.eps)
@@ -541,7 +466,7 @@ def _torch_parts(h: torch.Tensor, block_n: int) -> torch.Tensor:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, swiglu: bool = False,
-         residual: torch.Tensor | None = None, norm: RowNorm | None = None, gated: GatedNorm | None = None):
+         residual: torch.Tensor | None = None, norm: RowNorm | None = None):
     """The kernel, forced: x [M, K] (unit last stride, 1 <= M <= 8) @ w[N, K].T -> [M, N] in x.dtype.
     fp32 accumulation; fp32 inputs are allowed (tests) and use IEEE fp32 dot products.
     swiglu: x is [M, 2K] = [gate | up] and the product is silu_mul(gate, up) @ w.T (one launch).
@@ -549,9 +474,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
       as `F.linear` then the residual add round them) and parts [M, n_tiles] fp32, the sums of h^2 per
       column tile, for a later `gemv(h, w2, norm=RowNorm(parts, weight, eps))`.
     norm (M == 1, not with swiglu): x is a residual row h; the product is rms_norm(h) @ w.T with the
-      norm's sum of squares from norm.parts (one launch instead of the norm kernel + the GEMV).
-    gated (not with swiglu / norm): x [M, K] is the GDN output o (K = heads * D) and the product is
-      gated_rms_norm(o, gated.z, gated.weight, gated.eps) @ w.T (config.block_k a multiple of D)."""
+      norm's sum of squares from norm.parts (one launch instead of the norm kernel + the GEMV)."""
     M, K = x.shape
     if swiglu:
         if K % 2:
@@ -572,13 +495,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
                          f"got {tuple(residual.shape)} {residual.dtype}")
     cfg = config if config is not None else config_for(N, K, M, x.device)
     bn, bk = cfg.block_n, cfg.block_k
-    head_d = gated.weight.shape[0] if gated is not None else 1
-    if gated is not None and (swiglu or norm is not None or gated.z.shape != (M, K) or gated.z.stride(1) != 1
-                              or gated.z.dtype != x.dtype or gated.weight.dim() != 1 or head_d & (head_d - 1)
-                              or K % head_d or bk % head_d or not gated.weight.is_contiguous()):
-        raise ValueError(f"gemv gated: needs z [{M}, {K}] in {x.dtype} with unit last stride, a contiguous "
-                         f"power-of-two head weight dividing K and block_k {bk}, no swiglu / norm "
-                         f"(got z {tuple(gated.z.shape)} {gated.z.dtype}, weight {tuple(gated.weight.shape)})")
     n_tiles = triton.cdiv(N, bn)
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     parts = torch.empty(M, n_tiles, dtype=torch.float32, device=x.device) if residual is not None else None
@@ -600,9 +516,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
                 _WARNED.add("capture")
                 warnings.warn("ninfer gemv: split-K counters first needed during CUDA-graph capture; "
                               "using F.linear (run the op once before capturing)")
-            xin = (_fast_silu_mul_halves(x) if swiglu else _torch_norm(x, norm) if norm is not None
-                   else _fast_gated_rms_norm(x.view(M, -1, head_d), gated.z.view(M, -1, head_d), gated.weight,
-                                             gated.eps).view(M, K) if gated is not None else x)
+            xin = _fast_silu_mul_halves(x) if swiglu else _torch_norm(x, norm) if norm is not None else x
             out = F.linear(xin, w)
             if residual is None:
                 return out
@@ -620,12 +534,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
         x, w, y, ws, cnt, M, N, K, x.stride(0), w.stride(0), y.stride(0), k_per_split,
         res, res.stride(0), pp, n_parts, norm.weight if norm is not None else w,
         float(norm.eps) if norm is not None else 0.0,
-        gated.z if gated is not None else x, gated.z.stride(0) if gated is not None else 0,
-        gated.weight if gated is not None else w, float(gated.eps) if gated is not None else 0.0,
         M_PAD=m_pad, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1, DOT=cfg.dot, EVEN_K=K % bk == 0, PREC=prec,
         SWIGLU=swiglu, RESID=residual is not None, NORM=norm is not None, PREFETCH=cfg.prefetch,
-        EARLY=cfg.early, GATED=gated is not None, HEAD_D=head_d,
-        ROUND_WN=gated is not None and _round_wn(gated.weight.dtype, x.dtype),
         BP=triton.next_power_of_2(n_parts) if norm is not None else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl.launch())
     return y if residual is None else (y, parts)
@@ -686,30 +596,6 @@ def linear_swiglu(gu: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | No
             return Residual(h.view(*gu.shape[:-1], N), parts)
         return gemv(rows, w, cfg, swiglu=True).view(*gu.shape[:-1], N)
     return linear(_fast_silu_mul_halves(gu), w, residual=residual)
-
-
-def linear_gated(o: torch.Tensor, z: torch.Tensor, norm_weight: torch.Tensor, eps: float, w: torch.Tensor,
-                 residual: torch.Tensor | None = None):
-    """gated_rms_norm(o, z, norm_weight, eps) [N, H * D] @ w.T (`ninfer.ops.fused.linear_gated`): o, z
-    [N, H, D]. The norm runs in the GEMV's x load (one launch instead of two) for the shapes
-    USE_TRITON_GATED marks as measured faster and a config whose block_k holds whole heads; otherwise
-    the fast norm kernel, then `linear`. `residual` as in `linear`."""
-    rows, D = o.shape[0], o.shape[-1]
-    K = math.prod(o.shape[1:])
-    o2, z2 = o.reshape(rows, K), z.reshape(rows, K)
-    if (_eligible(o2, w) and 1 <= rows <= MAX_ROWS and z.shape == o.shape and z2.stride(-1) == 1
-            and z2.dtype == o2.dtype and D & (D - 1) == 0 and norm_weight.shape == (D,)
-            and USE_TRITON_GATED.get((w.shape[0], K, m_bucket(rows)), False)):
-        cfg = config_for(w.shape[0], K, rows, o.device)
-        if cfg.block_k % D == 0:
-            g = GatedNorm(z2, norm_weight.contiguous(), float(eps))
-            r = _fold(residual, o2, w)
-            if r is not None:
-                h, parts = gemv(o2, w, cfg, gated=g, residual=r)
-                return Residual(h, parts)
-            return gemv(o2, w, cfg, gated=g)
-    y = _fast_gated_rms_norm(o, z, norm_weight, eps)
-    return linear(y.reshape(rows, K), w, residual=residual)
 
 
 if os.environ.get("NINFER_GEMV_CONFIGS"):

@@ -13,7 +13,7 @@ import triton.language as tl
 from ninfer.ops import norms as _ref
 from ninfer.ops.fast import _pdl
 
-__all__ = ["rms_norm", "gated_rms_norm", "round_wn"]
+__all__ = ["rms_norm", "gated_rms_norm"]
 
 
 @triton.jit
@@ -47,12 +47,6 @@ def _gated_rms_norm_kernel(o_ptr, z_ptr, w, y, R, H, D, so0, so1, sz0, sz1, eps,
     zv = tl.load(z_ptr + n * sz0 + h * sz1 + c, mask=m, other=0.0).to(tl.float32)
     out = wn * (zv / (1.0 + tl.exp(-zv)))
     tl.store(y + r[:, None] * D + c, out.to(y.dtype.element_ty), mask=m)
-
-
-def round_wn(weight_dtype: torch.dtype, dtype: torch.dtype) -> bool:
-    """Whether the gated norm rounds w * norm to `dtype` before the gate: the reference multiplies in the
-    promoted dtype of the weight and the input, so it rounds unless the weight is wider (or fp32 input)."""
-    return torch.promote_types(weight_dtype, dtype) == dtype and dtype != torch.float32
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -94,7 +88,9 @@ def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     # NOTE: one row per program up to ~1k rows (decode keeps its parallelism); past that, rows
     #       are packed up to 4k elements per program (prefill: 393k rows of 128 at 8192 x 48 heads).
     BR = max(1, min(4096 // BD, triton.next_power_of_2(triton.cdiv(R, 1024))))
+    # NOTE: the reference multiplies w · n in the promoted dtype: rounded to o.dtype unless w is wider.
+    round_wn = torch.promote_types(weight.dtype, o.dtype) == o.dtype and o.dtype != torch.float32
     _gated_rms_norm_kernel[(triton.cdiv(R, BR),)](
         o3, z3, weight.contiguous(), y, R, H, D, o3.stride(0), o3.stride(1), z3.stride(0), z3.stride(1),
-        float(eps), BR=BR, BD=BD, ROUND_WN=round_wn(weight.dtype, o.dtype), num_warps=max(1, min(16, BR * BD // 512)), **_pdl.launch())
+        float(eps), BR=BR, BD=BD, ROUND_WN=round_wn, num_warps=max(1, min(16, BR * BD // 512)), **_pdl.launch())
     return y.view(o.shape)

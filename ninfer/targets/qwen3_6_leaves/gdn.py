@@ -36,4 +36,5 @@ class GDNProjection:
                ) -> Any:
         """o [N, nv, dv], z [N, nv, dv] -> [N, H] (or the op's Residual when it folds `residual`, see
         `ninfer.ops.fused`)."""
-        return ops.linear_gated(o, z, w.norm, self.eps, w.out_proj, residual=residual)
+        y = ops.gated_rms_norm(o, z, w.norm, self.eps)
+        return ops.linear(y.reshape(o.shape[0], self.nv * self.dv), w.out_proj, residual=residual)

@@ -87,22 +87,19 @@ class _Graph:
 
 class DecodeGraphs:
     def __init__(self, model: Qwen36Model, state: StateImageStore, max_batch: int, max_model_len: int,
-                 page_size: int, device: torch.device, copy_in_graph: bool = True) -> None:
+                 page_size: int, device: torch.device) -> None:
         self.model, self.state = model, state
         self.ops = model.ops                  # the op set captured; another set runs eagerly
         self.width = -(-max_model_len // page_size)
         self.device = device
         self._graphs = {B: _Graph(B, self.width, device) for B in range(1, max_batch + 1)}
-        # NOTE: copy_in_graph=False launches the static-input H2D copy from the host before each replay
-        #       (the pass-5 layout; kept for bench/round_timeline.py's A/B). In the graph it costs the
-        #       round one host op fewer (0.03-0.17 ms of host time on the H200 machine, bench/NOTES.md).
-        self.copy_in_graph = copy_in_graph
         self.capture_s = 0.0
         self.replays = 0
 
     def _body(self, g: _Graph) -> torch.Tensor:
-        if self.copy_in_graph:
-            g.dev.copy_(g.host, non_blocking=True)
+        # NOTE: the static-input copy is the graph's first node, not a host-side launch per round (one host
+        #       op fewer: 27B round 14.170 -> 14.097 ms measured interleaved, bench/NOTES.md pass 6).
+        g.dev.copy_(g.host, non_blocking=True)
         return decode_body(self.model, self.state, g)
 
     def capture(self) -> None:
@@ -112,11 +109,9 @@ class DecodeGraphs:
         ns = self.state.num_slots
         for B in sorted(self._graphs, reverse=True):          # largest first: the pool fits the rest
             g = self._graphs[B]
-            scratch = torch.arange(ns, ns + B, dtype=torch.long, device=self.device)
-            g.host.zero_()
-            g.host[2 * B:4 * B] = scratch.cpu().repeat(2)
+            g.host.zero_()                                    # src = dst = scratch entries, context 1
+            g.host[2 * B:4 * B] = torch.arange(ns, ns + B).repeat(2)
             g.host[4 * B:5 * B] = 1
-            g.dev.copy_(g.host)
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -140,8 +135,6 @@ class DecodeGraphs:
         g = self._graphs[len(input_ids)]
         g.done.synchronize()                  # this graph's last replay no longer reads its pinned buffer
         fill_static_inputs(g.host_np, self.width, input_ids, positions, src, dst, tables)
-        if not self.copy_in_graph:
-            g.dev.copy_(g.host, non_blocking=True)
         g.graph.replay()
         g.done.record()
         self.replays += 1
