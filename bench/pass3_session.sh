@@ -13,8 +13,9 @@
 #   prefill_ops  27B 8k prefill conv / GDN wrapper / attention, old vs new (bench/prefill_ops.py)
 #   serve_engine  the same workload through the public Engine in process (what the gateway adds)
 #   bisect   which fast op moves the fp32 Program's logits from the reference op set (bench/op_bisect.py)
-#   gemv_ab  in-process A/B on the decode graph: the committed GEMV tables vs $AB_CONFIGS overlaid (default:
-#            this call's `gemv` part output; bench/gemv_ab.py)
+#   step_ab  in-process A/B on the decode graph: the committed tree vs each of $AB_VARIANTS (GEMV --out files
+#            overlaid and built-in switches, '+'-joined; default: this call's `gemv` part output; bench/step_ab.py)
+#   ttft     where one request's TTFT goes inside the Engine, per staged-prefill chunk (bench/ttft_timeline.py)
 #   decode_ab  decode step at ctx 1k, B=$AB_BATCHES, with the GEMV tables as committed, then with
 #              NINFER_GEMV_CONFIGS=$AB_CONFIGS (default: this call's `gemv` part output) overlaid
 # Everything goes to $OUT/run.log (the device returns at most 8 files); Triton's cache to $OUT/tcache.tgz.
@@ -62,8 +63,10 @@ for part in "$@"; do
                  --identity ${AB_IDS:-qwen3_6-27b qwen3_6-35b-a3b} --ctx 1024 --batches ${AB_BATCHES:-1} --reps 10 --no-ref \
                  --prefill-ref-gdn --no-hf-baseline --step-timeout 80 2>&1 | tee -a "$LOG" | grep -v "^JSON" | tail -12
              done ;;
-    gemv_ab) timeout ${T_GEMV_AB:-300} python3 bench/gemv_ab.py --identity ${AB_IDS:-qwen3_6-27b qwen3_6-35b-a3b} \
-               --configs ${AB_CONFIGS:-$OUT/gemv_configs.txt} 2>&1 | tee -a "$LOG" | tail -30 ;;
+    step_ab) timeout ${T_STEP_AB:-300} python3 bench/step_ab.py --identity ${AB_IDS:-qwen3_6-27b qwen3_6-35b-a3b} \
+               --variants ${AB_VARIANTS:-$OUT/gemv_configs.txt} 2>&1 | tee -a "$LOG" | tail -30 ;;
+    ttft)    timeout ${T_TTFT:-300} python3 bench/ttft_timeline.py --identity ${TTFT_ID:-qwen3_6-27b} \
+               --chunks ${TTFT_CHUNKS:-512 8192} --reps ${TTFT_REPS:-2} 2>&1 | tee -a "$LOG" | tail -80 ;;
     moe)     timeout ${T_MOE:-90} python3 bench/moe_decode.py ${MOE_ARGS:-} 2>&1 | tee -a "$LOG" | tail -30 ;;
     prefill_ops) timeout ${T_PREFILL_OPS:-120} python3 bench/prefill_ops.py ${PREFILL_OPS_ARGS:-} 2>&1 | tee -a "$LOG" | tail -40 ;;
     prefill) timeout ${T_PREFILL:-200} python3 -m ninfer.cli.main bench prefill --identity qwen3_6-27b qwen3_6-35b-a3b \

@@ -48,7 +48,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ninfer.ops.fused import silu_mul_halves
+from ninfer.ops.fast.fused import add_rms_norm as _fast_add_rms_norm
+from ninfer.ops.fused import NormedRows, Residual, silu_mul_halves
 from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
@@ -250,6 +251,7 @@ class DecodeConfig(NamedTuple):
     down_bn: int = 2
     down_bk: int = 512
     down_warps: int = 4
+    down_route: bool = True     # with router logits: the down kernel routes too and loads early (see its doc)
 
 
 # NOTE: measured on the H200 (bench/moe_decode.py --sweep, 35B-A3B shapes, 40 layers per graph, PDL on): T=1
@@ -267,14 +269,22 @@ _TILE = 8192          # max elements of one expert-stacked weight tile per load 
 
 @triton.jit
 def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, stride_l, stride_we, stride_wn,
-                            stride_act, TOPK: tl.constexpr, KB: tl.constexpr, ROUTE: tl.constexpr,
-                            BE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
+                            stride_act, parts, n_parts, nw, eps, TOPK: tl.constexpr, KB: tl.constexpr,
+                            ROUTE: tl.constexpr, BE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                            EVEN: tl.constexpr, NORM: tl.constexpr = False, BP: tl.constexpr = 1,
                             PDL: tl.constexpr = False):
     """act[t·TOPK + j, n] = silu(Σ_h w[e_tj, n, h] x[t, h]) · Σ_h w[e_tj, I + n, h] x[t, h] for all j.
     ROUTE: e_t (and the weights) from the router logits of token t (`_topk_of_row`); programs of
-    n-block 0 store them to ids / rw [T, TOPK] for the down kernel. Otherwise e_t is read from ids."""
+    n-block 0 store them to ids / rw [T, TOPK] for the down kernel. Otherwise e_t is read from ids.
+    NORM (one token): x is the residual row h and x = rms_norm(h) = h · rsqrt(Σ parts[0, :n_parts] / H
+    + eps) · (1 + nw), rounded to x's dtype as the norm kernel stores it (the parts of the GEMV launch
+    that produced h)."""
     _pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
+    rstd = 0.0
+    if NORM:
+        o_p = tl.arange(0, BP)
+        rstd = tl.rsqrt(tl.sum(tl.load(parts + o_p, mask=o_p < n_parts, other=0.0), 0) / H + eps)
     nb = tl.program_id(1)
     o_j = tl.arange(0, KB)
     mj = o_j < TOPK
@@ -296,15 +306,21 @@ def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, strid
     accu = tl.zeros([KB, BN], dtype=tl.float32)
     for k0 in range(0, H, BK):
         if EVEN:
-            xv = tl.load(xr + k0).to(tl.float32)
+            xv = tl.load(xr + k0)
             g = tl.load(wg + k0, eviction_policy="evict_first")
             u = tl.load(wu + k0, eviction_policy="evict_first")
+            if NORM:
+                xv = (xv.to(tl.float32) * rstd * (1.0 + tl.load(nw + k0 + o_k).to(tl.float32))).to(xv.dtype)
         else:
             mk = o_k < H - k0
             m3 = mj[:, None, None] & mn[None, :, None] & mk[None, None, :]
-            xv = tl.load(xr + k0, mask=mk, other=0.0).to(tl.float32)
+            xv = tl.load(xr + k0, mask=mk, other=0.0)
             g = tl.load(wg + k0, mask=m3, other=0.0, eviction_policy="evict_first")
             u = tl.load(wu + k0, mask=m3, other=0.0, eviction_policy="evict_first")
+            if NORM:
+                xv = (xv.to(tl.float32) * rstd
+                      * (1.0 + tl.load(nw + k0 + o_k, mask=mk, other=0.0).to(tl.float32))).to(xv.dtype)
+        xv = xv.to(tl.float32)
         accg += tl.sum(g.to(tl.float32) * xv[None, None, :], 2)
         accu += tl.sum(u.to(tl.float32) * xv[None, None, :], 2)
     a = accg / (1.0 + tl.exp(-accg)) * accu
@@ -313,63 +329,126 @@ def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, strid
 
 
 @triton.jit
-def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX,
-                         stride_act, stride_de, stride_dn, stride_out, stride_sgu, stride_sg, stride_sdn,
-                         TOPK: tl.constexpr, KB: tl.constexpr, HAS_SHARED: tl.constexpr, BN: tl.constexpr,
-                         BK: tl.constexpr, EVEN: tl.constexpr, PDL: tl.constexpr = False):
+def _experts_down_kernel(act, ids, rw, logits, down, out, res_in, parts, sgu, sg, sdown, E, H, I, Is, KMAX,
+                         stride_act, stride_l, stride_de, stride_dn, stride_out, stride_res, n_parts,
+                         stride_sgu, stride_sg, stride_sdn,
+                         TOPK: tl.constexpr, KB: tl.constexpr, ROUTE: tl.constexpr, BE: tl.constexpr,
+                         HAS_SHARED: tl.constexpr, RESID: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                         EVEN: tl.constexpr, ONE_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """out[t, n] = Σ_j rw[t, j] Σ_i down[ids[t, j], n, i] act[t·TOPK + j, i]
-                   (+ sigmoid(sg[t]) Σ_i sdown[n, i] silu(sgu[t, i]) sgu[t, Is + i]); KMAX = max(I, Is)."""
-    _pdl.enter(PDL)
+                   (+ sigmoid(sg[t]) Σ_i sdown[n, i] silu(sgu[t, i]) sgu[t, Is + i]); KMAX = max(I, Is).
+    ROUTE: the expert ids and weights from the router logits of token t (`_topk_of_row`, as the gate|up
+    kernel computes them) instead of ids / rw, and (ONE_BLOCK: KMAX <= BK) the weight tiles, routed and
+    shared, loaded before the PDL wait: only `act` comes from the gate|up launch just before this one.
+    RESID: out = res_in + that sum (each rounded to out's dtype) and parts[t, n-block] = Σ out² (fp32),
+    for a GEMV that applies the next norm in its x load (`ninfer.ops.fast.gemv`, NORM)."""
     t = tl.program_id(0).to(tl.int64)
-    o_n = tl.program_id(1) * BN + tl.arange(0, BN)
+    nb = tl.program_id(1)
+    o_n = nb * BN + tl.arange(0, BN)
     mn = o_n < H
     o_j = tl.arange(0, KB)
     mj = o_j < TOPK
-    e = tl.load(ids + t * TOPK + o_j, mask=mj, other=0).to(tl.int64)
-    wj = tl.load(rw + t * TOPK + o_j, mask=mj, other=0.0).to(tl.float32)
     o_k = tl.arange(0, BK)
+    if ROUTE:
+        # NOTE (PDL): the logits and the shared expert's inputs were written by the launch before the
+        #       gate|up kernel; every gate|up program passes its `griddepcontrol.wait` (that launch has
+        #       completed, its writes visible) before it lets this grid launch, so they may be read here,
+        #       before this kernel's own wait.
+        wv, e = _topk_of_row(logits + t * stride_l, E, TOPK, BE, KB)
+        wj = wv.to(logits.dtype.element_ty).to(tl.float32)        # rounded as the stored weights are
+    else:
+        _pdl.enter(PDL)
+        e = tl.load(ids + t * TOPK + o_j, mask=mj, other=0).to(tl.int64)
+        wj = tl.load(rw + t * TOPK + o_j, mask=mj, other=0.0).to(tl.float32)
     dp = down + e[:, None, None] * stride_de + o_n[None, :, None].to(tl.int64) * stride_dn + o_k[None, None, :]
     ap = act + (t * TOPK + o_j)[:, None] * stride_act + o_k[None, :]
     acc = tl.zeros([KB, BN], dtype=tl.float32)
+    sacc = tl.zeros([BN], dtype=tl.float32)
     if HAS_SHARED:
         gl = tl.load(sg + t * stride_sg).to(tl.float32)
         sp = sdown + o_n[:, None].to(tl.int64) * stride_sdn + o_k[None, :]
         gp = sgu + t * stride_sgu + o_k
-        sacc = tl.zeros([BN], dtype=tl.float32)
-    for k0 in range(0, KMAX, BK):
-        if EVEN:
-            d = tl.load(dp + k0, eviction_policy="evict_first")
-            a = tl.load(ap + k0)
-            if HAS_SHARED:
-                s = tl.load(sp + k0, eviction_policy="evict_first")
-                g = tl.load(gp + k0).to(tl.float32)
-                u = tl.load(gp + Is + k0).to(tl.float32)
-        else:
-            mk = o_k < I - k0
-            d = tl.load(dp + k0, mask=mj[:, None, None] & mn[None, :, None] & mk[None, None, :], other=0.0,
-                        eviction_policy="evict_first")
-            a = tl.load(ap + k0, mask=mj[:, None] & mk[None, :], other=0.0)
-            if HAS_SHARED:
-                ms = o_k < Is - k0
-                s = tl.load(sp + k0, mask=mn[:, None] & ms[None, :], other=0.0, eviction_policy="evict_first")
-                g = tl.load(gp + k0, mask=ms, other=0.0).to(tl.float32)
-                u = tl.load(gp + Is + k0, mask=ms, other=0.0).to(tl.float32)
-        acc += tl.sum(d.to(tl.float32) * a.to(tl.float32)[:, None, :], 2)
-        if HAS_SHARED:
-            sacc += tl.sum(s.to(tl.float32) * (g / (1.0 + tl.exp(-g)) * u)[None, :], 1)
+    else:
+        gl = 0.0
+        sp = dp
+        gp = dp
+    if ONE_BLOCK:
+        # NOTE: one K block (KMAX <= BK, the 35B-A3B tiles): with ROUTE its weights are in flight before
+        #       the PDL wait. (A loop that preloads block k+1 holds two tiles: 168-243 registers instead
+        #       of 128 at the 35B-A3B tiles, sm_90.)
+        d, s, g, u = _down_loads(dp, sp, gp, 0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
+        if ROUTE:
+            _pdl.enter(PDL)
+        acc, sacc = _down_block(acc, sacc, d, s, g, u, ap, 0, I, mj, o_k, HAS_SHARED, EVEN)
+    else:
+        if ROUTE:
+            _pdl.enter(PDL)
+        for k0 in range(0, KMAX, BK):
+            d, s, g, u = _down_loads(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
+            acc, sacc = _down_block(acc, sacc, d, s, g, u, ap, k0, I, mj, o_k, HAS_SHARED, EVEN)
     res = tl.sum(acc * wj[:, None], 0)
     if HAS_SHARED:
         res += sacc / (1.0 + tl.exp(-gl))
-    tl.store(out + t * stride_out + o_n, res.to(out.dtype.element_ty), mask=mn)
+    ty = out.dtype.element_ty
+    if RESID:
+        r = tl.load(res_in + t * stride_res + o_n, mask=mn, other=0.0).to(tl.float32)
+        hv = (r + res.to(ty).to(tl.float32)).to(ty)
+        tl.store(out + t * stride_out + o_n, hv, mask=mn)
+        hf = tl.where(mn, hv.to(tl.float32), 0.0)
+        tl.store(parts + t * n_parts + nb, tl.sum(hf * hf, 0))
+    else:
+        tl.store(out + t * stride_out + o_n, res.to(ty), mask=mn)
+
+
+@triton.jit
+def _down_loads(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl.constexpr, EVEN: tl.constexpr):
+    """One K block of the down kernel's operands that do not come from the gate|up launch: the routed
+    weights [KB, BN, BK], and (HAS_SHARED) the shared weights [BN, BK] and its gate / up inputs [BK] fp32."""
+    if EVEN:
+        d = tl.load(dp + k0, eviction_policy="evict_first")
+    else:
+        mk = o_k < I - k0
+        d = tl.load(dp + k0, mask=mj[:, None, None] & mn[None, :, None] & mk[None, None, :], other=0.0,
+                    eviction_policy="evict_first")
+    if HAS_SHARED:
+        if EVEN:
+            s = tl.load(sp + k0, eviction_policy="evict_first")
+            g = tl.load(gp + k0).to(tl.float32)
+            u = tl.load(gp + Is + k0).to(tl.float32)
+        else:
+            ms = o_k < Is - k0
+            s = tl.load(sp + k0, mask=mn[:, None] & ms[None, :], other=0.0, eviction_policy="evict_first")
+            g = tl.load(gp + k0, mask=ms, other=0.0).to(tl.float32)
+            u = tl.load(gp + Is + k0, mask=ms, other=0.0).to(tl.float32)
+    else:
+        s, g, u = d, d, d
+    return d, s, g, u
+
+
+@triton.jit
+def _down_block(acc, sacc, d, s, g, u, ap, k0, I, mj, o_k, HAS_SHARED: tl.constexpr, EVEN: tl.constexpr):
+    """acc += the routed products of one K block (act read here); sacc += the shared expert's."""
+    if EVEN:
+        a = tl.load(ap + k0)
+    else:
+        a = tl.load(ap + k0, mask=mj[:, None] & (o_k < I - k0)[None, :], other=0.0)
+    acc += tl.sum(d.to(tl.float32) * a.to(tl.float32)[:, None, :], 2)
+    if HAS_SHARED:
+        sacc += tl.sum(s.to(tl.float32) * (g / (1.0 + tl.exp(-g)) * u)[None, :], 1)
+    return acc, sacc
 
 
 def _tile_k(kb: int, bn: int, bk: int, length: int) -> int:
     return max(16, min(bk, triton.next_power_of_2(length), _TILE // (kb * bn)))
 
 
-def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None, config=None):
+def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None, config=None, norm=None,
+            residual=None):
     """Routed (+ shared) experts at decode sizes, two launches. Either ids/weights [T, k] (a routing)
-    or logits [T, E] (routing inside the gate|up kernel). Returns (out [T, H], weights, ids)."""
+    or logits [T, E] (routing inside the gate|up kernel, and with `config.down_route` inside the down
+    kernel too). norm (one token): (parts [1, P] fp32, weight [H], eps): x is the residual row h and the
+    kernels read rms_norm(h). residual [T, H] (one token): out = residual + the experts' sum, and its
+    sums of squares per down tile are returned. Returns (out [T, H], weights, ids, parts or None)."""
     T, H = x.shape
     cfg = config or decode_config(T)
     E, I = down.shape[0], down.shape[-1]
@@ -393,21 +472,31 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
     bn1 = min(cfg.up_bn, triton.next_power_of_2(I))
     bk1 = _tile_k(KB, bn1, cfg.up_bk, H)
     act = torch.empty(T * k, I, dtype=x.dtype, device=dev)
+    if norm is not None:
+        n_parts, nparts, nw, eps = norm[0], norm[0].shape[1], norm[1], float(norm[2])
+    else:
+        n_parts, nparts, nw, eps = act, 1, act, 0.0
     _experts_gate_up_kernel[(T, triton.cdiv(I, bn1))](
         x, lg, ids, weights, gate_up, act, E, I, H, x.stride(0), stride_l, gate_up.stride(0), gate_up.stride(1),
-        act.stride(0), TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E), BN=bn1, BK=bk1,
-        EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, num_warps=cfg.up_warps, **_pdl.launch())
+        act.stride(0), n_parts, nparts, nw, eps, TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E),
+        BN=bn1, BK=bk1, EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, NORM=norm is not None,
+        BP=triton.next_power_of_2(nparts), num_warps=cfg.up_warps, **_pdl.launch())
     out = torch.empty(T, H, dtype=x.dtype, device=dev)
     Is, s_args, s_strides = _shared_args(shared, act, I)
     kmax = max(I, Is)
     bn2 = min(cfg.down_bn, triton.next_power_of_2(H))
     bk2 = _tile_k(KB, bn2, cfg.down_bk, kmax)
-    _experts_down_kernel[(T, triton.cdiv(H, bn2))](
-        act, ids, weights, down, out, *s_args, H, I, Is, kmax,
-        act.stride(0), down.stride(0), down.stride(1), out.stride(0), *s_strides,
-        TOPK=k, KB=KB, HAS_SHARED=shared is not None, BN=bn2, BK=bk2,
-        EVEN=KB == k and H % bn2 == 0 and I == Is and I % bk2 == 0, num_warps=cfg.down_warps, **_pdl.launch())
-    return out, weights, ids
+    n_tiles = triton.cdiv(H, bn2)
+    parts = torch.empty(T, n_tiles, dtype=torch.float32, device=dev) if residual is not None else None
+    res_in = residual if residual is not None else out
+    _experts_down_kernel[(T, n_tiles)](
+        act, ids, weights, lg, down, out, res_in, parts if parts is not None else out, *s_args, E, H, I, Is, kmax,
+        act.stride(0), stride_l, down.stride(0), down.stride(1), out.stride(0), res_in.stride(0), n_tiles,
+        *s_strides, TOPK=k, KB=KB, ROUTE=route and cfg.down_route, BE=triton.next_power_of_2(E),
+        HAS_SHARED=shared is not None, RESID=residual is not None, BN=bn2, BK=bk2,
+        EVEN=KB == k and H % bn2 == 0 and I == Is and I % bk2 == 0, ONE_BLOCK=kmax <= bk2,
+        num_warps=cfg.down_warps, **_pdl.launch())
+    return out, weights, ids, parts
 
 
 # ------------------------------------------------------------------------------------------------
@@ -541,20 +630,41 @@ def moe_experts(x: torch.Tensor, routing: MoeRouting, gate_up: torch.Tensor, dow
     return _prefill(x, ids, weights, gate_up, down, shared)
 
 
-def route_moe_experts(x: torch.Tensor, router_logits: torch.Tensor, top_k: int, gate_up: torch.Tensor,
-                      down: torch.Tensor, *, shared: SharedExpert | None = None, legacy: bool = False,
-                      config: DecodeConfig | None = None) -> torch.Tensor:
+def route_moe_experts(x: "torch.Tensor | NormedRows", router_logits: torch.Tensor, top_k: int,
+                      gate_up: torch.Tensor, down: torch.Tensor, *, shared: SharedExpert | None = None,
+                      residual: torch.Tensor | None = None, legacy: bool = False,
+                      config: DecodeConfig | None = None):
     """See `ninfer.ops.moe.route_moe_experts`: `moe_experts(x, route_topk(router_logits, top_k), ...)`.
     router_logits [T, E] (rows may be strided). At decode sizes the routing runs inside the first
-    expert kernel (two launches in all); legacy: the separate routing kernel and the old kernels."""
+    expert kernel (two launches in all); legacy: the separate routing kernel and the old kernels.
+    At one token the schedule's norm and residual add fold in (`ninfer.ops.fused`): x a NormedRows
+    with parts -> the gate|up kernel applies the norm in its x load; `residual` given -> the down
+    kernel adds it and `Residual(h, parts)` is returned. Otherwise a NormedRows is normed first and the
+    plain sum is returned (the caller adds `residual`)."""
     T, E = router_logits.shape
     if not 0 < top_k <= E:
         raise ValueError(f"top_k must be in 1..{E}, got {top_k}")
+    fold = T == 1 and T * top_k <= MAX_PAIRS and not legacy
+    norm = None
+    if isinstance(x, NormedRows):
+        h = x.h
+        if (fold and x.parts is not None and h.dim() == 2 and h.stride(-1) == 1 and x.parts.shape[0] == 1
+                and x.parts.dtype == torch.float32 and x.parts.is_contiguous() and x.parts.shape[1] <= 4096
+                and x.weight.shape == (h.shape[1],) and x.weight.is_contiguous()):
+            norm, x = (x.parts, x.weight, x.eps), h
+        else:
+            x = _fast_add_rms_norm(h, None, x.weight, x.eps)[0]
     if T == 0 or T * top_k > MAX_PAIRS or legacy:
         return moe_experts(x, route_topk(router_logits, top_k), gate_up, down, shared=shared, legacy=legacy,
                            config=config)
+    r = None
+    if fold and residual is not None and residual.numel() == x.shape[1] and residual.dtype == x.dtype:
+        r = residual.reshape(1, x.shape[1])
+        r = r if r.stride(-1) == 1 else None
     lg = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
-    return _decode(_rows(x), _rows(gate_up), _rows(down), shared, top_k, logits=lg, config=config)[0]
+    out, _, _, parts = _decode(_rows(x), _rows(gate_up), _rows(down), shared, top_k, logits=lg, config=config,
+                               norm=norm, residual=r)
+    return out if r is None else Residual(out, parts)
 
 
 def _prefill(x, ids, weights, gate_up, down, shared):

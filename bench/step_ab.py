@@ -1,0 +1,127 @@
+"""In-process A/B of decode-step variants on the real decode step: one Program (synthetic weights) per
+identity; each variant gets its own set of decode graphs, captured with the variant applied, and the
+variants' replays and rounds are timed interleaved (variant order repeated `--reps` times), so machine
+and process drift (0.2-0.5 ms between processes, bench/NOTES.md pass 5) falls on every variant alike.
+Each variant's logits are checked against the base graphs' (relative RMS, argmax).
+
+A variant is a '+'-joined list of items, each either a `bench/gemv.py --out FILE` result overlaid on
+the committed GEMV tables (`load_tuning`, what $NINFER_GEMV_CONFIGS does at import) or a built-in:
+    post-mixer-nofold the post-mixer leaf (MoE, dense MLP) takes a materialised norm, returns the plain sum
+    down-route-off    the MoE down kernel reads the gate|up kernel's ids (no early loads)
+    gdn-state-late    the GDN decode kernel loads its recurrent state after the PDL wait
+
+    PYTHONPATH=$PWD python3 bench/step_ab.py --identity qwen3_6-35b-a3b --variants post-mixer-nofold F F+down-route-off
+
+(Pass 6 used an earlier form of this script, bench/gemv_ab.py, to measure two GEMV folds since removed:
+bench/NOTES.md.)
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import statistics
+
+import torch
+
+from ninfer.bench.common import graph_replay_ms
+from ninfer.bench.kernels import rel_rms
+from ninfer.ops.fast import gdn_decode as D
+from ninfer.ops.fast import gemv as G
+from ninfer.ops.fast import moe as M
+from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+from ninfer.targets.dummy_weights import DummyWeights
+from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+from ninfer.targets.qwen3_6.runtime.cuda_graphs import DecodeGraphs
+
+from bench.decode_round import rounds_ms
+
+TABLES = (G.CONFIGS, G.USE_TRITON, G.USE_TRITON_SWIGLU)
+
+
+@contextlib.contextmanager
+def applied(spec: str, prog):
+    """The variant `spec` in force (GEMV tables, module and leaf switches), undone on exit."""
+    snapshot = [dict(t) for t in TABLES]
+    leaf = prog.model.leaves.post_mixer
+    saved = (M.DECODE_CONFIG, M.DECODE_CONFIG_MANY, leaf.__dict__.get("folds_residual"), D.STATE_BEFORE_WAIT)
+    try:
+        for item in filter(None, spec.split("+")):
+            if item == "post-mixer-nofold":
+                leaf.folds_residual = False
+            elif item == "gdn-state-late":
+                D.STATE_BEFORE_WAIT = False
+            elif item == "down-route-off":
+                M.DECODE_CONFIG = M.DECODE_CONFIG._replace(down_route=False)
+                M.DECODE_CONFIG_MANY = M.DECODE_CONFIG_MANY._replace(down_route=False)
+            else:
+                G.load_tuning(item)
+        yield
+    finally:
+        for t, s in zip(TABLES, snapshot):
+            t.clear()
+            t.update(s)
+        M.DECODE_CONFIG, M.DECODE_CONFIG_MANY, D.STATE_BEFORE_WAIT = saved[0], saved[1], saved[3]
+        if saved[2] is None:
+            leaf.__dict__.pop("folds_residual", None)
+        else:
+            leaf.folds_residual = saved[2]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--identity", nargs="+", default=["qwen3_6-27b"])
+    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--variants", nargs="+", required=True, metavar="SPEC",
+                    help="'+'-joined bench/gemv.py --out files and built-ins (post-mixer-nofold, down-route-off, "
+                         "gdn-state-late)")
+    ap.add_argument("--reps", type=int, default=3)
+    a = ap.parse_args()
+    B = a.batch
+    for ident in a.identity:
+        w = DummyWeights(ident, device="cuda", dtype=torch.bfloat16, seed=1)
+        pkg = importlib.import_module(w.package.module)
+        cfg = ProgramConfig(device="cuda", dtype="bf16", page_size=64, num_pages=64, num_slots=8,
+                            max_model_len=1088, max_batch=B, max_steps=1)
+        prog = pkg.create_program(w, cfg)
+        graphs = {"base": prog.graphs}
+        for spec in a.variants:     # captured before any sequence exists (the warm-up writes KV at page 0)
+            with applied(spec, prog):
+                graphs[spec] = DecodeGraphs(prog.model, prog._state, B, cfg.max_model_len, cfg.page_size,
+                                            torch.device("cuda"))
+                graphs[spec].capture()
+        hs = []
+        for r in range(B):
+            req = SequenceRequest(prompt_token_ids=tuple(range(10 + r, 1010 + r)), max_output_tokens=64,
+                                  sampling=SamplingParams(temperature=0.0))
+            h = prog.start_materialize(prog.plan_materialize(req)).sequence
+            prog.commit(prog.prefill(h, 1000).pending, [1])
+            hs.append(h)
+        logits = {}
+        for v, dg in graphs.items():
+            prog.graphs = dg
+            b, lg = prog.decode_with_logits(hs)
+            prog.abort_pending(b)
+            logits[v] = lg.float()
+        res = {v: {"replay": [], "round": []} for v in graphs}
+        for _ in range(a.reps):
+            for v, dg in graphs.items():
+                prog.graphs = dg
+                prog.abort_pending(prog.decode(hs))          # this round's inputs into the static buffers
+                res[v]["replay"].append(graph_replay_ms(dg._graphs[B].graph, n=30))
+                res[v]["round"].append(rounds_ms(prog, hs, 15))
+        print(f"[{ident} B={B} ctx 1000] variant: replay median (min..max of {a.reps} reps) | round median | "
+              f"logits vs base", flush=True)
+        ref = logits["base"]
+        for v in graphs:
+            rp, rd = res[v]["replay"], res[v]["round"]
+            same = bool((logits[v].argmax(-1) == ref.argmax(-1)).all())
+            print(f"  {v:24s} replay {statistics.median(rp):7.3f} ms ({min(rp):.3f}..{max(rp):.3f}) | "
+                  f"round {statistics.median(rd):7.3f} ms | rel RMS {rel_rms(logits[v], ref):.2e}, "
+                  f"argmax same {same}", flush=True)
+        del prog, w, graphs
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
