@@ -34,9 +34,8 @@ GEMV_BASE = dict(M_PAD=1, SPLIT=False, DOT=False, EVEN_K=True, PREC="tf32", SWIG
 # MoE decode at T=1 (DECODE_CONFIG): gate|up [8, 1, 1024] tiles, down [8, 2, 512]
 UP_BASE = dict(TOPK=8, KB=8, ROUTE=True, BE=256, BN=1, BK=1024, EVEN=True, NORM=False, BP=1, PDL=True)
 UP_VARIANTS = {"moe gate|up route": {}, "moe gate|up route+norm": dict(NORM=True, BP=1024)}
-DOWN_BASE = dict(TOPK=8, KB=8, ROUTE=True, BE=256, HAS_SHARED=True, RESID=False, BN=2, BK=512, EVEN=True, ONE_BLOCK=True,
-                 PDL=True)
-DOWN_VARIANTS = {"moe down ids": dict(ROUTE=False), "moe down route": {}, "moe down route+resid": dict(RESID=True)}
+DOWN_BASE = dict(TOPK=8, KB=8, HAS_SHARED=True, RESID=False, BN=2, BK=512, EVEN=True, ONE_BLOCK=True, PDL=True)
+DOWN_VARIANTS = {"moe down": {}, "moe down (as a loop)": dict(ONE_BLOCK=False), "moe down resid": dict(RESID=True)}
 # GDN decode state step, 27B heads (H=16, HV=48, K=V=128), BV=16 (B=1)
 GDN_BASE = dict(H=16, HV=48, K=128, V=128, BK=128, BV=16, EARLY=False, PDL=True)
 GDN_VARIANTS = {"gdn conv+recurrent": {}, "gdn conv+recurrent early": dict(EARLY=True)}

@@ -7,10 +7,9 @@ Each variant's logits are checked against the base graphs' (relative RMS, argmax
 A variant is a '+'-joined list of items, each either a `bench/gemv.py --out FILE` result overlaid on
 the committed GEMV tables (`load_tuning`, what $NINFER_GEMV_CONFIGS does at import) or a built-in:
     post-mixer-nofold the post-mixer leaf (MoE, dense MLP) takes a materialised norm, returns the plain sum
-    down-route-off    the MoE down kernel reads the gate|up kernel's ids (no early loads)
     gdn-state-late    the GDN decode kernel loads its recurrent state after the PDL wait
 
-    PYTHONPATH=$PWD python3 bench/step_ab.py --identity qwen3_6-35b-a3b --variants post-mixer-nofold F F+down-route-off
+    PYTHONPATH=$PWD python3 bench/step_ab.py --identity qwen3_6-35b-a3b --variants post-mixer-nofold F F+gdn-state-late
 
 (Pass 6 used an earlier form of this script, bench/gemv_ab.py, to measure two GEMV folds since removed:
 bench/NOTES.md.)
@@ -28,7 +27,6 @@ from ninfer.bench.common import graph_replay_ms
 from ninfer.bench.kernels import rel_rms
 from ninfer.ops.fast import gdn_decode as D
 from ninfer.ops.fast import gemv as G
-from ninfer.ops.fast import moe as M
 from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
@@ -44,16 +42,13 @@ def applied(spec: str, prog):
     """The variant `spec` in force (GEMV tables, module and leaf switches), undone on exit."""
     snapshot = [dict(t) for t in TABLES]
     leaf = prog.model.leaves.post_mixer
-    saved = (M.DECODE_CONFIG, M.DECODE_CONFIG_MANY, leaf.__dict__.get("folds_residual"), D.STATE_BEFORE_WAIT)
+    saved = (leaf.__dict__.get("folds_residual"), D.STATE_BEFORE_WAIT)
     try:
         for item in filter(None, spec.split("+")):
             if item == "post-mixer-nofold":
                 leaf.folds_residual = False
             elif item == "gdn-state-late":
                 D.STATE_BEFORE_WAIT = False
-            elif item == "down-route-off":
-                M.DECODE_CONFIG = M.DECODE_CONFIG._replace(down_route=False)
-                M.DECODE_CONFIG_MANY = M.DECODE_CONFIG_MANY._replace(down_route=False)
             else:
                 G.load_tuning(item)
         yield
@@ -61,11 +56,11 @@ def applied(spec: str, prog):
         for t, s in zip(TABLES, snapshot):
             t.clear()
             t.update(s)
-        M.DECODE_CONFIG, M.DECODE_CONFIG_MANY, D.STATE_BEFORE_WAIT = saved[0], saved[1], saved[3]
-        if saved[2] is None:
+        D.STATE_BEFORE_WAIT = saved[1]
+        if saved[0] is None:
             leaf.__dict__.pop("folds_residual", None)
         else:
-            leaf.folds_residual = saved[2]
+            leaf.folds_residual = saved[0]
 
 
 def main() -> None:
@@ -73,8 +68,7 @@ def main() -> None:
     ap.add_argument("--identity", nargs="+", default=["qwen3_6-27b"])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--variants", nargs="+", required=True, metavar="SPEC",
-                    help="'+'-joined bench/gemv.py --out files and built-ins (post-mixer-nofold, down-route-off, "
-                         "gdn-state-late)")
+                    help="'+'-joined bench/gemv.py --out files and built-ins (post-mixer-nofold, gdn-state-late)")
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
     B = a.batch

@@ -9,6 +9,7 @@ own GPU work is inside it), the context-cache captures, the decode-graph replays
 from __future__ import annotations
 
 import argparse
+import gc
 import random
 import statistics
 import threading
@@ -52,6 +53,7 @@ def main() -> None:
                            max_model_len=a.prompt_len + 64, prefill_chunk_tokens=chunk,
                            prefix_cache=not a.no_prefix_cache)
         engine = Engine.from_config(cfg, trace=trace)
+        core = prog = rm = wrap = None
         try:
             avail = engine.wait_ready(600)
             if not avail.ready:
@@ -91,6 +93,10 @@ def main() -> None:
                   flush=True)
         finally:
             engine.close()
+            # NOTE: the wrappers above hold the Program: drop every reference before the next Engine
+            #       sizes its KV pool from the free memory.
+            del engine, core, prog, rm, wrap
+            gc.collect()
             if cuda:
                 torch.cuda.empty_cache()
 

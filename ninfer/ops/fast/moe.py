@@ -251,7 +251,6 @@ class DecodeConfig(NamedTuple):
     down_bn: int = 2
     down_bk: int = 512
     down_warps: int = 4
-    down_route: bool = True     # with router logits: the down kernel routes too and loads early (see its doc)
 
 
 # NOTE: measured on the H200 (bench/moe_decode.py --sweep, 35B-A3B shapes, 40 layers per graph, PDL on): T=1
@@ -329,19 +328,17 @@ def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, strid
 
 
 @triton.jit
-def _experts_down_kernel(act, ids, rw, logits, down, out, res_in, parts, sgu, sg, sdown, E, H, I, Is, KMAX,
-                         stride_act, stride_l, stride_de, stride_dn, stride_out, stride_res, n_parts,
+def _experts_down_kernel(act, ids, rw, down, out, res_in, parts, sgu, sg, sdown, H, I, Is, KMAX,
+                         stride_act, stride_de, stride_dn, stride_out, stride_res, n_parts,
                          stride_sgu, stride_sg, stride_sdn,
-                         TOPK: tl.constexpr, KB: tl.constexpr, ROUTE: tl.constexpr, BE: tl.constexpr,
-                         HAS_SHARED: tl.constexpr, RESID: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                         EVEN: tl.constexpr, ONE_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                         TOPK: tl.constexpr, KB: tl.constexpr, HAS_SHARED: tl.constexpr, RESID: tl.constexpr,
+                         BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, ONE_BLOCK: tl.constexpr,
+                         PDL: tl.constexpr = False):
     """out[t, n] = Σ_j rw[t, j] Σ_i down[ids[t, j], n, i] act[t·TOPK + j, i]
                    (+ sigmoid(sg[t]) Σ_i sdown[n, i] silu(sgu[t, i]) sgu[t, Is + i]); KMAX = max(I, Is).
-    ROUTE: the expert ids and weights from the router logits of token t (`_topk_of_row`, as the gate|up
-    kernel computes them) instead of ids / rw, and (ONE_BLOCK: KMAX <= BK) the weight tiles, routed and
-    shared, loaded before the PDL wait: only `act` comes from the gate|up launch just before this one.
     RESID: out = res_in + that sum (each rounded to out's dtype) and parts[t, n-block] = Σ out² (fp32),
     for a GEMV that applies the next norm in its x load (`ninfer.ops.fast.gemv`, NORM)."""
+    _pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     nb = tl.program_id(1)
     o_n = nb * BN + tl.arange(0, BN)
@@ -349,17 +346,8 @@ def _experts_down_kernel(act, ids, rw, logits, down, out, res_in, parts, sgu, sg
     o_j = tl.arange(0, KB)
     mj = o_j < TOPK
     o_k = tl.arange(0, BK)
-    if ROUTE:
-        # NOTE (PDL): the logits and the shared expert's inputs were written by the launch before the
-        #       gate|up kernel; every gate|up program passes its `griddepcontrol.wait` (that launch has
-        #       completed, its writes visible) before it lets this grid launch, so they may be read here,
-        #       before this kernel's own wait.
-        wv, e = _topk_of_row(logits + t * stride_l, E, TOPK, BE, KB)
-        wj = wv.to(logits.dtype.element_ty).to(tl.float32)        # rounded as the stored weights are
-    else:
-        _pdl.enter(PDL)
-        e = tl.load(ids + t * TOPK + o_j, mask=mj, other=0).to(tl.int64)
-        wj = tl.load(rw + t * TOPK + o_j, mask=mj, other=0.0).to(tl.float32)
+    e = tl.load(ids + t * TOPK + o_j, mask=mj, other=0).to(tl.int64)
+    wj = tl.load(rw + t * TOPK + o_j, mask=mj, other=0.0).to(tl.float32)
     dp = down + e[:, None, None] * stride_de + o_n[None, :, None].to(tl.int64) * stride_dn + o_k[None, None, :]
     ap = act + (t * TOPK + o_j)[:, None] * stride_act + o_k[None, :]
     acc = tl.zeros([KB, BN], dtype=tl.float32)
@@ -373,16 +361,11 @@ def _experts_down_kernel(act, ids, rw, logits, down, out, res_in, parts, sgu, sg
         sp = dp
         gp = dp
     if ONE_BLOCK:
-        # NOTE: one K block (KMAX <= BK, the 35B-A3B tiles): with ROUTE its weights are in flight before
-        #       the PDL wait. (A loop that preloads block k+1 holds two tiles: 168-243 registers instead
-        #       of 128 at the 35B-A3B tiles, sm_90.)
+        # NOTE: one K block (KMAX <= BK, the 35B-A3B tiles) without a loop: 48 registers on sm_90 at the
+        #       35B-A3B tiles, where the same loop (one trip) takes 128 (`bench/kernels_sm90.py`).
         d, s, g, u = _down_loads(dp, sp, gp, 0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
-        if ROUTE:
-            _pdl.enter(PDL)
         acc, sacc = _down_block(acc, sacc, d, s, g, u, ap, 0, I, mj, o_k, HAS_SHARED, EVEN)
     else:
-        if ROUTE:
-            _pdl.enter(PDL)
         for k0 in range(0, KMAX, BK):
             d, s, g, u = _down_loads(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
             acc, sacc = _down_block(acc, sacc, d, s, g, u, ap, k0, I, mj, o_k, HAS_SHARED, EVEN)
@@ -445,8 +428,7 @@ def _tile_k(kb: int, bn: int, bk: int, length: int) -> int:
 def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None, config=None, norm=None,
             residual=None):
     """Routed (+ shared) experts at decode sizes, two launches. Either ids/weights [T, k] (a routing)
-    or logits [T, E] (routing inside the gate|up kernel, and with `config.down_route` inside the down
-    kernel too). norm (one token): (parts [1, P] fp32, weight [H], eps): x is the residual row h and the
+    or logits [T, E] (routing inside the gate|up kernel). norm (one token): (parts [1, P] fp32, weight [H], eps): x is the residual row h and the
     kernels read rms_norm(h). residual [T, H] (one token): out = residual + the experts' sum, and its
     sums of squares per down tile are returned. Returns (out [T, H], weights, ids, parts or None)."""
     T, H = x.shape
@@ -490,10 +472,9 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
     parts = torch.empty(T, n_tiles, dtype=torch.float32, device=dev) if residual is not None else None
     res_in = residual if residual is not None else out
     _experts_down_kernel[(T, n_tiles)](
-        act, ids, weights, lg, down, out, res_in, parts if parts is not None else out, *s_args, E, H, I, Is, kmax,
-        act.stride(0), stride_l, down.stride(0), down.stride(1), out.stride(0), res_in.stride(0), n_tiles,
-        *s_strides, TOPK=k, KB=KB, ROUTE=route and cfg.down_route, BE=triton.next_power_of_2(E),
-        HAS_SHARED=shared is not None, RESID=residual is not None, BN=bn2, BK=bk2,
+        act, ids, weights, down, out, res_in, parts if parts is not None else out, *s_args, H, I, Is, kmax,
+        act.stride(0), down.stride(0), down.stride(1), out.stride(0), res_in.stride(0), n_tiles,
+        *s_strides, TOPK=k, KB=KB, HAS_SHARED=shared is not None, RESID=residual is not None, BN=bn2, BK=bk2,
         EVEN=KB == k and H % bn2 == 0 and I == Is and I % bk2 == 0, ONE_BLOCK=kmax <= bk2,
         num_warps=cfg.down_warps, **_pdl.launch())
     return out, weights, ids, parts
