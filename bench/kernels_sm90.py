@@ -32,17 +32,17 @@ GEMV_VARIANTS = {
 GEMV_BASE = dict(M_PAD=1, SPLIT=False, DOT=False, EVEN_K=True, PREC="tf32", SWIGLU=False, RESID=False, NORM=False,
                  BP=1, PREFETCH=False, PDL=True)
 # MoE decode at T=1 (DECODE_CONFIG): gate|up [8, 1, 1024] tiles, down [8, 2, 512]
-UP_BASE = dict(TOPK=8, KB=8, ROUTE=True, BE=256, BN=1, BK=1024, EVEN=True, NORM=False, BP=1, PDL=True)
-UP_VARIANTS = {"moe gate|up route": {}, "moe gate|up route+norm": dict(NORM=True, BP=1024)}
-DOWN_BASE = dict(TOPK=8, KB=8, HAS_SHARED=True, RESID=False, BN=2, BK=512, EVEN=True, ONE_BLOCK=True, PDL=True)
-DOWN_VARIANTS = {"moe down": {}, "moe down (as a loop)": dict(ONE_BLOCK=False), "moe down resid": dict(RESID=True)}
+UP_BASE = dict(TOPK=8, KB=8, ROUTE=True, BE=256, BN=1, BK=1024, EVEN=True, PDL=True)
+UP_VARIANTS = {"moe gate|up route": {}, "moe gate|up route 8x1x512": dict(BK=512)}
+DOWN_BASE = dict(TOPK=8, KB=8, HAS_SHARED=True, BN=2, BK=512, EVEN=True, ONE_BLOCK=True, PDL=True)
+DOWN_VARIANTS = {"moe down": {}, "moe down (as a loop)": dict(ONE_BLOCK=False)}
 # GDN decode state step, 27B heads (H=16, HV=48, K=V=128), BV=16 (B=1)
 GDN_BASE = dict(H=16, HV=48, K=128, V=128, BK=128, BV=16, EARLY=False, PDL=True)
 GDN_VARIANTS = {"gdn conv+recurrent": {}, "gdn conv+recurrent early": dict(EARLY=True)}
-_TYPES = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "parts_ptr": "*fp32", "parts": "*fp32", "eps": "fp32",
-          "ids": "*i64"}
+_TYPES = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "parts_ptr": "*fp32", "eps": "fp32", "ids": "*i64"}
 _GDN_TYPES = {"state": "*fp32", "src": "*i64", "dst": "*i64", "scale": "fp32"}
-_MOE_PTRS = {"conv", "a", "b", "A_log", "dt_bias", "o", "x", "logits", "rw", "w", "act", "nw", "down", "out", "res_in", "sgu", "sg", "sdown"}
+_MOE_PTRS = {"conv", "a", "b", "A_log", "dt_bias", "o", "x", "logits", "rw", "w", "act", "down", "out", "sgu", "sg",
+             "sdown"}
 
 
 def arg_type(name: str) -> str:

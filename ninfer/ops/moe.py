@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from ninfer.ops.fused import NormedRows, normed, silu_mul_halves
+from ninfer.ops.fused import silu_mul_halves
 from ninfer.ops.mlp import silu_mul, swiglu_mlp
 
 __all__ = ["MoeRouting", "SharedExpert", "route_topk", "moe_experts", "route_moe_experts", "gated_shared_expert",
@@ -74,14 +74,12 @@ def moe_experts(
 
 
 def route_moe_experts(
-    x: "torch.Tensor | NormedRows", router_logits: torch.Tensor, top_k: int, gate_up: torch.Tensor,
-    down: torch.Tensor, *, shared: SharedExpert | None = None, residual: torch.Tensor | None = None,
+    x: torch.Tensor, router_logits: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
+    *, shared: SharedExpert | None = None,
 ) -> torch.Tensor:
     """`moe_experts(x, route_topk(router_logits, top_k), gate_up, down, shared=shared)`: one op so that
-    a fast implementation can fold the routing into its first expert kernel. router_logits: [T, E].
-    x may be a `NormedRows` (its norm applied first) and `residual` follows `ninfer.ops.fused.linear`:
-    the reference never folds it (the product is returned; the caller adds it)."""
-    return moe_experts(normed(x), route_topk(router_logits, top_k), gate_up, down, shared=shared)
+    a fast implementation can fold the routing into its first expert kernel. router_logits: [T, E]."""
+    return moe_experts(x, route_topk(router_logits, top_k), gate_up, down, shared=shared)
 
 
 def gated_shared_expert(

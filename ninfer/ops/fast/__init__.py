@@ -58,7 +58,7 @@ class OpSet(NamedTuple):
     linear: Callable                   # (x, w) -> x @ w.T
     gdn_conv_recurrent: Callable       # GDN decode state step (conv update + delta rule), src -> dst entries
     linear_swiglu: Callable            # (gu, w) -> silu_mul_halves(gu) @ w.T
-    route_moe_experts: Callable        # (x, router_logits, k, gate_up, down, *, shared, residual) -> moe_experts(x, route_topk(..))
+    route_moe_experts: Callable        # (x, router_logits, k, gate_up, down, *, shared) -> moe_experts(x, route_topk(..))
 
 
 @functools.cache

@@ -48,8 +48,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ninfer.ops.fast.fused import add_rms_norm as _fast_add_rms_norm
-from ninfer.ops.fused import NormedRows, Residual, silu_mul_halves
+from ninfer.ops.fused import silu_mul_halves
 from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
@@ -268,22 +267,14 @@ _TILE = 8192          # max elements of one expert-stacked weight tile per load 
 
 @triton.jit
 def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, stride_l, stride_we, stride_wn,
-                            stride_act, parts, n_parts, nw, eps, TOPK: tl.constexpr, KB: tl.constexpr,
-                            ROUTE: tl.constexpr, BE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                            EVEN: tl.constexpr, NORM: tl.constexpr = False, BP: tl.constexpr = 1,
+                            stride_act, TOPK: tl.constexpr, KB: tl.constexpr, ROUTE: tl.constexpr,
+                            BE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
                             PDL: tl.constexpr = False):
     """act[t·TOPK + j, n] = silu(Σ_h w[e_tj, n, h] x[t, h]) · Σ_h w[e_tj, I + n, h] x[t, h] for all j.
     ROUTE: e_t (and the weights) from the router logits of token t (`_topk_of_row`); programs of
-    n-block 0 store them to ids / rw [T, TOPK] for the down kernel. Otherwise e_t is read from ids.
-    NORM (one token): x is the residual row h and x = rms_norm(h) = h · rsqrt(Σ parts[0, :n_parts] / H
-    + eps) · (1 + nw), rounded to x's dtype as the norm kernel stores it (the parts of the GEMV launch
-    that produced h)."""
+    n-block 0 store them to ids / rw [T, TOPK] for the down kernel. Otherwise e_t is read from ids."""
     _pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
-    rstd = 0.0
-    if NORM:
-        o_p = tl.arange(0, BP)
-        rstd = tl.rsqrt(tl.sum(tl.load(parts + o_p, mask=o_p < n_parts, other=0.0), 0) / H + eps)
     nb = tl.program_id(1)
     o_j = tl.arange(0, KB)
     mj = o_j < TOPK
@@ -305,21 +296,15 @@ def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, strid
     accu = tl.zeros([KB, BN], dtype=tl.float32)
     for k0 in range(0, H, BK):
         if EVEN:
-            xv = tl.load(xr + k0)
+            xv = tl.load(xr + k0).to(tl.float32)
             g = tl.load(wg + k0, eviction_policy="evict_first")
             u = tl.load(wu + k0, eviction_policy="evict_first")
-            if NORM:
-                xv = (xv.to(tl.float32) * rstd * (1.0 + tl.load(nw + k0 + o_k).to(tl.float32))).to(xv.dtype)
         else:
             mk = o_k < H - k0
             m3 = mj[:, None, None] & mn[None, :, None] & mk[None, None, :]
-            xv = tl.load(xr + k0, mask=mk, other=0.0)
+            xv = tl.load(xr + k0, mask=mk, other=0.0).to(tl.float32)
             g = tl.load(wg + k0, mask=m3, other=0.0, eviction_policy="evict_first")
             u = tl.load(wu + k0, mask=m3, other=0.0, eviction_policy="evict_first")
-            if NORM:
-                xv = (xv.to(tl.float32) * rstd
-                      * (1.0 + tl.load(nw + k0 + o_k, mask=mk, other=0.0).to(tl.float32))).to(xv.dtype)
-        xv = xv.to(tl.float32)
         accg += tl.sum(g.to(tl.float32) * xv[None, None, :], 2)
         accu += tl.sum(u.to(tl.float32) * xv[None, None, :], 2)
     a = accg / (1.0 + tl.exp(-accg)) * accu
@@ -328,20 +313,16 @@ def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, strid
 
 
 @triton.jit
-def _experts_down_kernel(act, ids, rw, down, out, res_in, parts, sgu, sg, sdown, H, I, Is, KMAX,
-                         stride_act, stride_de, stride_dn, stride_out, stride_res, n_parts,
-                         stride_sgu, stride_sg, stride_sdn,
-                         TOPK: tl.constexpr, KB: tl.constexpr, HAS_SHARED: tl.constexpr, RESID: tl.constexpr,
-                         BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, ONE_BLOCK: tl.constexpr,
-                         PDL: tl.constexpr = False):
+def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX,
+                         stride_act, stride_de, stride_dn, stride_out, stride_sgu, stride_sg, stride_sdn,
+                         TOPK: tl.constexpr, KB: tl.constexpr, HAS_SHARED: tl.constexpr, BN: tl.constexpr,
+                         BK: tl.constexpr, EVEN: tl.constexpr, ONE_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """out[t, n] = Σ_j rw[t, j] Σ_i down[ids[t, j], n, i] act[t·TOPK + j, i]
                    (+ sigmoid(sg[t]) Σ_i sdown[n, i] silu(sgu[t, i]) sgu[t, Is + i]); KMAX = max(I, Is).
-    RESID: out = res_in + that sum (each rounded to out's dtype) and parts[t, n-block] = Σ out² (fp32),
-    for a GEMV that applies the next norm in its x load (`ninfer.ops.fast.gemv`, NORM)."""
+    ONE_BLOCK (KMAX <= BK): no K loop."""
     _pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
-    nb = tl.program_id(1)
-    o_n = nb * BN + tl.arange(0, BN)
+    o_n = tl.program_id(1) * BN + tl.arange(0, BN)
     mn = o_n < H
     o_j = tl.arange(0, KB)
     mj = o_j < TOPK
@@ -372,15 +353,7 @@ def _experts_down_kernel(act, ids, rw, down, out, res_in, parts, sgu, sg, sdown,
     res = tl.sum(acc * wj[:, None], 0)
     if HAS_SHARED:
         res += sacc / (1.0 + tl.exp(-gl))
-    ty = out.dtype.element_ty
-    if RESID:
-        r = tl.load(res_in + t * stride_res + o_n, mask=mn, other=0.0).to(tl.float32)
-        hv = (r + res.to(ty).to(tl.float32)).to(ty)
-        tl.store(out + t * stride_out + o_n, hv, mask=mn)
-        hf = tl.where(mn, hv.to(tl.float32), 0.0)
-        tl.store(parts + t * n_parts + nb, tl.sum(hf * hf, 0))
-    else:
-        tl.store(out + t * stride_out + o_n, res.to(ty), mask=mn)
+    tl.store(out + t * stride_out + o_n, res.to(out.dtype.element_ty), mask=mn)
 
 
 @triton.jit
@@ -425,12 +398,9 @@ def _tile_k(kb: int, bn: int, bk: int, length: int) -> int:
     return max(16, min(bk, triton.next_power_of_2(length), _TILE // (kb * bn)))
 
 
-def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None, config=None, norm=None,
-            residual=None):
+def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None, config=None):
     """Routed (+ shared) experts at decode sizes, two launches. Either ids/weights [T, k] (a routing)
-    or logits [T, E] (routing inside the gate|up kernel). norm (one token): (parts [1, P] fp32, weight [H], eps): x is the residual row h and the
-    kernels read rms_norm(h). residual [T, H] (one token): out = residual + the experts' sum, and its
-    sums of squares per down tile are returned. Returns (out [T, H], weights, ids, parts or None)."""
+    or logits [T, E] (routing inside the gate|up kernel). Returns (out [T, H], weights, ids)."""
     T, H = x.shape
     cfg = config or decode_config(T)
     E, I = down.shape[0], down.shape[-1]
@@ -445,39 +415,35 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
         lg, stride_l = weights, 0                    # unused (ROUTE=False)
     # NOTE: bandwidth (35B-A3B, bf16, T=1): 8 selected experts = 32 MiB gate|up + 16 MiB down, plus 2 MiB
     #       of shared down: ~12 us at 4.3 TB/s. Each program issues all k experts' tiles of a step as one
-    #       load. What bounds the bytes in flight is registers (ptxas, sm_90): gate|up [8, 1, 512] x 2 =
-    #       16 KiB per step at 128 regs x 128 threads -> 4 programs = 64 KiB per SM (4 steps over H; 512
-    #       programs per token, one wave on 132 SMs); down [8, 2, 512] + shared [2, 512] = 18 KiB in one
-    #       step at 128 regs -> 4 programs = 72 KiB per SM (1024 programs per token). The legacy kernels
-    #       had ~32 KiB per SM. The routing (k max-rounds over E in registers) is recomputed by every
-    #       gate|up program of the token instead of a launch of its own.
+    #       load. What bounds the bytes in flight is registers (`bench/kernels_sm90.py`, sm_90): gate|up
+    #       [8, 1, 1024] x 2 = 32 KiB per step at 235 regs x 128 threads -> 2 programs = 64 KiB per SM (2
+    #       steps over H; 512 programs per token, ~2 waves on 132 SMs); down [8, 2, 512] + shared [2, 512]
+    #       = 18 KiB in one step at 48 regs (no K loop) -> up to 10 programs per SM (1024 programs per
+    #       token). The routing (k max-rounds over E in registers) is recomputed by every gate|up program
+    #       of the token instead of a launch of its own. Measured and not kept (pass 7, bench/NOTES.md): the
+    #       down kernel routing from the logits itself to load its tiles before the PDL wait (+0.11 ms per
+    #       35B-A3B step: its early programs held the SM slots of the gate|up kernel's second wave), and
+    #       the post-mixer norm / residual add folded into these two kernels (no change with shared_in on
+    #       the Triton GEMV).
     bn1 = min(cfg.up_bn, triton.next_power_of_2(I))
     bk1 = _tile_k(KB, bn1, cfg.up_bk, H)
     act = torch.empty(T * k, I, dtype=x.dtype, device=dev)
-    if norm is not None:
-        n_parts, nparts, nw, eps = norm[0], norm[0].shape[1], norm[1], float(norm[2])
-    else:
-        n_parts, nparts, nw, eps = act, 1, act, 0.0
     _experts_gate_up_kernel[(T, triton.cdiv(I, bn1))](
         x, lg, ids, weights, gate_up, act, E, I, H, x.stride(0), stride_l, gate_up.stride(0), gate_up.stride(1),
-        act.stride(0), n_parts, nparts, nw, eps, TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E),
-        BN=bn1, BK=bk1, EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, NORM=norm is not None,
-        BP=triton.next_power_of_2(nparts), num_warps=cfg.up_warps, **_pdl.launch())
+        act.stride(0), TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E), BN=bn1, BK=bk1,
+        EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, num_warps=cfg.up_warps, **_pdl.launch())
     out = torch.empty(T, H, dtype=x.dtype, device=dev)
     Is, s_args, s_strides = _shared_args(shared, act, I)
     kmax = max(I, Is)
     bn2 = min(cfg.down_bn, triton.next_power_of_2(H))
     bk2 = _tile_k(KB, bn2, cfg.down_bk, kmax)
-    n_tiles = triton.cdiv(H, bn2)
-    parts = torch.empty(T, n_tiles, dtype=torch.float32, device=dev) if residual is not None else None
-    res_in = residual if residual is not None else out
-    _experts_down_kernel[(T, n_tiles)](
-        act, ids, weights, down, out, res_in, parts if parts is not None else out, *s_args, H, I, Is, kmax,
-        act.stride(0), down.stride(0), down.stride(1), out.stride(0), res_in.stride(0), n_tiles,
-        *s_strides, TOPK=k, KB=KB, HAS_SHARED=shared is not None, RESID=residual is not None, BN=bn2, BK=bk2,
+    _experts_down_kernel[(T, triton.cdiv(H, bn2))](
+        act, ids, weights, down, out, *s_args, H, I, Is, kmax,
+        act.stride(0), down.stride(0), down.stride(1), out.stride(0), *s_strides,
+        TOPK=k, KB=KB, HAS_SHARED=shared is not None, BN=bn2, BK=bk2,
         EVEN=KB == k and H % bn2 == 0 and I == Is and I % bk2 == 0, ONE_BLOCK=kmax <= bk2,
         num_warps=cfg.down_warps, **_pdl.launch())
-    return out, weights, ids, parts
+    return out, weights, ids
 
 
 # ------------------------------------------------------------------------------------------------
@@ -611,41 +577,20 @@ def moe_experts(x: torch.Tensor, routing: MoeRouting, gate_up: torch.Tensor, dow
     return _prefill(x, ids, weights, gate_up, down, shared)
 
 
-def route_moe_experts(x: "torch.Tensor | NormedRows", router_logits: torch.Tensor, top_k: int,
-                      gate_up: torch.Tensor, down: torch.Tensor, *, shared: SharedExpert | None = None,
-                      residual: torch.Tensor | None = None, legacy: bool = False,
-                      config: DecodeConfig | None = None):
+def route_moe_experts(x: torch.Tensor, router_logits: torch.Tensor, top_k: int, gate_up: torch.Tensor,
+                      down: torch.Tensor, *, shared: SharedExpert | None = None, legacy: bool = False,
+                      config: DecodeConfig | None = None) -> torch.Tensor:
     """See `ninfer.ops.moe.route_moe_experts`: `moe_experts(x, route_topk(router_logits, top_k), ...)`.
     router_logits [T, E] (rows may be strided). At decode sizes the routing runs inside the first
-    expert kernel (two launches in all); legacy: the separate routing kernel and the old kernels.
-    At one token the schedule's norm and residual add fold in (`ninfer.ops.fused`): x a NormedRows
-    with parts -> the gate|up kernel applies the norm in its x load; `residual` given -> the down
-    kernel adds it and `Residual(h, parts)` is returned. Otherwise a NormedRows is normed first and the
-    plain sum is returned (the caller adds `residual`)."""
+    expert kernel (two launches in all); legacy: the separate routing kernel and the old kernels."""
     T, E = router_logits.shape
     if not 0 < top_k <= E:
         raise ValueError(f"top_k must be in 1..{E}, got {top_k}")
-    fold = T == 1 and T * top_k <= MAX_PAIRS and not legacy
-    norm = None
-    if isinstance(x, NormedRows):
-        h = x.h
-        if (fold and x.parts is not None and h.dim() == 2 and h.stride(-1) == 1 and x.parts.shape[0] == 1
-                and x.parts.dtype == torch.float32 and x.parts.is_contiguous() and x.parts.shape[1] <= 4096
-                and x.weight.shape == (h.shape[1],) and x.weight.is_contiguous()):
-            norm, x = (x.parts, x.weight, x.eps), h
-        else:
-            x = _fast_add_rms_norm(h, None, x.weight, x.eps)[0]
     if T == 0 or T * top_k > MAX_PAIRS or legacy:
         return moe_experts(x, route_topk(router_logits, top_k), gate_up, down, shared=shared, legacy=legacy,
                            config=config)
-    r = None
-    if fold and residual is not None and residual.numel() == x.shape[1] and residual.dtype == x.dtype:
-        r = residual.reshape(1, x.shape[1])
-        r = r if r.stride(-1) == 1 else None
     lg = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
-    out, _, _, parts = _decode(_rows(x), _rows(gate_up), _rows(down), shared, top_k, logits=lg, config=config,
-                               norm=norm, residual=r)
-    return out if r is None else Residual(out, parts)
+    return _decode(_rows(x), _rows(gate_up), _rows(down), shared, top_k, logits=lg, config=config)[0]
 
 
 def _prefill(x, ids, weights, gate_up, down, shared):
