@@ -78,8 +78,8 @@ class GemvConfig(NamedTuple):
 #       mixer shapes were swept again on 2026-12-01 with the prefetch tiles (`--shapes ... --m 1`,
 #       bench/NOTES.md pass 5): 5120x6144, 9216x2048 and 2048x4096 changed (the 27B's GEMVs in one
 #       graph: 12.70 -> 12.55 ms). The 35B-A3B's shared_in (1281x2048) at one row is cuBLAS per call but
-#       the Triton GEMV (8x512 prefetch tiles, the post-mixer norm in its x load) in the decode step:
-#       replay 2.706 -> 2.642 ms (`bench/step_ab.py`, pass 7).
+#       the Triton GEMV (8x512 prefetch tiles: its first weight block loads during the norm kernel before
+#       it) in the decode step: replay 2.564 -> 2.501 ms (`bench/step_ab.py`, pass 7).
 CONFIGS: dict[tuple[int, int, int], tuple] = {
     (1281, 2048, 1): (8, 512, 1, 4, 1, False, True),
     (1281, 2048, 2): (64, 128, 4, 4, 4, True),
