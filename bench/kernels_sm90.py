@@ -1,6 +1,7 @@
 """Compile decode kernels for sm_90 without a GPU, with the ptxas and cuobjdump that Triton's wheel
 carries, and print each variant's registers, stack and local memory (spills): the GEMV
-(ninfer/ops/fast/gemv.py) and the MoE expert kernels (ninfer/ops/fast/moe.py, 35B-A3B tiles).
+(ninfer/ops/fast/gemv.py), the GDN decode step (gdn_decode.py, 27B heads) and the MoE expert kernels
+(moe.py, 35B-A3B tiles).
 Registers bound the programs per SM (65536 / (regs x 32 x warps)), so they are the first thing to
 read for a variant that adds loads in flight.
 
@@ -37,8 +38,8 @@ UP_VARIANTS = {"moe gate|up route": {}, "moe gate|up route 8x1x512": dict(BK=512
 DOWN_BASE = dict(TOPK=8, KB=8, HAS_SHARED=True, BN=2, BK=512, EVEN=True, ONE_BLOCK=True, PDL=True)
 DOWN_VARIANTS = {"moe down": {}, "moe down (as a loop)": dict(ONE_BLOCK=False)}
 # GDN decode state step, 27B heads (H=16, HV=48, K=V=128), BV=16 (B=1)
-GDN_BASE = dict(H=16, HV=48, K=128, V=128, BK=128, BV=16, EARLY=False, PDL=True)
-GDN_VARIANTS = {"gdn conv+recurrent": {}, "gdn conv+recurrent early": dict(EARLY=True)}
+GDN_BASE = dict(H=16, HV=48, K=128, V=128, BK=128, BV=16, PDL=True)
+GDN_VARIANTS = {"gdn conv+recurrent": {}}
 _TYPES = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "parts_ptr": "*fp32", "eps": "fp32", "ids": "*i64"}
 _GDN_TYPES = {"state": "*fp32", "src": "*i64", "dst": "*i64", "scale": "fp32"}
 _MOE_PTRS = {"conv", "a", "b", "A_log", "dt_bias", "o", "x", "logits", "rw", "w", "act", "down", "out", "sgu", "sg",

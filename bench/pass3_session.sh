@@ -16,8 +16,6 @@
 #   step_ab  in-process A/B on the decode graph: the committed tree vs each of $AB_VARIANTS (GEMV --out files
 #            overlaid and built-in switches, '+'-joined; default: this call's `gemv` part output; bench/step_ab.py)
 #   ttft     where one request's TTFT goes inside the Engine, per staged-prefill chunk (bench/ttft_timeline.py)
-#   decode_ab  decode step at ctx 1k, B=$AB_BATCHES, with the GEMV tables as committed, then with
-#              NINFER_GEMV_CONFIGS=$AB_CONFIGS (default: this call's `gemv` part output) overlaid
 # Everything goes to $OUT/run.log (the device returns at most 8 files); Triton's cache to $OUT/tcache.tgz.
 set -o pipefail
 . bench/_device_env.sh
@@ -56,12 +54,6 @@ for part in "$@"; do
                | tee -a "$LOG" | tail -${PROFILE_TAIL:-400} > /dev/null ;;
     bisect)  for ident in ${BISECT_IDS:-qwen3_6-tiny-dense qwen3_6-tiny-moe}; do
                timeout ${T_BISECT:-120} python3 bench/op_bisect.py --identity $ident 2>&1 | tee -a "$LOG" | tail -40
-             done ;;
-    decode_ab) for cfgs in "" "${AB_CONFIGS:-$OUT/gemv_configs.txt}"; do
-               echo "-- NINFER_GEMV_CONFIGS=$cfgs" | tee -a "$LOG"
-               NINFER_GEMV_CONFIGS=$cfgs timeout ${T_AB:-150} python3 -m ninfer.cli.main bench decode \
-                 --identity ${AB_IDS:-qwen3_6-27b qwen3_6-35b-a3b} --ctx 1024 --batches ${AB_BATCHES:-1} --reps 10 --no-ref \
-                 --prefill-ref-gdn --no-hf-baseline --step-timeout 80 2>&1 | tee -a "$LOG" | grep -v "^JSON" | tail -12
              done ;;
     step_ab) timeout ${T_STEP_AB:-300} python3 bench/step_ab.py --identity ${AB_IDS:-qwen3_6-27b qwen3_6-35b-a3b} \
                --variants ${AB_VARIANTS:-$OUT/gemv_configs.txt} 2>&1 | tee -a "$LOG" | tail -30 ;;

@@ -7,9 +7,8 @@ Each variant's logits are checked against the base graphs' (relative RMS, argmax
 A variant is a '+'-joined list of items, each either a `bench/gemv.py --out FILE` result overlaid on
 the committed GEMV tables (`load_tuning`, what $NINFER_GEMV_CONFIGS does at import) or a built-in:
     post-mixer-nofold the post-mixer leaf (MoE, dense MLP) takes a materialised norm, returns the plain sum
-    gdn-state-late    the GDN decode kernel loads its recurrent state after the PDL wait
 
-    PYTHONPATH=$PWD python3 bench/step_ab.py --identity qwen3_6-35b-a3b --variants post-mixer-nofold F F+gdn-state-late
+    PYTHONPATH=$PWD python3 bench/step_ab.py --identity qwen3_6-35b-a3b --variants post-mixer-nofold F F+post-mixer-nofold
 
 (Pass 6 used an earlier form of this script, bench/gemv_ab.py, to measure two GEMV folds since removed:
 bench/NOTES.md.)
@@ -25,7 +24,6 @@ import torch
 
 from ninfer.bench.common import graph_replay_ms
 from ninfer.bench.kernels import rel_rms
-from ninfer.ops.fast import gdn_decode as D
 from ninfer.ops.fast import gemv as G
 from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
@@ -42,13 +40,11 @@ def applied(spec: str, prog):
     """The variant `spec` in force (GEMV tables, module and leaf switches), undone on exit."""
     snapshot = [dict(t) for t in TABLES]
     leaf = prog.model.leaves.post_mixer
-    saved = (leaf.__dict__.get("folds_residual"), D.STATE_BEFORE_WAIT)
+    saved = leaf.__dict__.get("folds_residual")
     try:
         for item in filter(None, spec.split("+")):
             if item == "post-mixer-nofold":
                 leaf.folds_residual = False
-            elif item == "gdn-state-late":
-                D.STATE_BEFORE_WAIT = False
             else:
                 G.load_tuning(item)
         yield
@@ -56,11 +52,10 @@ def applied(spec: str, prog):
         for t, s in zip(TABLES, snapshot):
             t.clear()
             t.update(s)
-        D.STATE_BEFORE_WAIT = saved[1]
-        if saved[0] is None:
+        if saved is None:
             leaf.__dict__.pop("folds_residual", None)
         else:
-            leaf.folds_residual = saved[0]
+            leaf.folds_residual = saved
 
 
 def main() -> None:
@@ -68,7 +63,7 @@ def main() -> None:
     ap.add_argument("--identity", nargs="+", default=["qwen3_6-27b"])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--variants", nargs="+", required=True, metavar="SPEC",
-                    help="'+'-joined bench/gemv.py --out files and built-ins (post-mixer-nofold, gdn-state-late)")
+                    help="'+'-joined bench/gemv.py --out files and built-ins (post-mixer-nofold)")
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
     B = a.batch

@@ -3,6 +3,8 @@ staged-prefill chunk size, a warm-up request and then --reps requests of --promp
 at a time, each printed as a timeline relative to submit: every scheduler unit (from the Engine's
 trace hook), every Program.prefill stage (host wall, with the GPU synchronised at its end so the stage's
 own GPU work is inside it), the context-cache captures, the decode-graph replays, and the first token.
+A measurement probe: besides the public trace hook it wraps methods of the Engine's internal Program and
+resource manager (private attributes), and its synchronisation serialises stages it would overlap.
 
     PYTHONPATH=$PWD python3 bench/ttft_timeline.py --identity qwen3_6-27b --prompt-len 1024 --chunks 512 8192
 """

@@ -23,17 +23,7 @@ from ninfer.ops import fused as _ref
 from ninfer.ops.fast._index import device_index
 from ninfer.ops.fast import _pdl
 
-__all__ = ["gdn_conv_recurrent", "STATE_BEFORE_WAIT"]
-
-# NOTE: with PDL the recurrent state tile is loaded before `griddepcontrol.wait`. Safe because only this
-#       op writes the state, once per layer and step, and never as the launch just before another read of
-#       it: between two steps of a layer lie all the other layers' kernels (and, between graph replays,
-#       the graph's non-PDL first kernels, which start only after everything before them completed);
-#       under PDL every launch before the immediately preceding one has completed when a kernel starts.
-#       The src / dst indices are the decode graph's static inputs (written at its start) or tensors
-#       made before the launch. Only qkv, a and b come from the launch before (the in-projection).
-#       Measured (bench/step_ab.py `gdn-state-late`, pass 7): 35B-A3B step -0.022 ms, 27B no change.
-STATE_BEFORE_WAIT = True
+__all__ = ["gdn_conv_recurrent"]
 
 
 @triton.jit
@@ -61,10 +51,9 @@ def _gdn_conv_recurrent_kernel(
     x, w, conv, a, b, A_log, dt_bias, o, state, src, dst, scale,
     stride_x, stride_cs, stride_a, stride_b,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
-    if not EARLY:
-        _pdl.enter(PDL)
+    _pdl.enter(PDL)
     i_b = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_v = tl.program_id(2)
@@ -84,8 +73,6 @@ def _gdn_conv_recurrent_kernel(
     ms = mk[:, None] & mv[None, :]
     p_s = state + s_src * (HV * K * V) + i_hv * (K * V) + o_k[:, None] * V + o_v[None, :]
     S = tl.load(p_s, mask=ms, other=0.0)
-    if EARLY:
-        _pdl.enter(PDL)
     # NOTE: one program per key head writes its q/k conv state (the first value head of the group,
     #       first V block); every program writes its own value channels.
     qk_writer = (i_v == 0) & (i_hv % (HV // H) == 0)
@@ -145,5 +132,5 @@ def gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_s
     _gdn_conv_recurrent_kernel[(B, HV, triton.cdiv(V, BV))](
         qkv, w, conv_state, a, b, A_log, dt_bias, o, rec_state, src_i, dst_i, float(K ** -0.5),
         qkv.stride(0), conv_state.stride(0), a.stride(0), b.stride(0),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, EARLY=STATE_BEFORE_WAIT, num_warps=4, **_pdl.launch())
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, num_warps=4, **_pdl.launch())
     return o

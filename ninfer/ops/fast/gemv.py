@@ -190,8 +190,9 @@ USE_TRITON_SWIGLU: dict[tuple[int, int, int], bool] = {
 def load_tuning(path: str, min_speedup: float = 1.02) -> int:
     """Overlay the decision tables with a `bench/gemv.py --out FILE` result (its JSON line): each swept
     (N, K, M) gets the sweep's best config, and the Triton kernel where it beat cuBLAS by min_speedup;
-    its `swiglu` rows (the folded x-load variant) set USE_TRITON_SWIGLU the same way. Read at import from $NINFER_GEMV_CONFIGS (tuning on another card, or A/B of a sweep
-    before its tables are pasted here). Returns the number of swept shapes taken; a file without a JSON
+    its `swiglu` rows (the folded x-load variant) set USE_TRITON_SWIGLU the same way. Read at import
+    from $NINFER_GEMV_CONFIGS (tuning on another card, or A/B of a sweep before its tables are pasted
+    here). Returns the number of swept shapes taken; a file without a JSON
     line raises."""
     import json
     with open(path) as f:

@@ -344,12 +344,10 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
     if ONE_BLOCK:
         # NOTE: one K block (KMAX <= BK, the 35B-A3B tiles) without a loop: 48 registers on sm_90 at the
         #       35B-A3B tiles, where the same loop (one trip) takes 128 (`bench/kernels_sm90.py`).
-        d, s, g, u = _down_loads(dp, sp, gp, 0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
-        acc, sacc = _down_block(acc, sacc, d, s, g, u, ap, 0, I, mj, o_k, HAS_SHARED, EVEN)
+        acc, sacc = _down_step(acc, sacc, dp, sp, gp, ap, 0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
     else:
         for k0 in range(0, KMAX, BK):
-            d, s, g, u = _down_loads(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
-            acc, sacc = _down_block(acc, sacc, d, s, g, u, ap, k0, I, mj, o_k, HAS_SHARED, EVEN)
+            acc, sacc = _down_step(acc, sacc, dp, sp, gp, ap, k0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
     res = tl.sum(acc * wj[:, None], 0)
     if HAS_SHARED:
         res += sacc / (1.0 + tl.exp(-gl))
@@ -357,9 +355,10 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
 
 
 @triton.jit
-def _down_loads(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl.constexpr, EVEN: tl.constexpr):
-    """One K block of the down kernel's operands that do not come from the gate|up launch: the routed
-    weights [KB, BN, BK], and (HAS_SHARED) the shared weights [BN, BK] and its gate / up inputs [BK] fp32."""
+def _down_step(acc, sacc, dp, sp, gp, ap, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl.constexpr, EVEN: tl.constexpr):
+    """One K block of the down kernel: acc += the routed experts' products ([KB, BN, BK] weights with the
+    act rows), sacc += the shared expert's ([BN, BK] weights with silu(gate) * up). The weights and the
+    shared inputs are loaded before act."""
     if EVEN:
         d = tl.load(dp + k0, eviction_policy="evict_first")
     else:
@@ -376,14 +375,6 @@ def _down_loads(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl.constexpr, EV
             s = tl.load(sp + k0, mask=mn[:, None] & ms[None, :], other=0.0, eviction_policy="evict_first")
             g = tl.load(gp + k0, mask=ms, other=0.0).to(tl.float32)
             u = tl.load(gp + Is + k0, mask=ms, other=0.0).to(tl.float32)
-    else:
-        s, g, u = d, d, d
-    return d, s, g, u
-
-
-@triton.jit
-def _down_block(acc, sacc, d, s, g, u, ap, k0, I, mj, o_k, HAS_SHARED: tl.constexpr, EVEN: tl.constexpr):
-    """acc += the routed products of one K block (act read here); sacc += the shared expert's."""
     if EVEN:
         a = tl.load(ap + k0)
     else:
