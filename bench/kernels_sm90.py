@@ -19,7 +19,6 @@ from triton.compiler import ASTSource
 
 from ninfer.ops.fast import gdn_decode as D
 from ninfer.ops.fast import gemv as G
-from ninfer.ops.fast import l2_prefetch as L
 from ninfer.ops.fast import moe as M
 
 # mode name -> the constexprs that differ from BASE (tiles of the 27B's M=1 table unless noted)
@@ -34,15 +33,14 @@ GEMV_VARIANTS = {
 GEMV_BASE = dict(M_PAD=1, SPLIT=False, DOT=False, EVEN_K=True, PREC="tf32", SWIGLU=False, RESID=False, NORM=False,
                  BP=1, PREFETCH=False, PDL=True)
 # MoE decode at T=1 (DECODE_CONFIG): gate|up [8, 1, 1024] tiles, down [8, 2, 512]
-UP_BASE = dict(TOPK=8, KB=8, ROUTE=True, BE=256, BN=1, BK=1024, EVEN=True, PF_DOWN=False, PF_SUB=16, PDL=True)
-UP_VARIANTS = {"moe gate|up route": {}, "moe gate|up route 8x1x512": dict(BK=512),
-               "moe gate|up route + L2 pf": dict(PF_DOWN=True)}
+UP_BASE = dict(TOPK=8, KB=8, ROUTE=True, BE=256, BN=1, BK=1024, EVEN=True, PDL=True)
+UP_VARIANTS = {"moe gate|up route": {}, "moe gate|up route 8x1x512": dict(BK=512)}
 DOWN_BASE = dict(TOPK=8, KB=8, HAS_SHARED=True, BN=2, BK=512, EVEN=True, ONE_BLOCK=True, PDL=True)
 DOWN_VARIANTS = {"moe down": {}, "moe down (as a loop)": dict(ONE_BLOCK=False)}
 # GDN decode state step, 27B heads (H=16, HV=48, K=V=128), BV=16 (B=1)
 GDN_BASE = dict(H=16, HV=48, K=128, V=128, BK=128, BV=16, PDL=True)
 GDN_VARIANTS = {"gdn conv+recurrent": {}}
-_TYPES = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "parts_ptr": "*fp32", "eps": "fp32", "ids": "*i64", "base": "i64", "pf_base": "i64"}
+_TYPES = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "parts_ptr": "*fp32", "eps": "fp32", "ids": "*i64"}
 _GDN_TYPES = {"state": "*fp32", "src": "*i64", "dst": "*i64", "scale": "fp32"}
 _MOE_PTRS = {"conv", "a", "b", "A_log", "dt_bias", "o", "x", "logits", "rw", "w", "act", "down", "out", "sgu", "sg",
              "sdown"}
@@ -54,8 +52,7 @@ def arg_type(name: str) -> str:
     return "*bf16" if name.endswith("_ptr") or name in _MOE_PTRS else "i32"
 
 
-def compile_report(kernel, name: str, cx: dict, num_warps: int, count: str = "cp.async.bulk.prefetch") -> None:
-    """Print the variant's resource line and how many times `count` occurs in its PTX."""
+def compile_report(kernel, name: str, cx: dict, num_warps: int) -> None:
     order = kernel.arg_names
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     sig = {a: ("constexpr" if a in cx else arg_type(a)) for a in order}
@@ -70,7 +67,7 @@ def compile_report(kernel, name: str, cx: dict, num_warps: int, count: str = "cp
         f.flush()
         out = subprocess.run([cuobjdump, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     usage = next((ln.strip() for ln in out.splitlines() if "REG" in ln), "(no resource line)")
-    print(f"{name:26s} ok  {usage}  [{k.asm['ptx'].count(count)} x {count}]")
+    print(f"{name:26s} ok  {usage}")
 
 
 def main() -> None:
@@ -82,7 +79,6 @@ def main() -> None:
         compile_report(M._experts_gate_up_kernel, name, dict(UP_BASE, **v), M.DECODE_CONFIG.up_warps)
     for name, v in DOWN_VARIANTS.items():
         compile_report(M._experts_down_kernel, name, dict(DOWN_BASE, **v), M.DECODE_CONFIG.down_warps)
-    compile_report(L._prefetch_rows_kernel, "l2 prefetch rows", dict(LANES=32, PDL=True), 1)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,6 @@ Each variant's logits are checked against the base graphs' (relative RMS, argmax
 A variant is a '+'-joined list of items, each either a `bench/gemv.py --out FILE` result overlaid on
 the committed GEMV tables (`load_tuning`, what $NINFER_GEMV_CONFIGS does at import) or a built-in:
     post-mixer-nofold the post-mixer leaf (MoE, dense MLP) takes a materialised norm, returns the plain sum
-    l2pf=MB           `ninfer.ops.fast.l2_prefetch.BUDGET_BYTES` = MB MiB (the mixers' out-projection
-                      weights prefetched into L2 before the state step / attention; 0 = off)
-    moe-pf-down       the MoE gate|up kernel prefetches the selected experts' down weights into L2
 
     PYTHONPATH=$PWD python3 bench/step_ab.py --identity qwen3_6-35b-a3b --variants post-mixer-nofold F F+post-mixer-nofold
 
@@ -28,8 +25,6 @@ import torch
 from ninfer.bench.common import graph_replay_ms
 from ninfer.bench.kernels import rel_rms
 from ninfer.ops.fast import gemv as G
-from ninfer.ops.fast import l2_prefetch as L2
-from ninfer.ops.fast import moe as M
 from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
@@ -46,21 +41,14 @@ def applied(spec: str, prog):
     snapshot = [dict(t) for t in TABLES]
     leaf = prog.model.leaves.post_mixer
     saved = leaf.__dict__.get("folds_residual")
-    switches = [(L2, "BUDGET_BYTES", L2.BUDGET_BYTES), (M, "PREFETCH_DOWN", M.PREFETCH_DOWN)]
     try:
         for item in filter(None, spec.split("+")):
             if item == "post-mixer-nofold":
                 leaf.folds_residual = False
-            elif item.startswith("l2pf="):
-                L2.BUDGET_BYTES = int(float(item[5:]) * (1 << 20))
-            elif item == "moe-pf-down":
-                M.PREFETCH_DOWN = True
             else:
                 G.load_tuning(item)
         yield
     finally:
-        for mod, name, value in switches:
-            setattr(mod, name, value)
         for t, s in zip(TABLES, snapshot):
             t.clear()
             t.update(s)
@@ -75,8 +63,7 @@ def main() -> None:
     ap.add_argument("--identity", nargs="+", default=["qwen3_6-27b"])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--variants", nargs="+", required=True, metavar="SPEC",
-                    help="'+'-joined bench/gemv.py --out files and built-ins (post-mixer-nofold, l2pf=MB, "
-                         "moe-pf-down)")
+                    help="'+'-joined bench/gemv.py --out files and built-ins (post-mixer-nofold)")
     ap.add_argument("--reps", type=int, default=3)
     a = ap.parse_args()
     B = a.batch

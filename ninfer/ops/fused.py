@@ -20,8 +20,6 @@ h^2 per column tile) instead of the plain product, and the schedule then hands t
 references here never fold: `linear` ignores `residual` (the caller's add_rms_norm does the add) and
 applies a NormedRows's norm with `rms_norm` (the CPU path is unchanged).
     gdn_conv_recurrent(qkv, a, b, ...)     GDN decode state step: gates, conv update, gated delta rule
-    prefetch_weights(w, rows)               a hint that a projection of `rows` token rows will read w next:
-                                            nothing here (the fast set may move w's leading bytes into L2)
 """
 from __future__ import annotations
 
@@ -35,7 +33,6 @@ from ninfer.ops.norms import rms_norm
 from ninfer.ops.rope import apply_rotary_qk
 
 __all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "linear", "linear_swiglu", "gdn_conv_recurrent",
-           "prefetch_weights",
            "Residual", "NormedRows", "normed"]
 
 
@@ -97,13 +94,6 @@ def linear_swiglu(gu: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor
     """gu [N, 2I] (gate | up) -> silu_mul_halves(gu) @ weight[H, I].T  [N, H] in gu.dtype (`residual`
     as in `linear`: never folded here)."""
     return F.linear(silu_mul_halves(gu), weight)
-
-
-def prefetch_weights(weight: torch.Tensor, rows: int = 1) -> None:
-    """A hint, no result: a projection of `rows` token rows reads `weight` after the ops issued next.
-    The reference does nothing; the fast set's op (`ninfer.ops.fast.l2_prefetch.prefetch_rows`)
-    moves the weight's leading columns into L2 while small kernels run."""
-    return None
 
 
 def gdn_conv_recurrent(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor, a: torch.Tensor,

@@ -20,7 +20,6 @@ reference's signature and results and is tested against it (tests/test_fast_ops_
     gemv.linear_swiglu                            the same with the SwiGLU in its x load (shapes in
                                                   USE_TRITON_SWIGLU; else two ops)
     gdn_decode.gdn_conv_recurrent                 GDN decode state step (conv + delta rule) in one launch
-    l2_prefetch.prefetch_rows                     L2 prefetch of a weight's leading columns before a decode GEMV
 
 `select_ops(device)` returns the `OpSet` a model should use: the fast set on CUDA when Triton is
 importable, the reference set otherwise. Nothing here is imported on the CPU path (no Triton, no
@@ -60,7 +59,6 @@ class OpSet(NamedTuple):
     gdn_conv_recurrent: Callable       # GDN decode state step (conv update + delta rule), src -> dst entries
     linear_swiglu: Callable            # (gu, w) -> silu_mul_halves(gu) @ w.T
     route_moe_experts: Callable        # (x, router_logits, k, gate_up, down, *, shared) -> moe_experts(x, route_topk(..))
-    prefetch_weights: Callable         # (w, rows) -> None: hint that a projection reads w next (reference: no-op)
 
 
 @functools.cache
@@ -72,7 +70,7 @@ def reference_ops() -> OpSet:
                  attention.chunk_paged_attention, attention.decode_paged_attention, moe.moe_experts,
                  fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, attention.attention_output_gate,
                  gated_delta.gdn_gates, moe.route_topk, fused.linear, fused.gdn_conv_recurrent, fused.linear_swiglu,
-                 moe.route_moe_experts, fused.prefetch_weights)
+                 moe.route_moe_experts)
 
 
 @functools.cache
@@ -90,7 +88,7 @@ def fast_available() -> bool:
 @functools.cache
 def fast_ops() -> OpSet:
     """The fast set (needs Triton; fla-core is optional and imported at the first prefill call)."""
-    from ninfer.ops.fast import attention, conv, fused, gated_delta, gdn_decode, gemv, l2_prefetch, moe, norms
+    from ninfer.ops.fast import attention, conv, fused, gated_delta, gdn_decode, gemv, moe, norms
     nog = dict(gather_final_state=False)
     return OpSet(
         "fast", norms.gated_rms_norm,
@@ -100,7 +98,7 @@ def fast_ops() -> OpSet:
         fused.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention,
         moe.moe_experts, fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, fused.sigmoid_gate_mul,
         fused.gdn_gates, moe.route_topk, gemv.linear, gdn_decode.gdn_conv_recurrent, gemv.linear_swiglu,
-        moe.route_moe_experts, l2_prefetch.prefetch_rows)
+        moe.route_moe_experts)
 
 
 def select_ops(device: torch.device | str) -> OpSet:

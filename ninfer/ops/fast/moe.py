@@ -41,7 +41,6 @@ fp32 inputs use IEEE fp32 dots (no TF32) so the fp32 Program stays close to the 
 """
 from __future__ import annotations
 
-import os
 from typing import NamedTuple
 
 import torch
@@ -51,7 +50,7 @@ import triton.language as tl
 
 from ninfer.ops.fused import silu_mul_halves
 from ninfer.ops.moe import MoeRouting, SharedExpert
-from ninfer.ops.fast import _pdl, l2_prefetch
+from ninfer.ops.fast import _pdl
 
 __all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DECODE_CONFIG", "DECODE_CONFIG_MANY",
            "decode_config", "MAX_PAIRS", "PREFILL_CHUNK"]
@@ -268,16 +267,12 @@ _TILE = 8192          # max elements of one expert-stacked weight tile per load 
 
 @triton.jit
 def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, stride_l, stride_we, stride_wn,
-                            stride_act, pf_base, pf_stride, pf_chunk, pf_bytes,
-                            TOPK: tl.constexpr, KB: tl.constexpr, ROUTE: tl.constexpr,
+                            stride_act, TOPK: tl.constexpr, KB: tl.constexpr, ROUTE: tl.constexpr,
                             BE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
-                            PF_DOWN: tl.constexpr = False, PF_SUB: tl.constexpr = 16, PDL: tl.constexpr = False):
+                            PDL: tl.constexpr = False):
     """act[t·TOPK + j, n] = silu(Σ_h w[e_tj, n, h] x[t, h]) · Σ_h w[e_tj, I + n, h] x[t, h] for all j.
     ROUTE: e_t (and the weights) from the router logits of token t (`_topk_of_row`); programs of
-    n-block 0 store them to ids / rw [T, TOPK] for the down kernel. Otherwise e_t is read from ids.
-    PF_DOWN: program n-block nb also prefetches into L2 bytes [nb·pf_chunk, +pf_chunk) of each selected
-    expert's down weights (address pf_base + e·pf_stride, pf_bytes per expert), in PF_SUB pieces per
-    expert, for the down kernel that follows (a hint: no result depends on it)."""
+    n-block 0 store them to ids / rw [T, TOPK] for the down kernel. Otherwise e_t is read from ids."""
     _pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     nb = tl.program_id(1)
@@ -290,11 +285,6 @@ def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, strid
             tl.store(ids + t * TOPK + o_j, e, mask=mj)
     else:
         e = tl.load(ids + t * TOPK + o_j, mask=mj, other=0).to(tl.int64)
-    if PF_DOWN:
-        sub = pf_chunk // PF_SUB
-        off = nb.to(tl.int64) * pf_chunk + tl.arange(0, PF_SUB).to(tl.int64)[None, :] * sub
-        l2_prefetch.issue(pf_base + e[:, None] * pf_stride + off, tl.full([KB, PF_SUB], sub, tl.int32),
-                          mj[:, None] & (off < pf_bytes))
     o_n = nb * BN + tl.arange(0, BN)
     mn = o_n < I
     o_k = tl.arange(0, BK)
@@ -395,25 +385,6 @@ def _down_step(acc, sacc, dp, sp, gp, ap, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl
     return acc, sacc
 
 
-# NOTE: the gate|up kernel prefetches the selected experts' down weights into L2 at one token (at
-#       more, T x k experts' down weights outgrow the L2 next to the gate|up stream). Off until measured.
-PREFETCH_DOWN = os.environ.get("NINFER_MOE_PREFETCH_DOWN", "0") == "1"
-
-
-def _down_prefetch(down: torch.Tensor, T: int, n_blocks: int, kb: int, warps: int):
-    """(base, expert stride, chunk, bytes per expert) in bytes and the pieces per expert (one piece per
-    thread of the gate|up program) for its PF_DOWN, or None (off, T > 1, or not sm_90)."""
-    sub = 32 * warps // kb
-    if not (PREFETCH_DOWN and T == 1 and sub >= 1 and down.is_cuda and l2_prefetch.supported(down.device.index or 0)):
-        return None
-    es = down.element_size()
-    per_expert = down.shape[1] * down.shape[2] * es
-    chunk = triton.cdiv(triton.cdiv(per_expert, n_blocks), 16 * sub) * 16 * sub
-    if down.data_ptr() % 16 or (down.stride(0) * es) % 16 or not down[0].is_contiguous():
-        return None
-    return (down.data_ptr(), down.stride(0) * es, chunk, per_expert), sub
-
-
 def _tile_k(kb: int, bn: int, bk: int, length: int) -> int:
     return max(16, min(bk, triton.next_power_of_2(length), _TILE // (kb * bn)))
 
@@ -448,13 +419,10 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
     bn1 = min(cfg.up_bn, triton.next_power_of_2(I))
     bk1 = _tile_k(KB, bn1, cfg.up_bk, H)
     act = torch.empty(T * k, I, dtype=x.dtype, device=dev)
-    nb1 = triton.cdiv(I, bn1)
-    pf = _down_prefetch(down, T, nb1, KB, cfg.up_warps)
-    _experts_gate_up_kernel[(T, nb1)](
+    _experts_gate_up_kernel[(T, triton.cdiv(I, bn1))](
         x, lg, ids, weights, gate_up, act, E, I, H, x.stride(0), stride_l, gate_up.stride(0), gate_up.stride(1),
-        act.stride(0), *(pf[0] if pf else (0, 0, 0, 0)), TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E),
-        BN=bn1, BK=bk1, EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, PF_DOWN=pf is not None,
-        PF_SUB=pf[1] if pf else 1, num_warps=cfg.up_warps, **_pdl.launch())
+        act.stride(0), TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E), BN=bn1, BK=bk1,
+        EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, num_warps=cfg.up_warps, **_pdl.launch())
     out = torch.empty(T, H, dtype=x.dtype, device=dev)
     Is, s_args, s_strides = _shared_args(shared, act, I)
     kmax = max(I, Is)

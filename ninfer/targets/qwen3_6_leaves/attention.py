@@ -27,7 +27,6 @@ class GatedAttentionProjection:
         k = qkv[:, nq:nq + nk].view(N, self.nkv, self.hd)
         v = qkv[:, nq + nk:].view(N, self.nkv, self.hd)
         q, k = ops.qk_norm_rope(q, k, w.q_norm, w.k_norm, cos, sin, self.eps)
-        ops.prefetch_weights(w.o_proj, N)                              # read after the attention (a hint)
         return q, k, v, gate
 
     def output(self, w: AttentionWeights, o: torch.Tensor, gate: torch.Tensor, ops: Any,

@@ -24,7 +24,6 @@ class GDNProjection:
         N = h.shape[0]
         C, nz, nv = w.in_proj_qkv.shape[0], self.nv * self.dv, self.nv
         y = ops.linear(h, w.in_proj)                                   # one GEMM: [qkv | z | b | a]
-        ops.prefetch_weights(w.out_proj, N)                            # read after the state step (a hint)
         qkv = y[:, :C]
         z = y[:, C:C + nz].view(N, self.nv, self.dv)
         a, b = y[:, C + nz + nv:], y[:, C + nz:C + nz + nv]
