@@ -308,6 +308,27 @@ def test_decode_paged_attention(dtype, page, Hq, Hkv, D):
         assert rel_rms(o[b], ro[b]) < tol, f"row {b} (context {lens[b]})"
 
 
+@pytest.mark.parametrize("B", [1, 3])
+def test_decode_paged_attention_short_contexts_in_a_wide_block_table(B):
+    """The block table's width (max_model_len) sets only the split count; each split's token range
+    follows the row's context length: short rows in a 64k-token table (padding entries -> a NaN page)."""
+    from ninfer.ops.fast import attention as fa
+    dtype = torch.float32 if _INTERPRET else torch.bfloat16
+    g = gen(21)
+    lens = [1, 65, 700][:B] if B > 1 else [97]
+    Hq, Hkv, D, page = 24, 4, 256, 64
+    kc, vc, bt = paged_kv(lens, Hkv, D, page, dtype, g)
+    wide = torch.cat([bt, bt[:, -1:].expand(-1, 65536 // page - bt.shape[1])], 1)   # NaN page past each row
+    q = randn(len(lens), Hq, D, dtype=dtype, g=g)
+    ctx = torch.tensor(lens, device=_DEV)
+    assert fa.decode_splits(len(lens), Hkv, wide.shape[1] * page, 32) > max(lens) // 32
+    o = fa.decode_paged_attention(q, kc, vc, wide, ctx)
+    ro = ref.decode_paged_attention(q, kc, vc, bt, ctx)
+    tol = TOL[dtype] if dtype == torch.bfloat16 else 2e-3
+    for b in range(len(lens)):
+        assert rel_rms(o[b], ro[b]) < tol, f"row {b} (context {lens[b]})"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunk_paged_attention(dtype):
     from ninfer.ops.fast import attention as fa

@@ -16,6 +16,9 @@ def add_common_args(ap, default_identities: list[str]) -> None:
 def decode_args(ap: argparse.ArgumentParser) -> None:
     add_common_args(ap, ["qwen3_6-27b", "qwen3_6-35b-a3b"])
     ap.add_argument("--ctx", nargs="+", type=int, default=[1024, 8192], help="context lengths")
+    ap.add_argument("--max-model-len", type=int, default=0, metavar="N",
+                    help="the Program's max_model_len, i.e. the decode block-table width (default: largest ctx + 64; "
+                         "a server runs at its configured limit, e.g. 8192 or 32768)")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-ref", action="store_true", help="skip the reference-ops comparison at the smallest ctx")
     ap.add_argument("--batches", nargs="+", type=int, default=list(range(1, 9)))

@@ -49,7 +49,7 @@ PAGE = 64
 
 def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, ref_compare: bool, device: str = "cuda",
                  batches: list[int] = list(range(1, 9)), prefill_ref_gdn: bool = False,
-                 on_row=None) -> list[dict]:
+                 on_row=None, max_model_len: int = 0) -> list[dict]:
     dt = torch.bfloat16 if device.startswith("cuda") else torch.float32
     w = DummyWeights(identity, device=device, dtype=dt, seed=0)
     sync = (lambda: torch.cuda.synchronize()) if device.startswith("cuda") else (lambda: None)
@@ -58,14 +58,15 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, ref_compa
     max_ctx = max(ctxs)
     pages = sum(8 * (c // PAGE + 2) for c in ctxs) + 16
     cfg = ProgramConfig(device=device, dtype="bf16" if device.startswith("cuda") else "fp32", page_size=PAGE, num_pages=pages, num_slots=8 * len(ctxs),
-                        max_model_len=max_ctx + 64, max_batch=8, max_steps=1)
+                        max_model_len=max(max_model_len, max_ctx + 64), max_batch=8, max_steps=1)
     t0 = time.perf_counter()
     prog = pkg.create_program(w, cfg)
     sync()
     load_s = time.perf_counter() - t0
     cap = prog.graphs.capture_s if prog.graphs is not None else 0.0
     print(f"[{identity}] synthetic weights generated and Program created in {load_s:.1f} s "
-          f"(of which decode graph capture B=1..8: {cap:.1f} s); ops={prog.model.ops.name}; GPU memory {(torch.cuda.memory_allocated() if device.startswith('cuda') else 0) / 2**30:.1f} GiB", flush=True)
+          f"(of which decode graph capture B=1..8: {cap:.1f} s); ops={prog.model.ops.name}; max_model_len "
+          f"{cfg.max_model_len}; GPU memory {(torch.cuda.memory_allocated() if device.startswith('cuda') else 0) / 2**30:.1f} GiB", flush=True)
     rng = torch.Generator().manual_seed(0)
     out = []
     main_ops = prog.model.ops
@@ -278,13 +279,15 @@ def run(args: argparse.Namespace) -> int:
     rec = Recorder("decode", args.out, {"env": env, "ceilings": ceil, "device": device,
                                         "dtype": "bf16" if cuda else "fp32", "page_size": PAGE,
                                         "weights": "dummy (synthetic)", "identities": args.identity,
-                                        "ctx": args.ctx, "batches": args.batches})
+                                        "ctx": args.ctx, "batches": args.batches,
+                                        "max_model_len": max(args.max_model_len, max(args.ctx) + 64)})
     if args.host_overhead and cuda:
         run_step(rec, args.step_timeout, "host overhead", lambda: host_overhead_rows(rec))
     for ident in args.identity:
         run_step(rec, args.step_timeout, f"{ident} decode",
                  lambda: run_identity(ident, args.ctx, bw, args.reps, not args.no_ref, device=device,
-                                      batches=args.batches, prefill_ref_gdn=args.prefill_ref_gdn, on_row=rec.add))
+                                      batches=args.batches, prefill_ref_gdn=args.prefill_ref_gdn, on_row=rec.add,
+                                      max_model_len=args.max_model_len))
         gc.collect()
         if hf:
             run_step(rec, args.step_timeout, f"{ident} transformers baseline",

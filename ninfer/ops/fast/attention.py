@@ -4,9 +4,11 @@
                              holds the REP = Hq / Hkv query heads of one kv head (GQA: K/V read once
                              per kv head), walks its token range of the row's context through the block
                              table with an online softmax and writes a partial (m, l, acc); a second
-                             launch merges the splits. The split count is derived from the block-table
-                             width (a host-known bound), never from context_lens, so there is no host
-                             sync and the launch is CUDA-graph safe.
+                             launch merges the splits. The split count is derived from the batch and
+                             head counts (a host-known bound), never from context_lens, so there is no
+                             host sync and the launch is CUDA-graph safe; each program derives its
+                             token range from its row's context length on the device, so every split
+                             has work whatever the block-table width (max_model_len) is.
     chunk_paged_attention    per row: gather the paged prefix at Hkv heads, then PyTorch SDPA (cuDNN /
                              flash kernels, enable_gqa: K/V never repeated) with a bottom-right causal
                              mask. No [L, C] matrix; host row bounds (no sync with CPU index tensors).
@@ -32,7 +34,7 @@ _TARGET_PROGRAMS = 264     # ~2 waves over the H200's 132 SMs
 
 @triton.jit
 def _paged_decode_kernel(
-    q, kc, vc, bt, lens, part_o, part_ml, scale, tok_per_split, nsplit,
+    q, kc, vc, bt, lens, part_o, part_ml, scale, nsplit,
     stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
     HQ: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
     BH: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr = "tf32",
@@ -43,8 +45,11 @@ def _paged_decode_kernel(
     i_kv = tl.program_id(1)
     i_s = tl.program_id(2)
     ctx = tl.load(lens + i_b).to(tl.int32)
-    start = i_s * tok_per_split
-    end = tl.minimum(start + tok_per_split, ctx)
+    # NOTE: the row's context split evenly over the launched splits in BN-token blocks (trailing splits of
+    #       a short context are empty: they store m = -inf, l = 0, which the merge weighs 0).
+    per = tl.cdiv(tl.cdiv(ctx, nsplit), BN) * BN
+    start = i_s * per
+    end = tl.minimum(start + per, ctx)
     o_h = tl.arange(0, BH)
     mh = o_h < REP
     heads = i_kv * REP + o_h
@@ -95,12 +100,13 @@ def _merge_kernel(part_o, part_ml, out, nsplit, stride_ob, stride_oh, HQ: tl.con
     tl.store(out + i_b * stride_ob + i_h * stride_oh + o_d, o.to(out.dtype.element_ty))
 
 
-def decode_splits(batch: int, kv_heads: int, max_tokens: int, block_n: int = 64) -> tuple[int, int]:
-    """(number of splits, tokens per split) for a decode launch over contexts of at most max_tokens."""
+def decode_splits(batch: int, kv_heads: int, max_tokens: int, block_n: int = 64) -> int:
+    """Number of splits of a decode launch over contexts of at most max_tokens: about _TARGET_PROGRAMS
+    programs in all, at most one split per block_n tokens. (Each program sizes its own token range from
+    its row's context length: with a range sized from max_tokens, a short context in a long block
+    table ran on a few splits walking many blocks, e.g. one split per kv head at max_model_len 256k.)"""
     max_splits = max(1, triton.cdiv(max_tokens, block_n))
-    splits = min(max_splits, max(1, triton.cdiv(_TARGET_PROGRAMS, batch * kv_heads)))
-    per = triton.cdiv(triton.cdiv(max_tokens, splits), block_n) * block_n
-    return triton.cdiv(max_tokens, per), per
+    return min(max_splits, max(1, triton.cdiv(_TARGET_PROGRAMS, batch * kv_heads)))
 
 
 def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale=None):
@@ -115,14 +121,14 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
     if scale is None:
         scale = D ** -0.5
     BN = 64 if D <= 128 else 32
-    nsplit, per = decode_splits(B, Hkv, block_table.shape[1] * page, BN)
+    nsplit = decode_splits(B, Hkv, block_table.shape[1] * page, BN)
     bt = device_index(block_table, q.device)
     lens = device_index(context_lens, q.device)
     part_o = torch.empty(B * Hq * nsplit, D, dtype=torch.float32, device=q.device)
     part_ml = torch.empty(B * Hq * nsplit, 2, dtype=torch.float32, device=q.device)
     BH = max(16, triton.next_power_of_2(rep))
     _paged_decode_kernel[(B, Hkv, nsplit)](
-        q, k_cache, v_cache, bt, lens, part_o, part_ml, float(scale), per, nsplit,
+        q, k_cache, v_cache, bt, lens, part_o, part_ml, float(scale), nsplit,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), bt.stride(0),
         HQ=Hq, REP=rep, D=D, PAGE=page, BH=BH, BN=BN,
