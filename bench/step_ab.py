@@ -7,6 +7,8 @@ Each variant's logits are checked against the base graphs' (relative RMS, argmax
 A variant is a '+'-joined list of items, each either a `bench/gemv.py --out FILE` result overlaid on
 the committed GEMV tables (`load_tuning`, what $NINFER_GEMV_CONFIGS does at import) or a built-in:
     post-mixer-nofold the post-mixer leaf (MoE, dense MLP) takes a materialised norm, returns the plain sum
+    op:NAME=FILE      the OpSet's op NAME replaced by the function NAME in the module file FILE (e.g. an
+                      older tree's copy of a fast-op module: before/after of a kernel in one process)
 
     PYTHONPATH=$PWD python3 bench/step_ab.py --identity qwen3_6-35b-a3b --variants post-mixer-nofold F F+post-mixer-nofold
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import statistics
 
 import torch
@@ -41,14 +44,19 @@ def applied(spec: str, prog):
     snapshot = [dict(t) for t in TABLES]
     leaf = prog.model.leaves.post_mixer
     saved = leaf.__dict__.get("folds_residual")
+    ops = prog.model.ops
     try:
         for item in filter(None, spec.split("+")):
             if item == "post-mixer-nofold":
                 leaf.folds_residual = False
+            elif item.startswith("op:"):
+                name, path = item[3:].split("=", 1)
+                prog.model.ops = prog.model.ops._replace(**{name: getattr(module_from(path), name)})
             else:
                 G.load_tuning(item)
         yield
     finally:
+        prog.model.ops = ops
         for t, s in zip(TABLES, snapshot):
             t.clear()
             t.update(s)
@@ -58,20 +66,29 @@ def applied(spec: str, prog):
             leaf.folds_residual = saved
 
 
+def module_from(path: str):
+    """The module in the file `path`, imported under a private name (its imports resolve as usual)."""
+    spec = importlib.util.spec_from_file_location(f"step_ab_{abs(hash(path))}", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--identity", nargs="+", default=["qwen3_6-27b"])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--variants", nargs="+", required=True, metavar="SPEC",
-                    help="'+'-joined bench/gemv.py --out files and built-ins (post-mixer-nofold)")
+                    help="'+'-joined bench/gemv.py --out files and built-ins (post-mixer-nofold, op:NAME=FILE)")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--max-model-len", type=int, default=1088, help="the block-table width of the decode graphs")
     a = ap.parse_args()
     B = a.batch
     for ident in a.identity:
         w = DummyWeights(ident, device="cuda", dtype=torch.bfloat16, seed=1)
         pkg = importlib.import_module(w.package.module)
-        cfg = ProgramConfig(device="cuda", dtype="bf16", page_size=64, num_pages=64, num_slots=8,
-                            max_model_len=1088, max_batch=B, max_steps=1)
+        cfg = ProgramConfig(device="cuda", dtype="bf16", page_size=64, num_pages=max(64, 17 * B + 8), num_slots=8,
+                            max_model_len=max(a.max_model_len, 1088), max_batch=B, max_steps=1)
         prog = pkg.create_program(w, cfg)
         graphs = {"base": prog.graphs}
         for spec in a.variants:     # captured before any sequence exists (the warm-up writes KV at page 0)
@@ -99,7 +116,7 @@ def main() -> None:
                 prog.abort_pending(prog.decode(hs))          # this round's inputs into the static buffers
                 res[v]["replay"].append(graph_replay_ms(dg._graphs[B].graph, n=30))
                 res[v]["round"].append(rounds_ms(prog, hs, 15))
-        print(f"[{ident} B={B} ctx 1000] variant: replay median (min..max of {a.reps} reps) | round median | "
+        print(f"[{ident} B={B} ctx 1000 max_model_len {cfg.max_model_len}] variant: replay median (min..max of {a.reps} reps) | round median | "
               f"logits vs base", flush=True)
         ref = logits["base"]
         for v in graphs:

@@ -75,29 +75,42 @@ def _paged_decode_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PREC)
         m_i = m_new
-    row = (i_b * HQ + heads) * nsplit + i_s                                  # [BH]
-    tl.store(part_o + row[:, None] * D + o_d[None, :], acc, mask=mh[:, None])
-    tl.store(part_ml + row * 2, m_i, mask=mh)
-    tl.store(part_ml + row * 2 + 1, l_i, mask=mh)
+    if start < ctx:                      # the merge reads only the splits that hold tokens
+        row = (i_b * HQ + heads) * nsplit + i_s                              # [BH]
+        tl.store(part_o + row[:, None] * D + o_d[None, :], acc, mask=mh[:, None])
+        tl.store(part_ml + row * 2, m_i, mask=mh)
+        tl.store(part_ml + row * 2 + 1, l_i, mask=mh)
 
 
 @triton.jit
-def _merge_kernel(part_o, part_ml, out, nsplit, stride_ob, stride_oh, HQ: tl.constexpr, D: tl.constexpr,
-                  BS: tl.constexpr, PDL: tl.constexpr = False):
+def _merge_kernel(part_o, part_ml, lens, out, nsplit, stride_ob, stride_oh, HQ: tl.constexpr, D: tl.constexpr,
+                  BN: tl.constexpr, BS: tl.constexpr, PDL: tl.constexpr = False):
+    """out = the splits' partials of one (row, head) combined: BS splits at a time with a running max
+    (a [BS, D] tile, whatever the split count), over the splits that hold tokens (same ranges as the
+    split kernel)."""
     _pdl.enter(PDL)
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
-    o_s = tl.arange(0, BS)
-    ms = o_s < nsplit
-    row = (i_b * HQ + i_h) * nsplit + o_s
-    m = tl.load(part_ml + row * 2, mask=ms, other=float("-inf"))
-    l = tl.load(part_ml + row * 2 + 1, mask=ms, other=0.0)
-    m_max = tl.max(m, 0)
-    w = tl.where(m > float("-inf"), tl.exp(m - m_max), 0.0)
+    ctx = tl.load(lens + i_b).to(tl.int32)
+    n_live = tl.cdiv(ctx, tl.cdiv(tl.cdiv(ctx, nsplit), BN) * BN)
     o_d = tl.arange(0, D)
-    acc = tl.load(part_o + row[:, None] * D + o_d[None, :], mask=ms[:, None], other=0.0)
-    o = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
-    tl.store(out + i_b * stride_ob + i_h * stride_oh + o_d, o.to(out.dtype.element_ty))
+    m_run = float("-inf")
+    l_run = 0.0
+    acc = tl.zeros([D], dtype=tl.float32)
+    for s0 in range(0, n_live, BS):
+        o_s = s0 + tl.arange(0, BS)
+        ms = o_s < n_live
+        row = (i_b * HQ + i_h) * nsplit + o_s
+        m = tl.load(part_ml + row * 2, mask=ms, other=float("-inf"))
+        l = tl.load(part_ml + row * 2 + 1, mask=ms, other=0.0)
+        part = tl.load(part_o + row[:, None] * D + o_d[None, :], mask=ms[:, None], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        w = tl.where(m > float("-inf"), tl.exp(m - m_new), 0.0)
+        alpha = tl.exp(m_run - m_new)
+        l_run = l_run * alpha + tl.sum(l * w, 0)
+        acc = acc * alpha + tl.sum(part * w[:, None], 0)
+        m_run = m_new
+    tl.store(out + i_b * stride_ob + i_h * stride_oh + o_d, (acc / l_run).to(out.dtype.element_ty))
 
 
 def decode_splits(batch: int, kv_heads: int, max_tokens: int, block_n: int = 64) -> int:
@@ -135,10 +148,11 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
         # NOTE: fp32 caches (tests, the fp32 Program) get IEEE fp32 products, not TF32; bf16 is unaffected.
         PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2, **_pdl.launch())
     out = torch.empty_like(q)
-    # NOTE: the split count is a run-time argument (it follows the block-table width, which grows
-    #       with the context): only BS, its next power of two, selects a compiled variant.
-    _merge_kernel[(B, Hq)](part_o, part_ml, out, nsplit, out.stride(0), out.stride(1), HQ=Hq, D=D,
-                           BS=max(2, triton.next_power_of_2(nsplit)), num_warps=4, **_pdl.launch())
+    # NOTE: the split count is a run-time argument (it follows the block-table width and the batch): the
+    #       merge walks the live splits BS at a time. It loaded all of them as one [next_pow2(nsplit), D]
+    #       fp32 tile before: 256 x 256 for the 35B-A3B at B=1 (132 splits), which spilled.
+    _merge_kernel[(B, Hq)](part_o, part_ml, lens, out, nsplit, out.stride(0), out.stride(1), HQ=Hq, D=D, BN=BN,
+                           BS=16, num_warps=4, **_pdl.launch())
     return out
 
 
