@@ -91,11 +91,16 @@ def main() -> None:
                             max_model_len=max(a.max_model_len, 1088), max_batch=B, max_steps=1)
         prog = pkg.create_program(w, cfg)
         graphs = {"base": prog.graphs}
+        ops_of = {"base": prog.model.ops}
         for spec in a.variants:     # captured before any sequence exists (the warm-up writes KV at page 0)
             with applied(spec, prog):
                 graphs[spec] = DecodeGraphs(prog.model, prog._state, B, cfg.max_model_len, cfg.page_size,
                                             torch.device("cuda"))
                 graphs[spec].capture()
+                # NOTE: a variant's rounds run with the op set its graphs were captured with: with any
+                #       other, `DecodeGraphs.run` declines and the round runs eagerly, leaving the graph's
+                #       static inputs at their capture values (context 1, one token copied to every row).
+                ops_of[spec] = prog.model.ops
         hs = []
         for r in range(B):
             req = SequenceRequest(prompt_token_ids=tuple(range(10 + r, 1010 + r)), max_output_tokens=64,
@@ -105,15 +110,17 @@ def main() -> None:
             hs.append(h)
         logits = {}
         for v, dg in graphs.items():
-            prog.graphs = dg
+            prog.graphs, prog.model.ops = dg, ops_of[v]
             b, lg = prog.decode_with_logits(hs)
             prog.abort_pending(b)
             logits[v] = lg.float()
         res = {v: {"replay": [], "round": []} for v in graphs}
         for _ in range(a.reps):
             for v, dg in graphs.items():
-                prog.graphs = dg
+                prog.graphs, prog.model.ops = dg, ops_of[v]
+                replays = dg.replays
                 prog.abort_pending(prog.decode(hs))          # this round's inputs into the static buffers
+                assert dg.replays > replays, f"variant {v}: the round did not replay its graph"
                 res[v]["replay"].append(graph_replay_ms(dg._graphs[B].graph, n=30))
                 res[v]["round"].append(rounds_ms(prog, hs, 15))
         print(f"[{ident} B={B} ctx 1000 max_model_len {cfg.max_model_len}] variant: replay median (min..max of {a.reps} reps) | round median | "
