@@ -7,6 +7,7 @@ Each variant's logits are checked against the base graphs' (relative RMS, argmax
 A variant is a '+'-joined list of items, each either a `bench/gemv.py --out FILE` result overlaid on
 the committed GEMV tables (`load_tuning`, what $NINFER_GEMV_CONFIGS does at import) or a built-in:
     post-mixer-nofold the post-mixer leaf (MoE, dense MLP) takes a materialised norm, returns the plain sum
+    moe=A,B,C,D,E,F   the MoE decode tiles for <= 2 tokens (`ninfer.ops.fast.moe.DECODE_CONFIG`, DecodeConfig fields)
     op:NAME=FILE      the OpSet's op NAME replaced by the function NAME in the module file FILE (e.g. an
                       older tree's copy of a fast-op module: before/after of a kernel in one process)
 
@@ -28,6 +29,7 @@ import torch
 from ninfer.bench.common import graph_replay_ms
 from ninfer.bench.kernels import rel_rms
 from ninfer.ops.fast import gemv as G
+from ninfer.ops.fast import moe as M
 from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
@@ -45,10 +47,13 @@ def applied(spec: str, prog):
     leaf = prog.model.leaves.post_mixer
     saved = leaf.__dict__.get("folds_residual")
     ops = prog.model.ops
+    moe_cfg = M.DECODE_CONFIG
     try:
         for item in filter(None, spec.split("+")):
             if item == "post-mixer-nofold":
                 leaf.folds_residual = False
+            elif item.startswith("moe="):
+                M.DECODE_CONFIG = M.DecodeConfig(*(int(v) for v in item[4:].split(",")))
             elif item.startswith("op:"):
                 name, path = item[3:].split("=", 1)
                 prog.model.ops = prog.model.ops._replace(**{name: getattr(module_from(path), name)})
@@ -57,6 +62,7 @@ def applied(spec: str, prog):
         yield
     finally:
         prog.model.ops = ops
+        M.DECODE_CONFIG = moe_cfg
         for t, s in zip(TABLES, snapshot):
             t.clear()
             t.update(s)
@@ -79,7 +85,7 @@ def main() -> None:
     ap.add_argument("--identity", nargs="+", default=["qwen3_6-27b"])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--variants", nargs="+", required=True, metavar="SPEC",
-                    help="'+'-joined bench/gemv.py --out files and built-ins (post-mixer-nofold, op:NAME=FILE)")
+                    help="'+'-joined bench/gemv.py --out files and built-ins (post-mixer-nofold, moe=..., op:NAME=FILE)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--max-model-len", type=int, default=1088, help="the block-table width of the decode graphs")
     a = ap.parse_args()
