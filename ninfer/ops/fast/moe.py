@@ -255,6 +255,8 @@ class DecodeConfig(NamedTuple):
 # NOTE: measured on the H200 (bench/moe_decode.py --sweep, 35B-A3B shapes, 40 layers per graph, PDL on): T=1
 #       (1, 1024, 4, 2, 512, 4) 25.98 us per layer vs 28.71 for (1, 512, ...); T=8 (1, 256, 2, 2, 512, 4) 118.0
 #       vs 128.9. DECODE_CONFIG is the few-token one; DECODE_CONFIG_MANY applies above 2 tokens.
+#       Swept again with the 48-register down kernel (pass 8, bench/NOTES.md): in the real step
+#       (bench/step_ab.py moe=...) every alternative lost to these tiles by 0.015-0.24 ms per step.
 DECODE_CONFIG = DecodeConfig(1, 1024, 4, 2, 512, 4)
 DECODE_CONFIG_MANY = DecodeConfig(1, 256, 2, 2, 512, 4)
 
@@ -415,7 +417,8 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
     #       down kernel routing from the logits itself to load its tiles before the PDL wait (+0.11 ms per
     #       35B-A3B step: its early programs held the SM slots of the gate|up kernel's second wave), and
     #       the post-mixer norm / residual add folded into these two kernels (no change with shared_in on
-    #       the Triton GEMV).
+    #       the Triton GEMV); pass 8: the gate|up programs prefetching the selected experts' down weights
+    #       into L2 (cp.async.bulk.prefetch, +0.09 ms per step).
     bn1 = min(cfg.up_bn, triton.next_power_of_2(I))
     bk1 = _tile_k(KB, bn1, cfg.up_bk, H)
     act = torch.empty(T * k, I, dtype=x.dtype, device=dev)
