@@ -259,6 +259,37 @@ def test_chunk_gdn_fla_dense(dtype, T):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_chunk_gdn_graphed_stages_equal_fla_eager(dtype, monkeypatch):
+    """One sequence per call at T <= GRAPH_MAX_TOKENS replays a graph captured at a padded length: same
+    outputs and slot states as fla-core called directly, for lengths inside one bucket in falling order
+    (the padding rows of a longer call must not leak into a shorter one), bucket edges, and no state."""
+    _need_fla()
+    from ninfer.ops.fast import gated_delta as fg
+    g = gen(17)
+    Hk, Hv, K, V, S = 2, 6, 128, 128, 4
+    results = {}
+    for graphed in (True, False):
+        monkeypatch.setattr(fg, "GRAPH_MAX_TOKENS", 2048 if graphed else 0)
+        gi = gen(17)
+        pool = _nan_pool(S, Hv, K, V, dtype=torch.float32)
+        pool[1] = randn(Hv, K, V, g=gi, scale=0.1)
+        outs = []
+        replays = fg._GRAPHS.replays
+        for T in (900, 800, 1, 64, 65, 2048, 2049, 500):
+            q, k, v, gg, beta = _gdn_inputs(1, T, Hk, Hv, K, V, dtype, gi)
+            o, _ = fg.chunk_gated_delta_rule(q, k, v, gg, beta, initial_state=pool, state_indices=torch.tensor([1], device=_DEV),
+                                             use_qk_l2norm_in_kernel=True, gather_final_state=False)
+            o2, S2 = fg.chunk_gated_delta_rule(q, k, v, gg, beta, initial_state=None, use_qk_l2norm_in_kernel=True)
+            outs.append((o, pool[1].clone(), o2, S2))
+        assert (fg._GRAPHS.replays - replays) == (14 if graphed else 0)     # T = 2049: fla-core directly
+        results[graphed] = outs
+    for a, b in zip(results[True], results[False]):
+        for x, y in zip(a, b):
+            assert x.shape == y.shape and rel_rms(x, y) < 1e-5
+    assert torch.isnan(pool[[0, 2, 3]]).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunk_gdn_fla_varlen_slots(dtype):
     _need_fla()
     from ninfer.ops.fast import gated_delta as fg

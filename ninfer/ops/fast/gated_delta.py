@@ -10,10 +10,21 @@ place, and the [N, Hv, K, V] copy returned by the reference is only gathered whe
     fused_recurrent_gated_delta_rule  same shapes; meant for T = 1 (or a few speculative tokens)
 
 NOTE: fla-core is imported lazily, on the first call, so the CPU install never needs it.
+
+Short prefill stages of one sequence (T <= GRAPH_MAX_TOKENS) replay a CUDA graph of fla-core's chunk
+forward captured at a padded length instead of calling it: its Python launch path (an autograd
+Function, input guards, ~8 Triton launches through fla's autotuner) costs ~1.6 ms of host time per
+call on the device machine, 48 calls per 27B stage, while a 512-token stage's whole GPU work is ~42 ms
+(bench/NOTES.md, pass 7). The inputs are copied into the graph's static buffers, the padding tokens
+get q = k = v = 0, g = 0, beta = 0: they neither decay nor update the state, and (causal) no real
+token reads them, so the outputs and the final state are those of the T real tokens.
 """
 from __future__ import annotations
 
+import bisect
 import functools
+import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -191,10 +202,13 @@ def chunk_gated_delta_rule(
     #       cu_seqlens tensor, so once per forward); one sequence packed as [1, T] is the dense
     #       case, so it runs without cu_seqlens and without the sync.
     cu = None if cu_seqlens is None or N == 1 else cu_seqlens.to(device=q.device, dtype=torch.long)
-    # NOTE: fla-core makes every input contiguous (input_guard); the schedule passes q, k, v as the
-    #       conv's contiguous split outputs, g fp32 and beta contiguous, so none of these copies.
-    o, ht = fla_chunk(q, k, v, g.float(), beta, scale=scale, initial_state=h0, output_final_state=True,
-                      use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu)
+    if cu is None and B == 1 and _graphed(q, T):
+        o, ht = _GRAPHS.run(q, k, v, g, beta, h0, scale, bool(use_qk_l2norm_in_kernel), fla_chunk)
+    else:
+        # NOTE: fla-core makes every input contiguous (input_guard); the schedule passes q, k, v as the
+        #       conv's contiguous split outputs, g fp32 and beta contiguous, so none of these copies.
+        o, ht = fla_chunk(q, k, v, g.float(), beta, scale=scale, initial_state=h0, output_final_state=True,
+                          use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, cu_seqlens=cu)
     if not output_final_state:
         return o, None
     if initial_state is None:
@@ -204,3 +218,93 @@ def chunk_gated_delta_rule(
     initial_state.index_copy_(0, state_indices.to(device=initial_state.device, dtype=torch.long),
                               ht.to(initial_state.dtype))
     return o, (ht.to(initial_state.dtype) if gather_final_state else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Graphed chunk forward for short stages of one sequence
+# ----------------------------------------------------------------------------------------------
+GRAPH_MAX_TOKENS = int(os.environ.get("NINFER_CHUNK_GDN_GRAPH_TOKENS", "2048"))   # 0: never graphed
+# NOTE: padded lengths (multiples of fla's 64-token chunk); a stage pads to the next one (<= 50 % more
+#       chunk work, which at these lengths is small next to the host time it saves).
+BUCKETS = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+def _graphed(q: torch.Tensor, T: int) -> bool:
+    return (q.is_cuda and 0 < T <= min(GRAPH_MAX_TOKENS, BUCKETS[-1])
+            and not torch.cuda.is_current_stream_capturing())
+
+
+class _Entry(NamedTuple):
+    graph: "torch.cuda.CUDAGraph"
+    q: torch.Tensor                # static inputs [1, Tb, ...]; rows past the call's T hold zeros
+    k: torch.Tensor
+    v: torch.Tensor
+    g: torch.Tensor
+    beta: torch.Tensor
+    h0: torch.Tensor               # [1, Hv, K, V] fp32
+    o: torch.Tensor                # static outputs of the capture
+    ht: torch.Tensor
+    filled: list                   # [rows of the static inputs that may hold data from an earlier call]
+
+
+class _ChunkGraphs:
+    """One captured fla-core chunk forward per (padded length, shapes, dtypes, scale, l2 norm, device),
+    made on first use (a warm-up call on a side stream first: compiles and fla's autotuning stay out
+    of the capture). All share one memory pool: each replay's outputs are copied out before the next
+    replay of any of them."""
+
+    def __init__(self) -> None:
+        self.entries: dict[tuple, _Entry] = {}
+        self.pool = None
+        self.replays = 0
+
+    def _entry(self, key, Tb, q, k, v, beta, scale, l2, fla_chunk) -> _Entry:
+        e = self.entries.get(key)
+        if e is not None:
+            return e
+        dev = q.device
+        Hk, K, Hv, V = q.shape[2], q.shape[3], v.shape[2], v.shape[3]
+        zs = dict(device=dev)
+        qs = torch.zeros(1, Tb, Hk, K, dtype=q.dtype, **zs)
+        ks = torch.zeros(1, Tb, Hk, K, dtype=k.dtype, **zs)
+        vs = torch.zeros(1, Tb, Hv, V, dtype=v.dtype, **zs)
+        gs = torch.zeros(1, Tb, Hv, dtype=torch.float32, **zs)
+        bs = torch.zeros(1, Tb, Hv, dtype=beta.dtype, **zs)
+        h0 = torch.zeros(1, Hv, K, V, dtype=torch.float32, **zs)
+        run = lambda: fla_chunk(qs, ks, vs, gs, bs, scale=scale, initial_state=h0,  # noqa: E731
+                                output_final_state=True, use_qk_l2norm_in_kernel=l2)
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            run()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            o, ht = run()
+        e = _Entry(graph, qs, ks, vs, gs, bs, h0, o, ht, [0])
+        self.entries[key] = e
+        return e
+
+    def run(self, q, k, v, g, beta, h0, scale, l2, fla_chunk):
+        """(o [1, T, Hv, V], final state [1, Hv, K, V] fp32) of fla_chunk on one sequence of T tokens."""
+        T = q.shape[1]
+        Tb = BUCKETS[bisect.bisect_left(BUCKETS, T)]
+        key = (Tb, tuple(q.shape[2:]), tuple(v.shape[2:]), q.dtype, beta.dtype, scale, l2, q.device)
+        e = self._entry(key, Tb, q, k, v, beta, scale, l2, fla_chunk)
+        for dst, src in ((e.q, q), (e.k, k), (e.v, v), (e.g, g), (e.beta, beta)):
+            dst[:, :T].copy_(src)
+            if e.filled[0] > T:
+                dst[:, T:e.filled[0]].zero_()
+        e.filled[0] = T
+        if h0 is None:
+            e.h0.zero_()
+        else:
+            e.h0.copy_(h0)
+        e.graph.replay()
+        self.replays += 1
+        return e.o[:, :T].clone(), e.ht.clone()
+
+
+_GRAPHS = _ChunkGraphs()
