@@ -283,9 +283,14 @@ def test_chunk_gdn_graphed_stages_equal_fla_eager(dtype, monkeypatch):
             outs.append((o, pool[1].clone(), o2, S2))
         assert (fg._GRAPHS.replays - replays) == (14 if graphed else 0)     # T = 2049: fla-core directly
         results[graphed] = outs
+    # NOTE: bf16 inputs give the same bits; fp32 inputs run fla-core's TF32 dots, whose results move at
+    #       the 1e-4 level with the padded length (measured on the H200: see bench/NOTES.md pass 8).
+    tol = 1e-5 if dtype == torch.bfloat16 else 1e-3
+    errs = [rel_rms(x, y) for a, b in zip(results[True], results[False]) for x, y in zip(a, b)]
+    print(f"graphed vs eager fla-core, {dtype}: max rel RMS {max(errs):.2e}")
+    assert max(errs) < tol
     for a, b in zip(results[True], results[False]):
-        for x, y in zip(a, b):
-            assert x.shape == y.shape and rel_rms(x, y) < 1e-5
+        assert [x.shape for x in a] == [y.shape for y in b]
     assert torch.isnan(pool[[0, 2, 3]]).all()
 
 
