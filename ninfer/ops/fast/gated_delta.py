@@ -24,6 +24,7 @@ from __future__ import annotations
 import bisect
 import functools
 import os
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -202,8 +203,11 @@ def chunk_gated_delta_rule(
     #       cu_seqlens tensor, so once per forward); one sequence packed as [1, T] is the dense
     #       case, so it runs without cu_seqlens and without the sync.
     cu = None if cu_seqlens is None or N == 1 else cu_seqlens.to(device=q.device, dtype=torch.long)
+    graphed = None
     if cu is None and B == 1 and _graphed(q, T):
-        o, ht = _GRAPHS.run(q, k, v, g, beta, h0, scale, bool(use_qk_l2norm_in_kernel), fla_chunk)
+        graphed = _GRAPHS.run(q, k, v, g, beta, h0, scale, bool(use_qk_l2norm_in_kernel), fla_chunk)
+    if graphed is not None:
+        o, ht = graphed
     else:
         # NOTE: fla-core makes every input contiguous (input_guard); the schedule passes q, k, v as the
         #       conv's contiguous split outputs, g fp32 and beta contiguous, so none of these copies.
@@ -257,6 +261,7 @@ class _ChunkGraphs:
         self.entries: dict[tuple, _Entry] = {}
         self.pool = None
         self.replays = 0
+        self.failed: str | None = None     # why a capture failed: the process then calls fla-core directly
 
     def _entry(self, key, Tb, q, k, v, beta, scale, l2, fla_chunk) -> _Entry:
         e = self.entries.get(key)
@@ -281,18 +286,29 @@ class _ChunkGraphs:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        # NOTE: captured while serving (first use of a length): thread_local, so another thread's CUDA
+        #       call cannot invalidate it.
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             o, ht = run()
         e = _Entry(graph, qs, ks, vs, gs, bs, h0, o, ht, [0])
         self.entries[key] = e
         return e
 
     def run(self, q, k, v, g, beta, h0, scale, l2, fla_chunk):
-        """(o [1, T, Hv, V], final state [1, Hv, K, V] fp32) of fla_chunk on one sequence of T tokens."""
+        """(o [1, T, Hv, V], final state [1, Hv, K, V] fp32) of fla_chunk on one sequence of T tokens, or
+        None when graphs are unavailable (a capture failed once: warned, fla-core is then called directly)."""
+        if self.failed is not None:
+            return None
         T = q.shape[1]
         Tb = BUCKETS[bisect.bisect_left(BUCKETS, T)]
         key = (Tb, tuple(q.shape[2:]), tuple(v.shape[2:]), q.dtype, beta.dtype, scale, l2, q.device)
-        e = self._entry(key, Tb, q, k, v, beta, scale, l2, fla_chunk)
+        try:
+            e = self._entry(key, Tb, q, k, v, beta, scale, l2, fla_chunk)
+        except RuntimeError as exc:             # e.g. a fla-core version whose forward cannot be captured
+            self.failed = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"ninfer chunk_gated_delta_rule: CUDA-graph capture failed ({self.failed}); calling "
+                          "fla-core directly from now on")
+            return None
         for dst, src in ((e.q, q), (e.k, k), (e.v, v), (e.g, g), (e.beta, beta)):
             dst[:, :T].copy_(src)
             if e.filled[0] > T:
