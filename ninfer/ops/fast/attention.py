@@ -45,9 +45,10 @@ def _paged_decode_kernel(
     i_kv = tl.program_id(1)
     i_s = tl.program_id(2)
     ctx = tl.load(lens + i_b).to(tl.int32)
-    # NOTE: the row's context split evenly over the launched splits in BN-token blocks (trailing splits of
-    #       a short context are empty: they store m = -inf, l = 0, which the merge weighs 0).
-    per = tl.cdiv(tl.cdiv(ctx, nsplit), BN) * BN
+    # NOTE: the row's context split evenly over the launched splits in BN-token blocks; trailing splits of
+    #       a short context are empty and store nothing. At least one block per split: a context of 0 (the
+    #       graph capture's zeroed inputs) gives empty splits, not a division by zero in the merge.
+    per = tl.maximum(tl.cdiv(tl.cdiv(ctx, nsplit), BN), 1) * BN
     start = i_s * per
     end = tl.minimum(start + per, ctx)
     o_h = tl.arange(0, BH)
@@ -92,7 +93,7 @@ def _merge_kernel(part_o, part_ml, lens, out, nsplit, stride_ob, stride_oh, HQ: 
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
     ctx = tl.load(lens + i_b).to(tl.int32)
-    n_live = tl.cdiv(ctx, tl.cdiv(tl.cdiv(ctx, nsplit), BN) * BN)
+    n_live = tl.cdiv(ctx, tl.maximum(tl.cdiv(tl.cdiv(ctx, nsplit), BN), 1) * BN)     # the split kernel's ranges
     o_d = tl.arange(0, D)
     m_run = float("-inf")
     l_run = 0.0
