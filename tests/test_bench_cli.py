@@ -18,11 +18,12 @@ def _json_line(out: str) -> dict:
 def test_bench_decode_cpu(capsys, tmp_path):
     rc = main(["bench", "decode", "--identity", "qwen3_6-tiny-dense", "--device", "cpu", "--ctx", "16",
                "--batches", "1", "2", "--reps", "1", "--no-ref", "--hf-baseline", "--hf-batches", "1",
-               "--out", str(tmp_path)])
+               "--max-model-len", "200", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc == 0, out
     data = _json_line(out)
     assert data["bench"] == "decode" and not data["errors"] and not data["partial"]
+    assert data["max_model_len"] == 200 and "max_model_len 200" in out
     kinds = [(r["kind"], r.get("batch")) for r in data["results"]]
     assert ("decode", 1) in kinds and ("decode", 2) in kinds and ("hf_decode", 1) in kinds and ("prefill", None) in kinds
     assert all(r["floor_ms"] > 0 for r in data["results"] if r["kind"] != "prefill")
@@ -71,11 +72,11 @@ def test_bench_serve_in_process_cpu(capsys):
     before = {t.ident for t in threading.enumerate()}
     rc = main(["bench", "serve", "--in-process", "--identity", "qwen3_6-tiny-dense", "--device", "cpu",
                "--concurrency", "1", "3", "--prompt-len", "16", "--output-len", "5", "--requests-per-client", "2",
-               "--step-timeout", "60", "--startup-timeout", "60"])
+               "--step-timeout", "60", "--startup-timeout", "60", "--max-model-len", "300"])
     out = capsys.readouterr().out
     assert rc == 0, out
     data = _json_line(out)
-    assert not data["errors"] and data["path"] == "engine"
+    assert not data["errors"] and data["path"] == "engine" and data["max_model_len"] == 300
     rows = [r for r in data["results"] if r["kind"] == "serve"]
     assert [r["concurrency"] for r in rows] == [1, 3]
     for r in rows:

@@ -45,6 +45,9 @@ def serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prompt-len", type=int, default=1024)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--requests-per-client", type=int, default=2)
+    ap.add_argument("--max-model-len", type=int, default=0, metavar="N",
+                    help="the server's --max-model-len (default: prompt + output + 16; a deployment runs at its "
+                         "configured limit, e.g. 8192, the engine default)")
     ap.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for the server's /health")
     ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                     help="extra `ninfer serve` argument (repeatable, e.g. --server-arg=--enforce-eager)")

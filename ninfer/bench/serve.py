@@ -309,11 +309,17 @@ def summarize(identity: str, c: int, reqs: list[dict], wall: float, prompt_len: 
                 output_tokens_per_s=out_tokens / wall, tokens_per_s_ceiling=c * 1e3 / tpot_floor)
 
 
+def model_len(args) -> int:
+    """The max_model_len the server (or the in-process Engine) runs with: --max-model-len, at least what
+    one request needs."""
+    return max(args.max_model_len, args.prompt_len + args.output_len + 16)
+
+
 def bench_identity(identity: str, args, ceil: dict, device: str, rec: Recorder, log_dir: Path) -> None:
     cuda = device.startswith("cuda")
     max_c = max(args.concurrency)
     log_path = log_dir / f"serve-{identity}.log"
-    server = Server(identity, max_concurrency=max_c, max_model_len=args.prompt_len + args.output_len + 16,
+    server = Server(identity, max_concurrency=max_c, max_model_len=model_len(args),
                     device=device, log_path=log_path, extra=list(args.server_arg or []))
     print(f"[{identity}] starting: {' '.join(server.cmd)} (log {log_path})", flush=True)
     rng = random.Random(0)
@@ -361,7 +367,7 @@ def bench_identity_in_process(identity: str, args, ceil: dict, device: str, rec:
 
     cuda = device.startswith("cuda")
     cfg = EngineConfig(load_format="dummy", identity=identity, device=device,
-                       max_concurrency=max(args.concurrency), max_model_len=args.prompt_len + args.output_len + 16)
+                       max_concurrency=max(args.concurrency), max_model_len=model_len(args))
     rng = random.Random(0)
     t0 = time.perf_counter()
     engine = Engine.from_config(cfg)
@@ -422,6 +428,7 @@ def run(args: argparse.Namespace) -> int:
                                        "weights": "dummy (synthetic)", "identities": args.identity,
                                        "concurrency": args.concurrency, "prompt_len": args.prompt_len,
                                        "output_len": args.output_len, "requests_per_client": args.requests_per_client,
+                                       "max_model_len": model_len(args),
                                        "path": "engine" if args.in_process else "http" if args.client == "http" else "openai-sdk"})
     log_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ninfer-bench-serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)
