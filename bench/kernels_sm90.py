@@ -1,6 +1,6 @@
 """Compile decode kernels for sm_90 without a GPU, with the ptxas and cuobjdump that Triton's wheel
 carries, and print each variant's registers, stack and local memory (spills): the GEMV
-(ninfer/ops/fast/gemv.py), the GDN decode step (gdn_decode.py, 27B heads) and the MoE expert kernels
+(ninfer/ops/fast/gemv.py), the GDN decode step (gdn_decode.py, 27B heads), the MoE expert kernels
 (moe.py, 35B-A3B tiles) and the paged decode attention (attention.py, 35B-A3B heads).
 Registers bound the programs per SM (65536 / (regs x 32 x warps)), so they are the first thing to
 read for a variant that adds loads in flight.
@@ -41,11 +41,11 @@ DOWN_VARIANTS = {"moe down": {}, "moe down (as a loop)": dict(ONE_BLOCK=False)}
 # GDN decode state step, 27B heads (H=16, HV=48, K=V=128), BV=16 (B=1)
 GDN_BASE = dict(H=16, HV=48, K=128, V=128, BK=128, BV=16, PDL=True)
 GDN_VARIANTS = {"gdn conv+recurrent": {}}
-_TYPES = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "parts_ptr": "*fp32", "eps": "fp32", "ids": "*i64",
-          "part_o": "*fp32", "part_ml": "*fp32", "lens": "*i64", "bt": "*i32", "scale": "fp32"}
 # paged decode attention at the 35B-A3B heads (16 q, 2 kv, 256): the split kernel and the merge
 ATTN_SPLIT = dict(HQ=16, REP=8, D=256, PAGE=64, BH=16, BN=32, PREC="tf32", PDL=True)
 ATTN_MERGE = dict(HQ=16, D=256, BN=32, BS=16, PDL=True)
+_TYPES = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "parts_ptr": "*fp32", "eps": "fp32", "ids": "*i64",
+          "part_o": "*fp32", "part_ml": "*fp32", "lens": "*i64", "bt": "*i32"}
 _GDN_TYPES = {"state": "*fp32", "src": "*i64", "dst": "*i64", "scale": "fp32"}
 _MOE_PTRS = {"conv", "a", "b", "A_log", "dt_bias", "o", "x", "logits", "rw", "w", "act", "down", "out", "sgu", "sg",
              "sdown"}

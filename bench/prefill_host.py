@@ -18,6 +18,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from ninfer.bench.common import sync
 from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
@@ -32,7 +33,6 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
     cuda = a.device.startswith("cuda")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     w = DummyWeights(a.identity, device=a.device, dtype=torch.bfloat16 if cuda else torch.float32, seed=1)
     pkg = importlib.import_module(w.package.module)
     page = 64
@@ -44,11 +44,11 @@ def main() -> None:
         req = SequenceRequest(prompt_token_ids=tuple(range(7, 8 + a.tokens)), max_output_tokens=4,
                               sampling=SamplingParams(temperature=0.0))
         h = prog.start_materialize(prog.plan_materialize(req)).sequence
-        sync()
+        sync(a.device)
         t0 = time.perf_counter()
         step = prog.prefill(h, a.tokens)                 # not the final stage: no first token, no pending batch
         host = time.perf_counter() - t0
-        sync()
+        sync(a.device)
         wall = time.perf_counter() - t0
         assert step.pending is None
         prog.release(h)

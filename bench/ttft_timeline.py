@@ -19,6 +19,7 @@ import time
 
 import torch
 
+from ninfer.bench.common import sync
 from ninfer.bench.serve import _prompt, engine_request
 
 
@@ -35,7 +36,6 @@ def main() -> None:
     from ninfer.types import EngineConfig
 
     cuda = a.device.startswith("cuda")
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
     rng = random.Random(0)
     for chunk in a.chunks:
         log: list[tuple[float, str]] = []
@@ -70,7 +70,7 @@ def main() -> None:
                     t0 = time.perf_counter()
                     out = fn(*args, **kw)
                     if do_sync:
-                        sync()
+                        sync(a.device)
                     note(f"{label(args)} {(time.perf_counter() - t0) * 1e3:.1f} ms")
                     return out
                 setattr(obj, name, wrapped)

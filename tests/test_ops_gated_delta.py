@@ -147,3 +147,18 @@ def test_bf16_inputs(device):
     o_hf, S_hf = torch_chunk_gated_delta_rule(q, k, v, g, beta, output_final_state=True, **kw)
     assert o.dtype == torch.bfloat16 and S.dtype == torch.float32
     assert rel_rms(o, o_hf) < 1e-2 and rel_rms(S, S_hf) < 1e-5
+
+
+@pytest.mark.parametrize("T", [1, 63, 65])
+def test_zero_padding_tokens_change_no_output_and_no_state(T):
+    """What the fast op's graphed prefill stages rely on (`ninfer.ops.fast.gated_delta`, padded to a
+    bucket): tokens appended with q = k = v = 0, g = 0, beta = 0 leave the real tokens' outputs and the
+    final state as they were (no decay, no update; causal, so no real token reads them)."""
+    q, k, v, g, beta, S0 = _inputs(T, seed=T)
+    pad = 128 - T
+    zpad = lambda x: torch.cat([x, torch.zeros(x.shape[0], pad, *x.shape[2:], dtype=x.dtype)], 1)  # noqa: E731
+    o, S = chunk_gated_delta_rule(q, k, v, g, beta, initial_state=S0, use_qk_l2norm_in_kernel=True)
+    op, Sp = chunk_gated_delta_rule(zpad(q), zpad(k), zpad(v), zpad(g), zpad(beta), initial_state=S0,
+                                    use_qk_l2norm_in_kernel=True)
+    assert op.shape[1] == 128
+    assert rel_rms(op[:, :T], o) < 1e-6 and rel_rms(Sp, S) < 1e-6

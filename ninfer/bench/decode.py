@@ -47,6 +47,12 @@ from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 PAGE = 64
 
 
+def model_len(requested: int, ctxs: list[int]) -> int:
+    """The Program's max_model_len (the decode graphs' block-table width): `requested` (--max-model-len),
+    at least the largest context + 64."""
+    return max(requested, max(ctxs) + 64)
+
+
 def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, ref_compare: bool, device: str = "cuda",
                  batches: list[int] = list(range(1, 9)), prefill_ref_gdn: bool = False,
                  on_row=None, max_model_len: int = 0) -> list[dict]:
@@ -58,7 +64,7 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, ref_compa
     max_ctx = max(ctxs)
     pages = sum(8 * (c // PAGE + 2) for c in ctxs) + 16
     cfg = ProgramConfig(device=device, dtype="bf16" if device.startswith("cuda") else "fp32", page_size=PAGE, num_pages=pages, num_slots=8 * len(ctxs),
-                        max_model_len=max(max_model_len, max_ctx + 64), max_batch=8, max_steps=1)
+                        max_model_len=model_len(max_model_len, ctxs), max_batch=8, max_steps=1)
     t0 = time.perf_counter()
     prog = pkg.create_program(w, cfg)
     sync()
@@ -280,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
                                         "dtype": "bf16" if cuda else "fp32", "page_size": PAGE,
                                         "weights": "dummy (synthetic)", "identities": args.identity,
                                         "ctx": args.ctx, "batches": args.batches,
-                                        "max_model_len": max(args.max_model_len, max(args.ctx) + 64)})
+                                        "max_model_len": model_len(args.max_model_len, args.ctx)})
     if args.host_overhead and cuda:
         run_step(rec, args.step_timeout, "host overhead", lambda: host_overhead_rows(rec))
     for ident in args.identity:

@@ -5,8 +5,8 @@
     (or: PYTHONPATH=$PWD python bench/serve.py ...)
 
 Per identity: starts `ninfer serve --load-format dummy --identity X` as a subprocess on a free
-loopback port (`--max-concurrency` = the largest concurrency, `--max-model-len` = prompt + output
-+ 16), waits for /health, checks that /v1/models says `synthetic_weights`, sends one warm-up
+loopback port (`--max-concurrency` = the largest concurrency, `--max-model-len` = this bench's
+--max-model-len, at least prompt + output + 16), waits for /health, checks that /v1/models says `synthetic_weights`, sends one warm-up
 request (first-call compiles), then for each concurrency c runs c clients, each sending
 --requests-per-client streaming completions one after another: a fresh random prompt of exactly
 --prompt-len token ids (no prefix reuse), temperature 0, `max_tokens` = --output-len with
@@ -309,6 +309,11 @@ def summarize(identity: str, c: int, reqs: list[dict], wall: float, prompt_len: 
                 output_tokens_per_s=out_tokens / wall, tokens_per_s_ceiling=c * 1e3 / tpot_floor)
 
 
+def client_path(args) -> str:
+    """The `path` the rows of an HTTP run record: the raw client or the openai SDK."""
+    return "http" if args.client == "http" else "openai-sdk"
+
+
 def model_len(args) -> int:
     """The max_model_len the server (or the in-process Engine) runs with: --max-model-len, at least what
     one request needs."""
@@ -347,7 +352,7 @@ def bench_identity(identity: str, args, ceil: dict, device: str, rec: Recorder, 
                 rec.error(f"{identity} concurrency {c}: failed: {type(e).__name__}: {e}")
                 continue
             row = summarize(identity, c, reqs, wall, args.prompt_len, args.output_len, ceil, 2 if cuda else 4,
-                            path="http" if args.client == "http" else "openai-sdk")
+                            path=client_path(args))
             rec.add(row)
             _report(identity, row)
     finally:
@@ -429,7 +434,7 @@ def run(args: argparse.Namespace) -> int:
                                        "concurrency": args.concurrency, "prompt_len": args.prompt_len,
                                        "output_len": args.output_len, "requests_per_client": args.requests_per_client,
                                        "max_model_len": model_len(args),
-                                       "path": "engine" if args.in_process else "http" if args.client == "http" else "openai-sdk"})
+                                       "path": "engine" if args.in_process else client_path(args)})
     log_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ninfer-bench-serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     for ident in args.identity:

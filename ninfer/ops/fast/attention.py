@@ -33,6 +33,14 @@ _TARGET_PROGRAMS = 264     # ~2 waves over the H200's 132 SMs
 
 
 @triton.jit
+def _split_tokens(ctx, nsplit, BN: tl.constexpr):
+    """Tokens per split of a row with `ctx` tokens: the context spread evenly over the launched splits
+    in BN-token blocks (0 for a context of 0, the graph capture's zeroed inputs: every split empty).
+    Splits past ceil(ctx / per) are empty."""
+    return tl.cdiv(tl.cdiv(ctx, nsplit), BN) * BN
+
+
+@triton.jit
 def _paged_decode_kernel(
     q, kc, vc, bt, lens, part_o, part_ml, scale, nsplit,
     stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,
@@ -45,10 +53,7 @@ def _paged_decode_kernel(
     i_kv = tl.program_id(1)
     i_s = tl.program_id(2)
     ctx = tl.load(lens + i_b).to(tl.int32)
-    # NOTE: the row's context split evenly over the launched splits in BN-token blocks; trailing splits of
-    #       a short context are empty and store nothing. At least one block per split: a context of 0 (the
-    #       graph capture's zeroed inputs) gives empty splits, not a division by zero in the merge.
-    per = tl.maximum(tl.cdiv(tl.cdiv(ctx, nsplit), BN), 1) * BN
+    per = _split_tokens(ctx, nsplit, BN)
     start = i_s * per
     end = tl.minimum(start + per, ctx)
     o_h = tl.arange(0, BH)
@@ -93,7 +98,10 @@ def _merge_kernel(part_o, part_ml, lens, out, nsplit, stride_ob, stride_oh, HQ: 
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
     ctx = tl.load(lens + i_b).to(tl.int32)
-    n_live = tl.cdiv(ctx, tl.maximum(tl.cdiv(tl.cdiv(ctx, nsplit), BN), 1) * BN)     # the split kernel's ranges
+    # NOTE: the splits that hold tokens; max(., BN) only for a context of 0 (no division by zero), whose
+    #       output is NaN (0 / 0, as before). The same guard in the split kernel's range cost it 58
+    #       registers on sm_90 (`bench/kernels_sm90.py`); there ctx 0 gives an empty range without it.
+    n_live = tl.cdiv(ctx, tl.maximum(_split_tokens(ctx, nsplit, BN), BN))
     o_d = tl.arange(0, D)
     m_run = float("-inf")
     l_run = 0.0

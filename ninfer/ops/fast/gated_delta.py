@@ -25,7 +25,7 @@ import bisect
 import functools
 import os
 import warnings
-from typing import NamedTuple
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -190,25 +190,26 @@ def chunk_gated_delta_rule(
             cu_seqlens=cu_seqlens, chunk_size=chunk_size)
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule as fla_chunk
 
-    B, T, Hk, K = k.shape
-    Hv, V = v.shape[2], v.shape[3]
+    B, T = k.shape[:2]
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    if initial_state is None:
-        h0 = None
-    elif state_indices is None:
-        h0 = initial_state.float()
-    else:
-        h0 = initial_state.index_select(0, state_indices.to(device=initial_state.device, dtype=torch.long)).float()
+    sidx = (None if state_indices is None or initial_state is None
+            else state_indices.to(device=initial_state.device, dtype=torch.long))
     # NOTE: with cu_seqlens fla-core builds its chunk indices with a device-to-host sync (cached per
     #       cu_seqlens tensor, so once per forward); one sequence packed as [1, T] is the dense
     #       case, so it runs without cu_seqlens and without the sync.
     cu = None if cu_seqlens is None or N == 1 else cu_seqlens.to(device=q.device, dtype=torch.long)
     graphed = None
     if cu is None and B == 1 and _graphed(q, T):
-        graphed = _GRAPHS.run(q, k, v, g, beta, h0, scale, bool(use_qk_l2norm_in_kernel), fla_chunk)
+        graphed = _GRAPHS.run(q, k, v, g, beta, initial_state, sidx, scale, bool(use_qk_l2norm_in_kernel), fla_chunk)
     if graphed is not None:
         o, ht = graphed
+        if output_final_state and (sidx is None or gather_final_state):
+            ht = ht.clone()                  # returned: not the graph's buffer, which the next replay rewrites
     else:
+        if initial_state is None:
+            h0 = None
+        else:
+            h0 = (initial_state if sidx is None else initial_state.index_select(0, sidx)).float()
         # NOTE: fla-core makes every input contiguous (input_guard); the schedule passes q, k, v as the
         #       conv's contiguous split outputs, g fp32 and beta contiguous, so none of these copies.
         o, ht = fla_chunk(q, k, v, g.float(), beta, scale=scale, initial_state=h0, output_final_state=True,
@@ -217,10 +218,9 @@ def chunk_gated_delta_rule(
         return o, None
     if initial_state is None:
         return o, ht
-    if state_indices is None:
+    if sidx is None:
         return o, ht.to(initial_state.dtype)
-    initial_state.index_copy_(0, state_indices.to(device=initial_state.device, dtype=torch.long),
-                              ht.to(initial_state.dtype))
+    initial_state.index_copy_(0, sidx, ht.to(initial_state.dtype))
     return o, (ht.to(initial_state.dtype) if gather_final_state else None)
 
 
@@ -238,17 +238,14 @@ def _graphed(q: torch.Tensor, T: int) -> bool:
             and not torch.cuda.is_current_stream_capturing())
 
 
-class _Entry(NamedTuple):
+@dataclass
+class _Entry:
     graph: "torch.cuda.CUDAGraph"
-    q: torch.Tensor                # static inputs [1, Tb, ...]; rows past the call's T hold zeros
-    k: torch.Tensor
-    v: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
-    h0: torch.Tensor               # [1, Hv, K, V] fp32
-    o: torch.Tensor                # static outputs of the capture
+    inputs: tuple[torch.Tensor, ...]   # static q, k, v, g (fp32), beta [1, Tb, ...]; rows >= `filled` are 0
+    h0: torch.Tensor                   # [1, Hv, K, V] fp32
+    o: torch.Tensor                    # static outputs of the capture
     ht: torch.Tensor
-    filled: list                   # [rows of the static inputs that may hold data from an earlier call]
+    filled: int = 0                    # rows of the inputs an earlier call may have written
 
 
 class _ChunkGraphs:
@@ -290,13 +287,15 @@ class _ChunkGraphs:
         #       call cannot invalidate it.
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             o, ht = run()
-        e = _Entry(graph, qs, ks, vs, gs, bs, h0, o, ht, [0])
+        e = _Entry(graph, (qs, ks, vs, gs, bs), h0, o, ht)
         self.entries[key] = e
         return e
 
-    def run(self, q, k, v, g, beta, h0, scale, l2, fla_chunk):
-        """(o [1, T, Hv, V], final state [1, Hv, K, V] fp32) of fla_chunk on one sequence of T tokens, or
-        None when graphs are unavailable (a capture failed once: warned, fla-core is then called directly)."""
+    def run(self, q, k, v, g, beta, state, idx, scale, l2, fla_chunk):
+        """fla_chunk on one sequence of T tokens from the initial state state[idx] (idx a [1] index, or
+        None: state is [1, Hv, K, V]; state None: zeros) -> (o [1, T, Hv, V], the final state [1, Hv, K, V]
+        fp32: the graph's output buffer, valid until the next replay), or None when graphs are
+        unavailable (a capture failed once: warned, fla-core is then called directly)."""
         if self.failed is not None:
             return None
         T = q.shape[1]
@@ -309,18 +308,20 @@ class _ChunkGraphs:
             warnings.warn(f"ninfer chunk_gated_delta_rule: CUDA-graph capture failed ({self.failed}); calling "
                           "fla-core directly from now on")
             return None
-        for dst, src in ((e.q, q), (e.k, k), (e.v, v), (e.g, g), (e.beta, beta)):
+        for dst, src in zip(e.inputs, (q, k, v, g, beta)):
             dst[:, :T].copy_(src)
-            if e.filled[0] > T:
-                dst[:, T:e.filled[0]].zero_()
-        e.filled[0] = T
-        if h0 is None:
+            if e.filled > T:
+                dst[:, T:e.filled].zero_()
+        e.filled = T
+        if state is None:
             e.h0.zero_()
+        elif idx is not None and state.dtype == torch.float32:
+            torch.index_select(state, 0, idx, out=e.h0)
         else:
-            e.h0.copy_(h0)
+            e.h0.copy_(state if idx is None else state.index_select(0, idx))
         e.graph.replay()
         self.replays += 1
-        return e.o[:, :T].clone(), e.ht.clone()
+        return e.o[:, :T].clone(), e.ht
 
 
 _GRAPHS = _ChunkGraphs()
