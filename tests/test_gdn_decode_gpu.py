@@ -91,3 +91,69 @@ def test_gdn_conv_recurrent_in_place_falls_back_to_the_fast_ops(dtype):
     assert torch.equal(conv[src], conv_r[src])
     untouched = torch.tensor([1, 3, 5], device=_DEV)
     assert torch.equal(conv[untouched], conv0[untouched]) and torch.equal(rec[untouched], rec0[untouched])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("B", [1, 8])
+@pytest.mark.parametrize("fused", [True, False])
+def test_gdn_conv_recurrent_with_gated_norm(dtype, B, fused, monkeypatch):
+    """z and the norm weight given: the op returns gated_rms_norm(o, z, w) (fused: the last V-block
+    program of each head applies it in the same launch, B=1 with 8 blocks a head at the 27B shape;
+    off: the norm kernel after the step), the states as without the norm, and the arrival counters
+    all zero afterwards (a graph replays with no reset)."""
+    from ninfer.ops import fused as ref
+    from ninfer.ops.fast import _counters, gdn_decode
+    from ninfer.ops.fast.norms import gated_rms_norm
+
+    monkeypatch.setattr(gdn_decode, "FUSE_NORM", fused)
+    H, HV, K, V = SHAPES[0]
+    C = 2 * H * K + HV * V
+    S = 2 * B + 1
+    g0 = torch.Generator(device=_DEV).manual_seed(11 + B)
+    rnd = lambda *s, scale=1.0: torch.randn(*s, generator=g0, device=_DEV) * scale  # noqa: E731
+    # the projection row as the model slices it: [qkv | z | b | a]; z a strided head view of it
+    wide = rnd(B, C + HV * V + 2 * HV, scale=2.0).to(dtype)
+    qkv = wide[:, :C]
+    z = wide[:, C:C + HV * V].view(B, HV, V)
+    b, a = wide[:, C + HV * V:C + HV * V + HV], wide[:, C + HV * V + HV:]
+    conv_w = rnd(C, 1, 4, scale=0.5).to(dtype)
+    A_log, dt_bias = rnd(HV, scale=0.5), rnd(HV, scale=0.5)
+    norm_w = (1.0 + rnd(V, scale=0.2)).to(torch.float32 if dtype == torch.float32 else dtype)
+    src = torch.arange(0, B, device=_DEV)
+    dst = torch.arange(B, 2 * B, device=_DEV)
+    conv0 = torch.full((S, C, 3), float("nan"), device=_DEV, dtype=dtype)
+    rec0 = torch.full((S, HV, K, V), float("nan"), device=_DEV)
+    conv0[src] = rnd(B, C, 3).to(dtype)
+    rec0[src] = rnd(B, HV, K, V, scale=0.3)
+    kw = dict(num_k_heads=H, head_k_dim=K, head_v_dim=V)
+    conv, rec = conv0.clone(), rec0.clone()
+    y = gdn_decode.gdn_conv_recurrent(qkv, conv_w, conv, a, b, A_log, dt_bias, rec, src, dst, **kw,
+                                      z=z, norm_weight=norm_w, eps=1e-6)
+    conv_p, rec_p = conv0.clone(), rec0.clone()
+    o = gdn_decode.gdn_conv_recurrent(qkv, conv_w, conv_p, a, b, A_log, dt_bias, rec_p, src, dst, **kw)
+    conv_r, rec_r = conv0.clone(), rec0.clone()
+    y_r = ref.gdn_conv_recurrent(qkv, conv_w, conv_r, a, b, A_log, dt_bias, rec_r, src, dst, **kw,
+                                 z=z, norm_weight=norm_w, eps=1e-6)
+    assert y.shape == (B, HV, V) and y.dtype == dtype
+    # the fused norm rounds as the fast norm kernel does on the plain step's output: equal bit for bit
+    assert torch.equal(y, gated_rms_norm(o, z, norm_w, 1e-6))
+    # NOTE: the norm scales every head to unit RMS, so a head with a small o carries o's bf16 error at
+    #       full size (5 % in one head of this draw, 0.8 % over all of o): a looser bound than o's.
+    assert rel_rms(y, y_r) < (2e-3 if dtype == torch.float32 else 8e-2)
+    assert torch.equal(rec[dst], rec_p[dst]) and torch.equal(conv[dst], conv_p[dst])
+    if fused:
+        assert int(_counters._COUNTERS[torch.device(_DEV)].abs().sum()) == 0
+
+
+def test_gdn_conv_recurrent_gated_norm_rejects_a_wrong_z():
+    from ninfer.ops.fast.gdn_decode import gdn_conv_recurrent
+
+    H, HV, K, V = SHAPES[-1]
+    C = 2 * H * K + HV * V
+    x = torch.zeros(1, C + 2 * HV, device=_DEV)
+    with pytest.raises(ValueError, match="gated norm needs z"):
+        gdn_conv_recurrent(x[:, :C], torch.zeros(C, 1, 4, device=_DEV), torch.zeros(2, C, 3, device=_DEV),
+                           x[:, C + HV:], x[:, C:C + HV], torch.zeros(HV, device=_DEV), torch.zeros(HV, device=_DEV),
+                           torch.zeros(2, HV, K, V, device=_DEV), torch.tensor([0], device=_DEV),
+                           torch.tensor([1], device=_DEV), num_k_heads=H, head_k_dim=K, head_v_dim=V,
+                           z=torch.zeros(1, HV, V + 1, device=_DEV), norm_weight=torch.ones(V, device=_DEV))
