@@ -10,6 +10,8 @@ the committed GEMV tables (`load_tuning`, what $NINFER_GEMV_CONFIGS does at impo
     moe=A,B,C,D,E,F   the MoE decode tiles for <= 2 tokens (`ninfer.ops.fast.moe.DECODE_CONFIG`, DecodeConfig fields)
     op:NAME=FILE      the OpSet's op NAME replaced by the function NAME in the module file FILE (e.g. an
                       older tree's copy of a fast-op module: before/after of a kernel in one process)
+    set:MOD.ATTR=V    module attribute MOD.ATTR set to the int V while the variant's graphs are captured
+                      and run (a fusion switch read at call time, e.g. set:ninfer.ops.fast.gdn_decode.FUSE_NORM=0)
 
     PYTHONPATH=$PWD python3 bench/step_ab.py --identity qwen3_6-35b-a3b --variants post-mixer-nofold F F+post-mixer-nofold
 
@@ -48,12 +50,21 @@ def applied(spec: str, prog):
     saved = leaf.__dict__.get("folds_residual")
     ops = prog.model.ops
     moe_cfg = M.DECODE_CONFIG
+    attrs = []                                   # (module, name, value before)
     try:
         for item in filter(None, spec.split("+")):
             if item == "post-mixer-nofold":
                 leaf.folds_residual = False
             elif item.startswith("moe="):
                 M.DECODE_CONFIG = M.DecodeConfig(*(int(v) for v in item[4:].split(",")))
+            elif item.startswith("set:"):
+                target, value = item[4:].split("=", 1)
+                mod_name, attr = target.rsplit(".", 1)
+                mod = importlib.import_module(mod_name)
+                if not hasattr(mod, attr):
+                    raise SystemExit(f"step_ab: {mod_name} has no attribute {attr}")
+                attrs.append((mod, attr, getattr(mod, attr)))
+                setattr(mod, attr, type(attrs[-1][2])(int(value)))
             elif item.startswith("op:"):
                 name, path = item[3:].split("=", 1)
                 prog.model.ops = prog.model.ops._replace(**{name: getattr(module_from(path), name)})
@@ -61,6 +72,8 @@ def applied(spec: str, prog):
                 G.load_tuning(item)
         yield
     finally:
+        for mod, attr, before in reversed(attrs):
+            setattr(mod, attr, before)
         prog.model.ops = ops
         M.DECODE_CONFIG = moe_cfg
         for t, s in zip(TABLES, snapshot):
