@@ -350,3 +350,83 @@ def test_sparse_moe_leaf_fast_vs_reference(shape, dtype, N):
     keep = ~boundary_ties(F.linear(h, mlp["shared_in.weight"])[:, 2 * Is + 1:], k)
     assert keep.float().mean() > 0.7
     assert rel_rms(out[keep], want[keep]) < TOL[dtype]
+
+
+@pytest.mark.parametrize("shape", [ODD, WIDE], ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 3])
+def test_route_moe_experts_folds_the_residual(shape, dtype, T, monkeypatch):
+    """residual at one token: the down kernel adds it, rounded as the schedule's add (residual +
+    the sum rounded to the dtype: equal bit for bit to the unfolded result plus the residual), and
+    returns `Residual(h, parts)` with the sums of squares per down tile; at 3 tokens, or with
+    FOLD_RESIDUAL off, the plain sum (the caller adds). The reference never folds."""
+    from ninfer.ops.fast import moe as fm
+    from ninfer.ops.fused import Residual
+    E, k, H, I, Is = shape
+    g = gen(40 + T)
+    x = randn(T, H, dtype=dtype, g=g)
+    gate_up, down = experts(shape, dtype, g)
+    shared = shared_expert(T, shape, dtype, g)
+    logits = randn(T, E + 5, dtype=dtype, g=g, scale=2.0)[:, 5:]
+    res = randn(T, H, dtype=dtype, g=g)
+    plain = fm.route_moe_experts(x, logits, k, gate_up, down, shared=shared)
+    got = fm.route_moe_experts(x, logits, k, gate_up, down, shared=shared, residual=res)
+    from ninfer.ops.moe import route_moe_experts as ref_route
+    assert isinstance(ref_route(x, logits, k, gate_up, down, shared=shared, residual=res), torch.Tensor)
+    if T > 1:
+        assert isinstance(got, torch.Tensor) and torch.equal(got, plain)
+        return
+    assert isinstance(got, Residual)
+    added = (res.float() + plain.float()).to(dtype)
+    if _INTERPRET and dtype == torch.bfloat16:       # the interpreter's bf16 rounds towards zero
+        assert rel_rms(got.h, added) < 1e-2
+    else:
+        assert torch.equal(got.h, added)
+    bn = min(fm.decode_config(T).down_bn, 1 << (H - 1).bit_length())
+    hp = torch.zeros(T, got.parts.shape[1] * bn, device=got.h.device)
+    hp[:, :H] = got.h.float()
+    torch.testing.assert_close(got.parts, (hp * hp).view(T, -1, bn).sum(2), rtol=1e-5, atol=1e-5)
+    monkeypatch.setattr(fm, "FOLD_RESIDUAL", False)
+    off = fm.route_moe_experts(x, logits, k, gate_up, down, shared=shared, residual=res)
+    assert isinstance(off, torch.Tensor) and torch.equal(off, plain)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sparse_moe_leaf_takes_pending_norm_and_residual(dtype, monkeypatch):
+    """The MoE leaf at one decode row with the schedule's fold (NormedRows from the out-projection's
+    Residual, the residual to add): shared_in's GEMV applies the norm and stores the normed row for the
+    expert kernels, the down kernel adds the residual; the result equals the reference leaf on
+    rms_norm(h) plus the residual, and no norm kernel runs (with NORMED_OUT off, one does)."""
+    import dataclasses
+
+    from ninfer.ops.fast import fast_ops, fused as fast_fused, gemv, reference_ops
+    from ninfer.ops.fused import NormedRows, Residual
+    from ninfer.ops.norms import rms_norm
+    from ninfer.targets.qwen3_6_35b_a3b import DIMS
+    from ninfer.targets.qwen3_6_leaves.moe import SparseMoE
+    shape = WIDE
+    E, k, H, I, Is = shape
+    g = gen(77)
+    mlp = _leaf_weights(shape, dtype, g)
+    h = randn(1, H, dtype=dtype, g=g)
+    nw = randn(H, dtype=dtype, g=g, scale=0.1)
+    res = randn(1, H, dtype=dtype, g=g)
+    parts = (h.float() ** 2).sum(1, keepdim=True).contiguous()
+    monkeypatch.setattr(gemv, "use_triton", lambda n, kk, m: True)
+    if _INTERPRET:
+        monkeypatch.setattr(gemv, "_eligible", lambda x, w: x.dtype == w.dtype and x.stride(-1) == 1
+                            and w.dim() == 2 and x.shape[-1] == w.shape[1])
+    norms = []
+    real_norm = fast_fused.add_rms_norm
+    monkeypatch.setattr(gemv, "_fast_add_rms_norm", lambda *a: norms.append(1) or real_norm(*a))
+    leaf = SparseMoE(dataclasses.replace(DIMS, num_experts=E, num_experts_per_tok=k))
+    ops = fast_ops()
+    got = leaf(mlp, NormedRows(h, nw, 1e-6, parts), ops, residual=res)
+    assert isinstance(got, Residual) and not norms
+    xn = rms_norm(h, nw, 1e-6)
+    want = leaf(mlp, xn, reference_ops(), residual=res)          # the reference returns the plain sum
+    assert not boundary_ties(F.linear(xn, mlp["shared_in.weight"])[:, 2 * Is + 1:], k).any()
+    assert rel_rms(got.h, (res.float() + want.float()).to(dtype)) < ROUTED_TOL[dtype]
+    monkeypatch.setattr(gemv, "NORMED_OUT", False)
+    got2 = leaf(mlp, NormedRows(h, nw, 1e-6, parts), ops, residual=res)
+    assert len(norms) == 1 and rel_rms(got2.h, got.h) < TOL[dtype]
