@@ -1,7 +1,8 @@
 """Compile decode kernels for sm_90 without a GPU, with the ptxas and cuobjdump that Triton's wheel
 carries, and print each variant's registers, stack and local memory (spills): the GEMV
 (ninfer/ops/fast/gemv.py), the GDN decode step (gdn_decode.py, 27B heads), the MoE expert kernels
-(moe.py, 35B-A3B tiles) and the paged decode attention (attention.py, 35B-A3B heads).
+(moe.py, 35B-A3B tiles), the paged decode attention (attention.py, 35B-A3B heads) and the q/k norm +
+rotary with and without the paged KV write (fused.py, 27B heads).
 Registers bound the programs per SM (65536 / (regs x 32 x warps)), so they are the first thing to
 read for a variant that adds loads in flight.
 
@@ -18,6 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from ninfer.ops.fast import attention as A
+from ninfer.ops.fast import fused as F
 from ninfer.ops.fast import gdn_decode as D
 from ninfer.ops.fast import gemv as G
 from ninfer.ops.fast import moe as M
@@ -43,18 +45,23 @@ GDN_BASE = dict(H=16, HV=48, K=128, V=128, BK=128, BV=16, PDL=True)
 GDN_VARIANTS = {"gdn conv+recurrent": {}}
 # paged decode attention at the 35B-A3B heads (16 q, 2 kv, 256): the split kernel and the merge
 ATTN_SPLIT = dict(HQ=16, REP=8, D=256, PAGE=64, BH=16, BN=32, PREC="tf32", PDL=True)
-ATTN_MERGE = dict(HQ=16, D=256, BN=32, BS=16, PDL=True)
+ATTN_MERGE = dict(HQ=16, D=256, BN=32, BS=16, HAS_GATE=False, PDL=True)
+# q/k norm + rotary at the 27B heads (24 q, 4 kv, 256, rot 64): HB = 8 heads per program
+QK_BASE = dict(WRITE_KV=False, HAS_ROWS=False, HB=8, BD=256, VB=1, PDL=True)
+QK_VARIANTS = {"qk norm rope": {}, "qk norm rope + kv write": dict(WRITE_KV=True, HAS_ROWS=True)}
 _TYPES = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "parts_ptr": "*fp32", "eps": "fp32", "ids": "*i64",
-          "part_o": "*fp32", "part_ml": "*fp32", "lens": "*i64", "bt": "*i32"}
+          "part_o": "*fp32", "part_ml": "*fp32", "lens": "*i64", "bt": "*i32", "cos": "*fp32", "sin": "*fp32",
+          "pos": "*i64", "rows": "*i64"}
 _GDN_TYPES = {"state": "*fp32", "src": "*i64", "dst": "*i64", "scale": "fp32"}
 _MOE_PTRS = {"conv", "a", "b", "A_log", "dt_bias", "o", "x", "logits", "rw", "w", "act", "down", "out", "sgu", "sg",
              "sdown"}
+_ATTN_PTRS = {"q", "k", "v", "kc", "vc", "wq", "wk", "qo", "ko", "gate"}
 
 
 def arg_type(name: str) -> str:
     if name in _TYPES or name in _GDN_TYPES:
         return _TYPES.get(name) or _GDN_TYPES[name]
-    return "*bf16" if name.endswith("_ptr") or name in _MOE_PTRS | {"q", "kc", "vc"} else "i32"
+    return "*bf16" if name.endswith("_ptr") or name in _MOE_PTRS | _ATTN_PTRS else "i32"
 
 
 def compile_report(kernel, name: str, cx: dict, num_warps: int) -> None:
@@ -86,6 +93,9 @@ def main() -> None:
         compile_report(M._experts_down_kernel, name, dict(DOWN_BASE, **v), M.DECODE_CONFIG.down_warps)
     compile_report(A._paged_decode_kernel, "attn decode split", ATTN_SPLIT, 4)
     compile_report(A._merge_kernel, "attn decode merge", ATTN_MERGE, 4)
+    compile_report(A._merge_kernel, "attn decode merge + gate", dict(ATTN_MERGE, HAS_GATE=True), 4)
+    for name, v in QK_VARIANTS.items():
+        compile_report(F._qk_norm_rope_kernel, name, dict(QK_BASE, **v), 8)
 
 
 if __name__ == "__main__":

@@ -366,6 +366,35 @@ def test_decode_paged_attention_short_contexts_in_a_wide_block_table(B):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("Hq,Hkv,D", [(24, 4, 256), (16, 2, 256)])
+def test_decode_paged_attention_output_gate(dtype, page, Hq, Hkv, D, monkeypatch):
+    """gate= (a strided view of the projection row, as the leaf passes it): the merge's o * sigmoid(gate)
+    == the reference composition (attention_output_gate), and == FUSE_GATE = False (merge, then
+    sigmoid_gate_mul) to the bit."""
+    if _INTERPRET and dtype == torch.bfloat16:
+        pytest.skip("Triton's interpreter computes bf16 tl.dot wrongly")
+    from ninfer.ops.fast import attention as fa
+    g = gen(22)
+    lens = [1, 5, 64, 65] + ([500, 2000] if not _INTERPRET else [])
+    kc, vc, bt = paged_kv(lens, Hkv, D, page, dtype, g)
+    B = len(lens)
+    q = randn(B, Hq, D, dtype=dtype, g=g)
+    row = randn(B, Hq * 2 * D + 8, dtype=dtype, g=g, scale=2.0)          # [q | gate per head] after 8 columns
+    gate = row[:, 8:].view(B, Hq, 2 * D)[..., D:]
+    assert gate.stride() == (Hq * 2 * D + 8, 2 * D, 1)
+    ctx = torch.tensor(lens, device=_DEV)
+    poison_allocator()
+    o = fa.decode_paged_attention(q, kc, vc, bt, ctx, gate=gate)
+    ro = ref.decode_paged_attention(q, kc, vc, bt, ctx, gate=gate)
+    tol = TOL[dtype] if dtype == torch.bfloat16 else 2e-3          # tf32 dots for fp32 inputs
+    for b in range(B):
+        assert rel_rms(o[b], ro[b]) < tol, f"row {b} (context {lens[b]})"
+    monkeypatch.setattr(fa, "FUSE_GATE", False)
+    assert torch.equal(fa.decode_paged_attention(q, kc, vc, bt, ctx, gate=gate), o)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_chunk_paged_attention(dtype):
     from ninfer.ops.fast import attention as fa
     g = gen(10)

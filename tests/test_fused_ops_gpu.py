@@ -83,14 +83,14 @@ def test_add_rms_norm_mixed_weight_dtype():
 
 
 # ------------------------------------------------------------------------------------------------
-def _attn_row(N, dtype, seed):
+def _attn_row(N, dtype, seed, nh=NH, nkv=NKV):
     """The attention projection row [q|gate per head, k, v] and its views (as the leaf makes them)."""
-    nq, nk = NH * 2 * HD, NKV * HD
+    nq, nk = nh * 2 * HD, nkv * HD
     qkv = randn(N, nq + 2 * nk, dtype=dtype, seed=seed, scale=2.0)
-    qg = qkv[:, :nq].view(N, NH, 2 * HD)
+    qg = qkv[:, :nq].view(N, nh, 2 * HD)
     q, gate = qg[..., :HD], qg[..., HD:]
-    k = qkv[:, nq:nq + nk].view(N, NKV, HD)
-    v = qkv[:, nq + nk:].view(N, NKV, HD)
+    k = qkv[:, nq:nq + nk].view(N, nkv, HD)
+    v = qkv[:, nq + nk:].view(N, nkv, HD)
     return q, gate, k, v
 
 
@@ -219,6 +219,86 @@ def test_write_kv_paged(dtype, cache_dtype, idx_dtype, N, with_rows):
             assert torch.equal(flat[written], rflat[written])
         else:
             close(flat[written], rflat[written])
+
+
+def _kv_pages(N, page, nkv, cache_dtype, with_rows, idx_dtype, seed):
+    """NaN-poisoned pools, a block table of permuted pages [3 rows, 4 pages] and each token's
+    (position, row): the tokens of a row cross a page boundary (positions page-1, page)."""
+    B, W = 3, 4
+    P = B * W + 2
+    bt = torch.randperm(P, generator=torch.Generator().manual_seed(seed))[:B * W].view(B, W).to(_DEV, torch.int32)
+    if with_rows:
+        rows = torch.tensor([1, 1, 2][:N], dtype=idx_dtype, device=_DEV)
+        positions = torch.tensor([page - 1, page, 3 * page - 2][:N], dtype=idx_dtype, device=_DEV)
+    else:
+        rows, positions = None, torch.arange(page - 2, page - 2 + N, dtype=idx_dtype, device=_DEV)
+    kc = torch.full((P, page, nkv, HD), float("nan"), dtype=cache_dtype, device=_DEV)
+    return kc, torch.full_like(kc, float("nan")), bt, positions, rows
+
+
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                               (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize("N", [1, 3])
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("nh,nkv", [(NH, NKV), (16, 2)])
+@pytest.mark.parametrize("with_rows,idx_dtype", [(True, torch.int64), (False, torch.int64), (True, torch.int32)])
+def test_qk_norm_rope_write_kv(dtype, cache_dtype, N, page, nh, nkv, with_rows, idx_dtype, monkeypatch):
+    """One launch == qk_norm_rope then write_kv_paged (the reference composition): q', the written k'
+    and v slots; every other slot stays NaN; FUSE_KV_WRITE = False (the two fast kernels) gives the
+    same bits in bf16."""
+    q, _, k, v = _attn_row(N, dtype, seed=80 + N, nh=nh, nkv=nkv)
+    wq = randn(HD, dtype=dtype, seed=81, scale=0.1)
+    wk = randn(HD, dtype=dtype, seed=82, scale=0.1)
+    cos, sin = _cos_sin(N, ROT, seed=N)
+    kc, vc, bt, positions, rows = _kv_pages(N, page, nkv, cache_dtype, with_rows, idx_dtype, seed=N + page)
+    rkc, rvc, okc, ovc = kc.clone(), vc.clone(), kc.clone(), vc.clone()
+    poison_allocator()
+    fq = fast().qk_norm_rope_write_kv(q, k, v, wq, wk, cos, sin, 1e-6, kc, vc, bt, positions, rows)
+    rq = ref.qk_norm_rope_write_kv(q, k, v, wq, wk, cos, sin, 1e-6, rkc, rvc, bt, positions, rows)
+    assert fq.is_contiguous()
+    close(fq, rq, roundings=3)
+    P = kc.shape[0]
+    written = torch.zeros(P * page, dtype=torch.bool, device=_DEV)
+    written[ref.kv_slot_mapping(bt, positions, rows, page)] = True
+    for c, rc in ((kc, rkc), (vc, rvc)):
+        flat, rflat = c.view(P * page, -1), rc.view(P * page, -1)
+        assert torch.isnan(flat[~written]).all(), "slots outside the written ones were touched"
+        assert not torch.isnan(flat[written]).any()
+    close(kc.view(P * page, -1)[written], rkc.view(P * page, -1)[written], roundings=4)
+    if dtype == cache_dtype or not _INTERPRET:
+        assert torch.equal(vc.view(P * page, -1)[written], rvc.view(P * page, -1)[written])
+    monkeypatch.setattr(fast(), "FUSE_KV_WRITE", False)
+    oq = fast().qk_norm_rope_write_kv(q, k, v, wq, wk, cos, sin, 1e-6, okc, ovc, bt, positions, rows)
+    assert torch.equal(okc.isnan(), kc.isnan()) and torch.equal(ovc.nan_to_num(7.0), vc.nan_to_num(7.0))
+    if dtype == torch.bfloat16:
+        assert torch.equal(oq, fq) and torch.equal(okc.nan_to_num(7.0), kc.nan_to_num(7.0))
+    else:
+        # NOTE: fp32 math is not rounded per step, and the two compiled kernels may contract the
+        #       multiply-adds differently (measured on the H200: a few ulps of q', then k' in a bf16 cache).
+        close(oq, fq)
+        close(okc.view(P * page, -1)[written], kc.view(P * page, -1)[written])
+
+
+def test_qk_norm_rope_write_kv_more_kv_heads_than_programs():
+    """Few q heads, many kv heads at a small head dim: each program copies several v heads (VB > 1)."""
+    N, nh, nkv, hd, page = 3, 2, 6, 64, 16
+    q = randn(N, nh, hd, seed=90)
+    k = randn(N, nkv, hd, seed=91)
+    v = randn(N, nkv, hd, seed=92)
+    wq, wk = randn(hd, seed=93, scale=0.1), randn(hd, seed=94, scale=0.1)
+    cos, sin = ref.mrope_cos_sin(torch.arange(N, device=_DEV) * 11, head_dim=hd, partial_rotary_factor=0.5,
+                                 mrope_section=(16, 0, 0))
+    bt = torch.tensor([[3, 0, 2]], dtype=torch.int32, device=_DEV)
+    positions = torch.arange(page - 1, page - 1 + N, device=_DEV)
+    kc = torch.full((4, page, nkv, hd), float("nan"), device=_DEV)
+    vc = torch.full_like(kc, float("nan"))
+    rkc, rvc = kc.clone(), vc.clone()
+    fq = fast().qk_norm_rope_write_kv(q, k, v, wq, wk, cos, sin, 1e-6, kc, vc, bt, positions, None)
+    rq = ref.qk_norm_rope_write_kv(q, k, v, wq, wk, cos, sin, 1e-6, rkc, rvc, bt, positions, None)
+    close(fq, rq)
+    assert torch.equal(vc.nan_to_num(7.0), rvc.nan_to_num(7.0))
+    assert torch.equal(kc.isnan(), rkc.isnan())
+    close(kc.nan_to_num(0.0), rkc.nan_to_num(0.0))
 
 
 # ------------------------------------------------------------------------------------------------

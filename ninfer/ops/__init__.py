@@ -11,6 +11,7 @@ from ninfer.ops.attention import (
     decode_paged_attention,
     gather_kv_paged,
     kv_slot_mapping,
+    qk_norm_rope_write_kv,
     write_kv_paged,
 )
 from ninfer.ops.conv import causal_conv1d_update, chunk_causal_conv1d
@@ -24,7 +25,7 @@ from ninfer.ops.sampling import SampleResult, SamplingTensors, apply_penalties, 
 
 __all__ = [
     "attention_output_gate", "chunk_paged_attention", "decode_paged_attention", "gather_kv_paged",
-    "kv_slot_mapping", "write_kv_paged",
+    "kv_slot_mapping", "qk_norm_rope_write_kv", "write_kv_paged",
     "causal_conv1d_update", "chunk_causal_conv1d",
     "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "gdn_gates",
     "TokenLogprobs", "chunked_logprobs", "logprobs_from_logits",

@@ -2,22 +2,27 @@
 
 KV pool (one per attention layer): k_cache, v_cache [num_pages, page_size, Hkv, D]. A sequence's
 token at logical position p lives in page block_table[row, p // page_size], offset p % page_size.
-Order of a step: write the new tokens' K/V with `write_kv_paged`, then call the attention with
-context_lens that include the new tokens. Entries beyond a row's context length are never read
-(pages may hold garbage or NaN).
+Order of a step: write the new tokens' K/V with `write_kv_paged` (or `qk_norm_rope_write_kv`, the
+layer's q/k norm + rotary and the write as one op), then call the attention with context_lens that
+include the new tokens. Entries beyond a row's context length are never read (pages may hold
+garbage or NaN).
 
 Math: o = softmax(q kᵀ · scale + causal mask) v with scale = D**-0.5; q head h reads kv head
 h // (Hq // Hkv). Scores, softmax and the weighted sum are all fp32; output in q.dtype.
-The output gate of the layer (o · sigmoid(gate)) is the separate op `attention_output_gate`.
+The output gate of the layer (o · sigmoid(gate)) is the op `attention_output_gate`; the decode form
+takes it too (`gate=`), so that the fast set applies it in the attention's last kernel.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ninfer.ops.fused import qk_norm_rope
+
 __all__ = [
     "kv_slot_mapping",
     "write_kv_paged",
+    "qk_norm_rope_write_kv",
     "gather_kv_paged",
     "chunk_paged_attention",
     "decode_paged_attention",
@@ -65,6 +70,35 @@ def write_kv_paged(
     slots = kv_slot_mapping(block_table, positions, rows, S).to(k_cache.device)
     k_cache.view(P * S, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
     v_cache.view(P * S, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
+
+
+def qk_norm_rope_write_kv(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    eps: float,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    positions: torch.Tensor,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`qk_norm_rope` of q, k, then `write_kv_paged` of the normed and rotated k and of v.
+
+    Args:
+        q: [N, Hq, D]; k, v: [N, Hkv, D] (strided views of one projection row allowed).
+        q_weight, k_weight: [D] zero-centred; cos, sin: [N, rot]; eps: the norm's epsilon.
+        k_cache, v_cache, block_table, positions, rows: as in `write_kv_paged` (caches modified in place).
+    Returns:
+        q' [N, Hq, D] contiguous in q.dtype (k' lives only in the cache).
+    """
+    q, k = qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps)
+    write_kv_paged(k_cache, v_cache, k, v, block_table, positions, rows)
+    return q
 
 
 def gather_kv_paged(
@@ -158,17 +192,21 @@ def decode_paged_attention(
     block_table: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float | None = None,
+    *,
+    gate: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode form: one new token per row, each row with its own context length.
 
     Args:
         q: [B, Hq, D]; k_cache, v_cache: [num_pages, page_size, Hkv, D] (new token already written);
         block_table: [B, max_pages]; context_lens: [B] (including the new token).
+        gate: [B, Hq, D] (a strided view of the projection row allowed) or None.
     Returns:
-        [B, Hq, D] in q.dtype.
+        [B, Hq, D] in q.dtype; with gate, `attention_output_gate(o, gate)` (o rounded to q.dtype first).
     """
     cu = torch.arange(q.shape[0] + 1)
-    return chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu, scale)
+    o = chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu, scale)
+    return o if gate is None else attention_output_gate(o, gate)
 
 
 def attention_output_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

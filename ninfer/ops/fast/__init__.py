@@ -11,7 +11,8 @@ reference's signature and results and is tested against it (tests/test_fast_ops_
     norms.gated_rms_norm                          Triton row kernel (norms.rms_norm: kernel bench only; the
                                                   schedule's norms are fused.add_rms_norm)
     fused.*                                       one Triton kernel per fused step (residual + norm, q/k norm +
-                                                  rotary, SwiGLU, sigmoid gate, GDN gates, paged KV write)
+                                                  rotary, SwiGLU, sigmoid gate, GDN gates, paged KV write, q/k
+                                                  norm + rotary + paged KV write)
     moe.route_topk / moe_experts                  Triton routing (one kernel) and routed experts: grouped GEMV
                                                   at decode (shared expert folded in), grouped GEMM over pairs
                                                   sorted by expert at prefill; no host sync
@@ -59,6 +60,7 @@ class OpSet(NamedTuple):
     gdn_conv_recurrent: Callable       # GDN decode state step (conv update + delta rule), src -> dst entries
     linear_swiglu: Callable            # (gu, w) -> silu_mul_halves(gu) @ w.T
     route_moe_experts: Callable        # (x, router_logits, k, gate_up, down, *, shared) -> moe_experts(x, route_topk(..))
+    qk_norm_rope_write_kv: Callable    # (q, k, v, wq, wk, cos, sin, eps, kc, vc, bt, pos, rows) -> q'; k', v into pages
 
 
 @functools.cache
@@ -70,7 +72,7 @@ def reference_ops() -> OpSet:
                  attention.chunk_paged_attention, attention.decode_paged_attention, moe.moe_experts,
                  fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, attention.attention_output_gate,
                  gated_delta.gdn_gates, moe.route_topk, fused.linear, fused.gdn_conv_recurrent, fused.linear_swiglu,
-                 moe.route_moe_experts)
+                 moe.route_moe_experts, attention.qk_norm_rope_write_kv)
 
 
 @functools.cache
@@ -98,7 +100,7 @@ def fast_ops() -> OpSet:
         fused.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention,
         moe.moe_experts, fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, fused.sigmoid_gate_mul,
         fused.gdn_gates, moe.route_topk, gemv.linear, gdn_decode.gdn_conv_recurrent, gemv.linear_swiglu,
-        moe.route_moe_experts)
+        moe.route_moe_experts, fused.qk_norm_rope_write_kv)
 
 
 def select_ops(device: torch.device | str) -> OpSet:

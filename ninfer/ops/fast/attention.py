@@ -8,7 +8,8 @@
                              head counts (a host-known bound), never from context_lens, so there is no
                              host sync and the launch is CUDA-graph safe; each program derives its
                              token range from its row's context length on the device, so every split
-                             has work whatever the block-table width (max_model_len) is.
+                             has work whatever the block-table width (max_model_len) is. With `gate=`
+                             the merge also applies the layer's output gate (FUSE_GATE).
     chunk_paged_attention    per row: gather the paged prefix at Hkv heads, then PyTorch SDPA (cuDNN /
                              flash kernels, enable_gqa: K/V never repeated) with a bottom-right causal
                              mask. No [L, C] matrix; host row bounds (no sync with CPU index tensors).
@@ -26,10 +27,14 @@ from ninfer.ops import attention as _ref
 from ninfer.ops.attention import gather_kv_paged
 from ninfer.ops.fast._index import device_index
 from ninfer.ops.fast import _pdl
+from ninfer.ops.fast.fused import _fround, sigmoid_gate_mul
 
 __all__ = ["decode_paged_attention", "chunk_paged_attention", "decode_splits"]
 
 _TARGET_PROGRAMS = 264     # ~2 waves over the H200's 132 SMs
+# NOTE: read at each call (bench/step_ab.py sets it before capturing the graphs): False runs the gate of
+#       decode_paged_attention(gate=) as a separate sigmoid_gate_mul launch after the merge.
+FUSE_GATE = True
 
 
 @triton.jit
@@ -89,11 +94,12 @@ def _paged_decode_kernel(
 
 
 @triton.jit
-def _merge_kernel(part_o, part_ml, lens, out, nsplit, stride_ob, stride_oh, HQ: tl.constexpr, D: tl.constexpr,
-                  BN: tl.constexpr, BS: tl.constexpr, PDL: tl.constexpr = False):
+def _merge_kernel(part_o, part_ml, lens, out, gate, nsplit, stride_ob, stride_oh, stride_gb, stride_gh,
+                  HQ: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, HAS_GATE: tl.constexpr,
+                  PDL: tl.constexpr = False):
     """out = the splits' partials of one (row, head) combined: BS splits at a time with a running max
     (a [BS, D] tile, whatever the split count), over the splits that hold tokens (same ranges as the
-    split kernel)."""
+    split kernel); HAS_GATE: times sigmoid(gate), rounded as `sigmoid_gate_mul` after an o in out's dtype."""
     _pdl.enter(PDL)
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
@@ -119,7 +125,12 @@ def _merge_kernel(part_o, part_ml, lens, out, nsplit, stride_ob, stride_oh, HQ: 
         l_run = l_run * alpha + tl.sum(l * w, 0)
         acc = acc * alpha + tl.sum(part * w[:, None], 0)
         m_run = m_new
-    tl.store(out + i_b * stride_ob + i_h * stride_oh + o_d, (acc / l_run).to(out.dtype.element_ty))
+    dt: tl.constexpr = out.dtype.element_ty
+    o = acc / l_run
+    if HAS_GATE:
+        g = tl.load(gate + i_b.to(tl.int64) * stride_gb + i_h * stride_gh + o_d).to(tl.float32)
+        o = _fround(o, dt) * _fround(1.0 / (1.0 + tl.exp(-g)), dt)
+    tl.store(out + i_b * stride_ob + i_h * stride_oh + o_d, o.to(dt))
 
 
 def decode_splits(batch: int, kv_heads: int, max_tokens: int, block_n: int = 64) -> int:
@@ -131,15 +142,18 @@ def decode_splits(batch: int, kv_heads: int, max_tokens: int, block_n: int = 64)
     return min(max_splits, max(1, triton.cdiv(_TARGET_PROGRAMS, batch * kv_heads)))
 
 
-def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale=None):
-    """Decode form; see `ninfer.ops.attention.decode_paged_attention`. q [B, Hq, D] -> [B, Hq, D]."""
+def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale=None, *, gate=None):
+    """Decode form; see `ninfer.ops.attention.decode_paged_attention`. q [B, Hq, D] -> [B, Hq, D];
+    gate [B, Hq, D] (rows and heads at any stride) or None."""
     B, Hq, D = q.shape
     P, page, Hkv, _ = k_cache.shape
     rep = Hq // Hkv
     ok = (Hq % Hkv == 0 and D >= 16 and D & (D - 1) == 0 and D <= 256 and rep <= 64
           and k_cache.stride(3) == 1 and v_cache.stride(3) == 1 and q.stride(2) == 1)
     if not ok:
-        return _ref.decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale)
+        return _ref.decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale, gate=gate)
+    fuse = (gate is not None and FUSE_GATE and gate.shape == q.shape and gate.dtype == q.dtype
+            and gate.stride(2) == 1)
     if scale is None:
         scale = D ** -0.5
     BN = 64 if D <= 128 else 32
@@ -160,9 +174,10 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
     # NOTE: the split count is a run-time argument (it follows the block-table width and the batch): the
     #       merge walks the live splits BS at a time. It loaded all of them as one [next_pow2(nsplit), D]
     #       fp32 tile before: 256 x 256 for the 35B-A3B at B=1 (132 splits), which spilled.
-    _merge_kernel[(B, Hq)](part_o, part_ml, lens, out, nsplit, out.stride(0), out.stride(1), HQ=Hq, D=D, BN=BN,
-                           BS=16, num_warps=4, **_pdl.launch())
-    return out
+    g = gate if fuse else out
+    _merge_kernel[(B, Hq)](part_o, part_ml, lens, out, g, nsplit, out.stride(0), out.stride(1), g.stride(0),
+                           g.stride(1), HQ=Hq, D=D, BN=BN, BS=16, HAS_GATE=fuse, num_warps=4, **_pdl.launch())
+    return out if gate is None or fuse else sigmoid_gate_mul(out, gate)
 
 
 def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seqlens_q=None, scale=None):

@@ -10,6 +10,9 @@ bf16 results match it up to the last bit of an fp32 reduction.
     sigmoid_gate_mul(o, gate)                   o, gate [N, H, D] or [N, C] -> o * sigmoid(gate)
     gdn_gates(a, b, A_log, dt_bias)             a, b [N, Hv]         -> (g fp32 [N, Hv], beta [N, Hv])
     write_kv_paged(kc, vc, k, v, bt, pos, rows) k, v [N, Hkv, D] into kc, vc [P, S, Hkv, D] in place
+    qk_norm_rope_write_kv(q, k, v, wq, wk, cos, sin, eps, kc, vc, bt, pos, rows)
+                                                qk_norm_rope, k' and v written as write_kv_paged -> q'
+                                                (one launch; FUSE_KV_WRITE = False: the two kernels)
 
 Inputs may be strided views (rows and heads at any stride, the last dim contiguous); outputs are
 new contiguous tensors. Index tensors (block_table, positions, rows) are read in the kernel as
@@ -28,7 +31,8 @@ from ninfer.ops import fused as _ref
 from ninfer.ops import gated_delta as _ref_gd
 from ninfer.ops.fast import _pdl
 
-__all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "sigmoid_gate_mul", "gdn_gates", "write_kv_paged"]
+__all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "sigmoid_gate_mul", "gdn_gates", "write_kv_paged",
+           "qk_norm_rope_write_kv"]
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor | None:
@@ -99,28 +103,36 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 # qk_norm_rope
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _qk_norm_rope_kernel(q, k, wq, wk, cos, sin, qo, ko, NH, NKV, D, ROT,
-                         sq0, sq1, sk0, sk1, sc, ss, eps, HB: tl.constexpr, BD: tl.constexpr,
-                         PDL: tl.constexpr = False):
+def _qk_norm_rope_kernel(q, k, v, wq, wk, cos, sin, qo, ko, kc, vc, bt, pos, rows, NH, NKV, D, ROT, S,
+                         sq0, sq1, sk0, sk1, sc, ss, sv0, sv1, sbt0, sbt1, spos, srow,
+                         skc0, skc1, skc2, svc0, svc1, svc2, eps,
+                         WRITE_KV: tl.constexpr, HAS_ROWS: tl.constexpr, HB: tl.constexpr, BD: tl.constexpr,
+                         VB: tl.constexpr = 1, PDL: tl.constexpr = False):
     _pdl.enter(PDL)
-    # NOTE: the program's HB heads run over the q heads then the k heads of token n; each row
-    #       loads from q or k under complementary masks (masked-off lanes touch no memory).
+    # NOTE: the program's HB heads run over the q heads then the k heads of token n; each row loads from
+    #       q or k under complementary masks (masked-off lanes touch no memory). WRITE_KV: k' goes to its
+    #       cache slot (not to ko), and the program copies the v heads j = program + i * programs
+    #       (i < VB) to theirs, loaded with q and k (v rows in the head tile cost 34-40 registers on sm_90).
     n = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * HB + tl.arange(0, HB)
     c = tl.arange(0, BD)
     half = ROT // 2
     is_q = h < NH
     hq = tl.where(is_q, h, 0)
-    hk = tl.where(is_q, 0, h - NH)
+    hkv = tl.where(is_q, 0, h - NH)
     mc = c < D
     mq = is_q[:, None] & mc[None, :]
     mk = ((h >= NH) & (h < NH + NKV))[:, None] & mc[None, :]
     in_rot = c < ROT
     pc = tl.where(in_rot, tl.where(c < half, c + half, c - half), c)   # rotate-half partner
     q_row = q + n * sq0 + hq[:, None] * sq1
-    k_row = k + n * sk0 + hk[:, None] * sk1
+    k_row = k + n * sk0 + hkv[:, None] * sk1
     x = (tl.load(q_row + c[None, :], mask=mq, other=0.0).to(tl.float32)
          + tl.load(k_row + c[None, :], mask=mk, other=0.0).to(tl.float32))
+    if WRITE_KV:
+        jv = tl.program_id(1) + tl.arange(0, VB) * tl.num_programs(1)          # this program's v heads
+        mv = (jv < NKV)[:, None] & mc[None, :]
+        vv = tl.load(v + n * sv0 + jv[:, None] * sv1 + c[None, :], mask=mv)
     xp = (tl.load(q_row + pc[None, :], mask=mq, other=0.0).to(tl.float32)
           + tl.load(k_row + pc[None, :], mask=mk, other=0.0).to(tl.float32))
     wqv = tl.load(wq + c, mask=mc, other=0.0).to(tl.float32)
@@ -139,30 +151,86 @@ def _qk_norm_rope_kernel(q, k, wq, wk, cos, sin, qo, ko, NH, NKV, D, ROT,
     rotated = _fround(nx * cs, dt) + _fround(sign * npart * sn, dt)
     out = tl.where(in_rot[None, :], rotated, nx).to(dt)
     tl.store(qo + (n * NH + hq[:, None]) * D + c[None, :], out, mask=mq)
-    tl.store(ko + (n * NKV + hk[:, None]) * D + c[None, :], out, mask=mk)
+    if WRITE_KV:
+        p = tl.load(pos + n * spos).to(tl.int64)
+        row = tl.load(rows + n * srow).to(tl.int64) if HAS_ROWS else 0
+        page = tl.load(bt + row * sbt0 + (p // S) * sbt1).to(tl.int64)
+        off = p % S
+        tl.store(kc + page * skc0 + off * skc1 + hkv[:, None] * skc2 + c[None, :], out.to(kc.dtype.element_ty),
+                 mask=mk)
+        tl.store(vc + page * svc0 + off * svc1 + jv[:, None] * svc2 + c[None, :], vv.to(vc.dtype.element_ty),
+                 mask=mv)
+    else:
+        tl.store(ko + (n * NKV + hkv[:, None]) * D + c[None, :], out, mask=mk)
+
+
+def _qk_ok(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:
+    """The layouts `_qk_norm_rope_kernel` takes."""
+    return (q.dim() == 3 and k.dim() == 3 and cos.dim() == 2 and sin.shape == cos.shape
+            and q.shape[0] == k.shape[0] == cos.shape[0] and q.shape[2] == k.shape[2] and q.dtype == k.dtype
+            and q.stride(2) == 1 and k.stride(2) == 1 and cos.stride(1) == 1 and sin.stride(1) == 1
+            and cos.shape[1] % 2 == 0 and cos.shape[1] <= q.shape[2] <= 16384 and q.numel() > 0 and k.numel() > 0)
+
+
+def _qk_norm_rope_launch(q, k, q_weight, k_weight, cos, sin, eps, kv=None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One `_qk_norm_rope_kernel` launch -> (q', k'); kv = (v, k_cache, v_cache, block_table, positions,
+    rows) writes k' and v into the caches instead (k' None)."""
+    N, NH, D = q.shape
+    NKV = k.shape[1]
+    qo = torch.empty((N, NH, D), dtype=q.dtype, device=q.device)
+    if kv is None:
+        ko = torch.empty((N, NKV, D), dtype=k.dtype, device=k.device)
+        v, kc, vc, bt, pos, rows = k, ko, ko, cos, cos, None
+        strides = (0,) * 12
+    else:
+        ko = None
+        v, kc, vc, bt, pos, rows = kv
+        strides = (v.stride(0), v.stride(1), bt.stride(0), bt.stride(1), pos.stride(0),
+                   0 if rows is None else rows.stride(0), *kc.stride()[:3], *vc.stride()[:3])
+    BD = triton.next_power_of_2(D)
+    HB = max(1, min(triton.next_power_of_2(NH + NKV), 2048 // BD))
+    grid = (N, triton.cdiv(NH + NKV, HB))
+    _qk_norm_rope_kernel[grid](
+        q, k, v, q_weight.contiguous(), k_weight.contiguous(), cos, sin, qo, qo if ko is None else ko, kc, vc,
+        bt, pos, pos if rows is None else rows, NH, NKV, D, cos.shape[1], kc.shape[1],
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0), *strides, float(eps),
+        WRITE_KV=kv is not None, HAS_ROWS=rows is not None, HB=HB, BD=BD,
+        VB=triton.next_power_of_2(triton.cdiv(NKV, grid[1])), num_warps=max(1, min(8, HB * BD // 256)),
+        **_pdl.launch())
+    return qo, ko
 
 
 def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor,
                  cos: torch.Tensor, sin: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
     """q [N, Hq, D], k [N, Hk, D] (strided views allowed), weights [D] zero-centred, cos/sin [N, rot]
     (rot even, <= D; NeoX rotate-half over [0, rot)). Returns contiguous (q' [N, Hq, D], k' [N, Hk, D])."""
-    ok = (q.dim() == 3 and k.dim() == 3 and cos.dim() == 2 and sin.shape == cos.shape
-          and q.shape[0] == k.shape[0] == cos.shape[0] and q.shape[2] == k.shape[2] and q.dtype == k.dtype
-          and q.stride(2) == 1 and k.stride(2) == 1 and cos.stride(1) == 1 and sin.stride(1) == 1
-          and cos.shape[1] % 2 == 0 and cos.shape[1] <= q.shape[2] <= 16384 and q.numel() > 0 and k.numel() > 0)
-    if not ok:
+    if not _qk_ok(q, k, cos, sin):
         return _ref.qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps)
-    N, NH, D = q.shape
-    NKV = k.shape[1]
-    qo = torch.empty((N, NH, D), dtype=q.dtype, device=q.device)
-    ko = torch.empty((N, NKV, D), dtype=k.dtype, device=k.device)
-    BD = triton.next_power_of_2(D)
-    HB = max(1, min(triton.next_power_of_2(NH + NKV), 2048 // BD))
-    _qk_norm_rope_kernel[(N, triton.cdiv(NH + NKV, HB))](
-        q, k, q_weight.contiguous(), k_weight.contiguous(), cos, sin, qo, ko, NH, NKV, D, cos.shape[1],
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0), float(eps),
-        HB=HB, BD=BD, num_warps=max(1, min(8, HB * BD // 256)), **_pdl.launch())
-    return qo, ko
+    return _qk_norm_rope_launch(q, k, q_weight, k_weight, cos, sin, eps)
+
+
+# ------------------------------------------------------------------------------------------------
+# qk_norm_rope_write_kv
+# ------------------------------------------------------------------------------------------------
+# NOTE: read at each call (bench/step_ab.py sets it before capturing the graphs): False runs
+#       qk_norm_rope_write_kv as its two kernels (qk_norm_rope, write_kv_paged).
+FUSE_KV_WRITE = True
+
+
+def qk_norm_rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
+                          k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
+                          k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                          positions: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """`qk_norm_rope` of q, k [N, Hk, D] and `write_kv_paged` of k' and v [N, Hk, D] into k_cache, v_cache
+    [num_pages, page_size, Hk, D] in one launch (arguments as the two ops'). Returns q' [N, Hq, D]."""
+    if (FUSE_KV_WRITE and _qk_ok(q, k, cos, sin) and _kv_write_ok(k_cache, v_cache, k, v, block_table, positions, rows)
+            and k_cache.stride(3) == 1 and v_cache.stride(3) == 1):
+        return _qk_norm_rope_launch(q, k, q_weight, k_weight, cos, sin, eps,
+                                    kv=(v, k_cache, v_cache, block_table, positions, rows))[0]
+    q, k = qk_norm_rope(q, k, q_weight, k_weight, cos, sin, eps)
+    write_kv_paged(k_cache, v_cache, k, v, block_table, positions, rows)
+    return q
 
 
 # ------------------------------------------------------------------------------------------------
@@ -289,19 +357,24 @@ def _write_kv_paged_kernel(kc, vc, k, v, bt, pos, rows, S, H, D, sbt0, sbt1, spo
     tl.store(vc + page * svc0 + off * svc1 + h * svc2 + d * svc3, vv.to(vc.dtype.element_ty), mask=m)
 
 
+def _kv_write_ok(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 block_table: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None) -> bool:
+    """The layouts the paged KV write takes (`_write_kv_paged_kernel`, `_qk_norm_rope_kernel`)."""
+    dev = k_cache.device
+    return (k.dim() == 3 and v.dim() == 3 and k.shape == v.shape and k_cache.dim() == 4
+            and k_cache.shape[2:] == k.shape[1:] and v_cache.shape == k_cache.shape
+            and k.stride(2) == 1 and v.stride(2) == 1 and positions.dim() == 1 and positions.shape[0] == k.shape[0]
+            and block_table.dim() == 2 and (rows is None or rows.shape == positions.shape)
+            and all(t.device == dev for t in (v_cache, k, v, block_table, positions))
+            and (rows is None or rows.device == dev))
+
+
 def write_kv_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    block_table: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor | None = None) -> None:
     """Write N tokens' k, v [N, Hkv, D] (strided views allowed) into k_cache, v_cache
     [num_pages, page_size, Hkv, D] in place (cast to the pool dtype). block_table [B, max_pages],
     positions [N], rows [N] or None (all row 0); int32 or int64, on the cache's device."""
-    dev = k_cache.device
-    ok = (k.dim() == 3 and v.dim() == 3 and k.shape == v.shape and k_cache.dim() == 4
-          and k_cache.shape[2:] == k.shape[1:] and v_cache.shape == k_cache.shape
-          and k.stride(2) == 1 and v.stride(2) == 1 and positions.dim() == 1 and positions.shape[0] == k.shape[0]
-          and block_table.dim() == 2 and (rows is None or rows.shape == positions.shape)
-          and all(t.device == dev for t in (v_cache, k, v, block_table, positions))
-          and (rows is None or rows.device == dev))
-    if not ok:
+    if not _kv_write_ok(k_cache, v_cache, k, v, block_table, positions, rows):
         return _ref_attention.write_kv_paged(k_cache, v_cache, k, v, block_table, positions, rows)
     N, H, D = k.shape
     if N == 0:

@@ -14,11 +14,11 @@ class GatedAttentionProjection:
         self.nh, self.nkv, self.hd = dims.num_attention_heads, dims.num_key_value_heads, dims.head_dim
         self.eps = dims.rms_norm_eps
 
-    def project(self, w: AttentionWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: Any
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h [N, H] (or `NormedRows`: the op applies the norm) -> q [N, nh, hd], k/v [N, nkv, hd] (q/k
-        normed and rotated), gate [N, nh, hd]
-        (a strided view of the projection: no copy)."""
+    def project(self, w: AttentionWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple,
+                ops: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [N, H] (or `NormedRows`: the op applies the norm) -> q [N, nh, hd] (normed and rotated), gate
+        [N, nh, hd] (a strided view of the projection: no copy). k (normed and rotated) and v are written
+        into the pages: kv = (k_cache, v_cache, block_table, positions, rows) as in `write_kv_paged`."""
         N = h.shape[0]
         nq, nk = self.nh * 2 * self.hd, self.nkv * self.hd
         qkv = ops.linear(h, w.in_proj)                                 # one GEMM: [q|gate per head, k, v]
@@ -26,11 +26,13 @@ class GatedAttentionProjection:
         q, gate = qg[..., : self.hd], qg[..., self.hd:]
         k = qkv[:, nq:nq + nk].view(N, self.nkv, self.hd)
         v = qkv[:, nq + nk:].view(N, self.nkv, self.hd)
-        q, k = ops.qk_norm_rope(q, k, w.q_norm, w.k_norm, cos, sin, self.eps)
-        return q, k, v, gate
+        q = ops.qk_norm_rope_write_kv(q, k, v, w.q_norm, w.k_norm, cos, sin, self.eps, *kv)
+        return q, gate
 
-    def output(self, w: AttentionWeights, o: torch.Tensor, gate: torch.Tensor, ops: Any,
+    def output(self, w: AttentionWeights, o: torch.Tensor, gate: torch.Tensor | None, ops: Any,
                residual: torch.Tensor | None = None) -> Any:
-        """o [N, nh, hd], gate [N, nh, hd] -> [N, H] (or the op's Residual when it folds `residual`)."""
-        o = ops.sigmoid_gate_mul(o, gate)
+        """o [N, nh, hd], gate [N, nh, hd] (None: o is already gated) -> [N, H] (or the op's Residual when
+        it folds `residual`)."""
+        if gate is not None:
+            o = ops.sigmoid_gate_mul(o, gate)
         return ops.linear(o.reshape(o.shape[0], -1), w.o_proj, residual=residual)

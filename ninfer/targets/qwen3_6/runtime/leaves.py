@@ -3,7 +3,8 @@
 The schedule owns everything that touches sequence state (embedding, residual stream, paged KV,
 conv/recurrent state, final norm, lm_head). Leaves are the per-layer projections around it:
 
-    attention projection   h -> (q, k, v, gate) after q/k norm and rotary;  (o, gate) -> out
+    attention projection   h -> (q, gate) after q/k norm and rotary;        (o, gate) -> out
+                           (k, v written into the pages the schedule hands it, in the same op)
     GDN projection/control h -> (qkv pre-conv, z, g, beta);                 (o, z)    -> out
     post-mixer             h -> out   (dense SwiGLU MLP or MoE)
 
@@ -23,13 +24,14 @@ from ninfer.targets.qwen3_6.runtime.model_view import AttentionWeights, GDNWeigh
 
 
 class AttentionLeaf(Protocol):
-    def project(self, w: AttentionWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, ops: Any
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h [N, H], cos/sin [N, rot] -> q [N, nh, hd], k [N, nkv, hd], v [N, nkv, hd], gate [N, nh, hd]."""
+    def project(self, w: AttentionWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple,
+                ops: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """h [N, H], cos/sin [N, rot] -> q [N, nh, hd], gate [N, nh, hd]; k [N, nkv, hd] and v written into
+        the pages, kv = (k_cache, v_cache, block_table, positions, rows) as in `write_kv_paged`."""
         ...
 
-    def output(self, w: AttentionWeights, o: torch.Tensor, gate: torch.Tensor, ops: Any) -> torch.Tensor:
-        """o [N, nh, hd], gate [N, nh, hd] -> [N, H]."""
+    def output(self, w: AttentionWeights, o: torch.Tensor, gate: torch.Tensor | None, ops: Any) -> torch.Tensor:
+        """o [N, nh, hd], gate [N, nh, hd] (None: o already gated) -> [N, H]."""
         ...
 
 

@@ -133,12 +133,15 @@ class Qwen36Model:
     def _attention(self, layer: LayerView, h, cos: torch.Tensor, sin: torch.Tensor,
                    fb: ForwardBatch, meta: "_RowMeta", residual: torch.Tensor | None = None):
         w = layer.mixer
-        q, k, v, gate = self.leaves.attention.project(w, h, cos, sin, self.ops)
         k_cache, v_cache = self.kv.layer(self._attn_index[layer.index])
         ops = self.ops
-        ops.write_kv_paged(k_cache, v_cache, k, v, fb.block_tables, fb.positions, meta.rows)
+        # NOTE: the leaf's q/k norm + rotary op writes the new tokens' k, v into the pages (one launch).
+        kv = (k_cache, v_cache, fb.block_tables, fb.positions, meta.rows)
+        q, gate = self.leaves.attention.project(w, h, cos, sin, kv, ops)
         if meta.decode:
-            o = ops.decode_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens)
+            # NOTE: the attention's merge applies the output gate (one launch fewer); the leaf then skips it.
+            o = ops.decode_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens, gate=gate)
+            gate = None
         else:
             # NOTE: host copies of the row bounds: the op loops over rows on the host (no sync).
             o = ops.chunk_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.host_context_lens,
