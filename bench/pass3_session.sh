@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Device session of decode pass 3 (issue 8): fused small ops, fast MoE routing/experts, GEMV.
 # Usage (repo root, GPU machine): NINFER_COMMIT=<sha> bash bench/pass3_session.sh <part>...
-#   tests    every GPU test file (fused ops, MoE, GEMV, graphs, Program on CUDA, HF parity, fast ops)
+#   tests    every GPU test file (fused ops, MoE, GEMV, graphs, Program on CUDA, HF parity, fast ops);
+#            $TEST_FILES, $TEST_K (pytest -k), $TEST_TAG (log name suffix) choose and name a subset
 #   kernels  CUDA kernels per decode step (bench/graph_kernels.py, 27B B=1,8)
 #   decode   27B + 35B-A3B decode step, ctx 1k, B=1,2,4,8, graphs, tiny host overhead
 #   gemv     GEMV sweep vs cuBLAS (bench/gemv.py), per-step GEMM graph
@@ -14,7 +15,8 @@
 #   serve_engine  the same workload through the public Engine in process (what the gateway adds)
 #   bisect   which fast op moves the fp32 Program's logits from the reference op set (bench/op_bisect.py)
 #   step_ab  in-process A/B on the decode graph: the committed tree vs each of $AB_VARIANTS (GEMV --out files
-#            overlaid and built-in switches, '+'-joined; default: this call's `gemv` part output; bench/step_ab.py)
+#            overlaid and built-in switches, '+'-joined; default: this call's `gemv` part output; bench/step_ab.py;
+#            $AB_ARGS: more step_ab options, e.g. --batch 8 --max-model-len 8192)
 #   ttft     where one request's TTFT goes inside the Engine, per staged-prefill chunk (bench/ttft_timeline.py)
 # Everything goes to $OUT/run.log (the device returns at most 8 files); Triton's cache to $OUT/tcache.tgz.
 set -o pipefail
@@ -26,11 +28,11 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --f
 for part in "$@"; do
   stamp "$part"
   case $part in
-    tests)   timeout ${T_TESTS:-240} python3 -m pytest -v -m gpu -p no:cacheprovider -rf --timeout 150 \
+    tests)   timeout ${T_TESTS:-240} python3 -m pytest -v -m gpu -p no:cacheprovider -rf --timeout ${T_TEST_EACH:-150} \
                ${TEST_FILES:-tests/test_fused_ops_gpu.py tests/test_gdn_decode_gpu.py tests/test_fast_moe_gpu.py \
                tests/test_gemv_gpu.py tests/test_cuda_graphs_gpu.py tests/test_program_cuda.py tests/test_hf_parity_gpu.py} \
-               -s > "$OUT/tests.log" 2>&1
-             grep -E "FAILED|ERROR|matched prefix|passed|failed" "$OUT/tests.log" | tee -a "$LOG" | tail -40 ;;
+               ${TEST_K:+-k "$TEST_K"} -s > "$OUT/tests${TEST_TAG:-}.log" 2>&1
+             grep -E "FAILED|ERROR|matched prefix|passed|failed" "$OUT/tests${TEST_TAG:-}.log" | tee -a "$LOG" | tail -40 ;;
     fastops) timeout ${T_FASTOPS:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/test_fast_ops_gpu.py 2>&1 \
                | tee -a "$LOG" | tail -15 ;;
     kernels) timeout ${T_KERNELS:-90} python3 bench/graph_kernels.py --identity qwen3_6-27b qwen3_6-35b-a3b --batches 1 8 2>&1 \
@@ -56,7 +58,7 @@ for part in "$@"; do
                timeout ${T_BISECT:-120} python3 bench/op_bisect.py --identity $ident 2>&1 | tee -a "$LOG" | tail -40
              done ;;
     step_ab) timeout ${T_STEP_AB:-300} python3 bench/step_ab.py --identity ${AB_IDS:-qwen3_6-27b qwen3_6-35b-a3b} \
-               --variants ${AB_VARIANTS:-$OUT/gemv_configs.txt} 2>&1 | tee -a "$LOG" | tail -30 ;;
+               --variants ${AB_VARIANTS:-$OUT/gemv_configs.txt} ${AB_ARGS:-} 2>&1 | tee -a "$LOG" | tail -30 ;;
     ttft)    timeout ${T_TTFT:-300} python3 bench/ttft_timeline.py --identity ${TTFT_ID:-qwen3_6-27b} \
                --chunks ${TTFT_CHUNKS:-512 8192} --reps ${TTFT_REPS:-2} 2>&1 | tee -a "$LOG" | tail -80 ;;
     moe)     timeout ${T_MOE:-90} python3 bench/moe_decode.py ${MOE_ARGS:-} 2>&1 | tee -a "$LOG" | tail -30 ;;
