@@ -9,7 +9,7 @@ the exact HF order of casts.
     qk_norm_rope(q, k, wq, wk, cos, sin)    per-head zero-centred RMSNorm of q and k, then partial NeoX rotary
     silu_mul_halves(gu)                     gu [N, 2I] (gate rows first) -> silu(gate) * up  [N, I]
     linear(x, w, residual=None)             x @ w.T (the fast set may use a GEMV for small M); x may be a
-                                            NormedRows, residual see below; return_normed=True: and normed(x)
+                                            NormedRows, residual see below
     linear_swiglu(gu, w, residual=None)     silu_mul_halves(gu) @ w.T (the fast set may fold the SwiGLU into the GEMV)
 
 Residual + norm folding (decode at one row). The schedule's residual add + RMSNorm between a leaf's
@@ -84,14 +84,11 @@ def silu_mul_halves(gu: torch.Tensor) -> torch.Tensor:
     return silu_mul(gu[..., :I], gu[..., I:])
 
 
-def linear(x: "torch.Tensor | NormedRows", weight: torch.Tensor, residual: torch.Tensor | None = None, *,
-           return_normed: bool = False):
+def linear(x: "torch.Tensor | NormedRows", weight: torch.Tensor, residual: torch.Tensor | None = None
+           ) -> torch.Tensor:
     """x [M, K] @ weight[N, K].T -> [M, N] in x.dtype (x a NormedRows: its norm applied first). The
-    reference never folds `residual` (the product is returned; the caller adds it).
-    return_normed: returns (product, normed(x)), for a caller that also reads the normed rows."""
-    xn = normed(x)
-    y = F.linear(xn, weight)
-    return (y, xn) if return_normed else y
+    reference never folds `residual` (the product is returned; the caller adds it)."""
+    return F.linear(normed(x), weight)
 
 
 def linear_swiglu(gu: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:

@@ -75,11 +75,10 @@ def moe_experts(
 
 def route_moe_experts(
     x: torch.Tensor, router_logits: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
-    *, shared: SharedExpert | None = None, residual: torch.Tensor | None = None,
+    *, shared: SharedExpert | None = None,
 ) -> torch.Tensor:
     """`moe_experts(x, route_topk(router_logits, top_k), gate_up, down, shared=shared)`: one op so that
-    a fast implementation can fold the routing into its first expert kernel. router_logits: [T, E].
-    residual: as `ninfer.ops.fused.linear`'s, never folded here (the sum is returned; the caller adds it)."""
+    a fast implementation can fold the routing into its first expert kernel. router_logits: [T, E]."""
     return moe_experts(x, route_topk(router_logits, top_k), gate_up, down, shared=shared)
 
 

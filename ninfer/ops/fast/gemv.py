@@ -298,12 +298,10 @@ def _load_w(w_rows, offs_k, k_end, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
 
 @triton.jit
 def _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD: tl.constexpr, DOT: tl.constexpr, EVEN_K: tl.constexpr,
-                PREC: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_K: tl.constexpr, nw_ptr, rstd, NORM: tl.constexpr,
-                xo_ptr, write_x, XOUT: tl.constexpr):
+                PREC: tl.constexpr, SWIGLU: tl.constexpr, BLOCK_K: tl.constexpr, nw_ptr, rstd, NORM: tl.constexpr):
     """acc += the products of one [BLOCK_N, BLOCK_K] weight block `w` with the x rows' K block.
     NORM: x is h and the row's rms_norm is applied on the fly: x = h * rstd * (1 + nw[k]), rounded to
-    x's dtype (as the add_rms_norm kernel stores it); XOUT and write_x: that normed block is stored to
-    xo_ptr too (the programs of the first N tile)."""
+    x's dtype (as the add_rms_norm kernel stores it)."""
     if EVEN_K:
         offs_k = tl.max_contiguous(tl.multiple_of(offs_k, BLOCK_K), BLOCK_K)
         xv = tl.load(x_rows + offs_k[None, :])
@@ -324,12 +322,6 @@ def _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD: tl.constexpr, DOT: tl.c
         else:
             nw = tl.load(nw_ptr + offs_k, mask=offs_k < k_end, other=0.0).to(tl.float32)
         xv = (xv.to(tl.float32) * rstd * (1.0 + nw[None, :])).to(xv.dtype)
-        if XOUT:
-            if write_x:
-                if EVEN_K:
-                    tl.store(xo_ptr + offs_k[None, :], xv)
-                else:
-                    tl.store(xo_ptr + offs_k[None, :], xv, mask=(offs_k < k_end)[None, :])
     if DOT:
         acc = tl.dot(w, tl.trans(xv), acc, input_precision=PREC)
     elif M_PAD == 1:
@@ -341,11 +333,11 @@ def _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD: tl.constexpr, DOT: tl.c
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
-                 res_ptr, stride_rm, parts_ptr, n_parts, nw_ptr, eps, xo_ptr,
+                 res_ptr, stride_rm, parts_ptr, n_parts, nw_ptr, eps,
                  M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  DOT: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, SWIGLU: tl.constexpr = False,
                  RESID: tl.constexpr = False, NORM: tl.constexpr = False, BP: tl.constexpr = 1,
-                 PREFETCH: tl.constexpr = False, XOUT: tl.constexpr = False, PDL: tl.constexpr = False):
+                 PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
     """y[m, n] = sum_k x[m, k] w[n, k]; program (pid_n, pid_k) covers rows pid_n*BLOCK_N.. and the K range
     [pid_k * k_per_split, +k_per_split) (k_per_split a multiple of BLOCK_K).
     SWIGLU: x_ptr holds [gate | up] rows of 2K and x[m, k] = silu(gate[m, k]) * up[m, k], rounded as
@@ -353,9 +345,7 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
     RESID: y = residual + (x @ w.T rounded to y's dtype), rounded (the schedule's residual add), and
     parts[m, pid_n] = sum over the tile's columns of y^2 in fp32 (n_parts = number of N tiles).
     NORM (M == 1): x is the residual row h; x = rms_norm(h) = h * rsqrt(sum(parts[0, :n_parts]) / K + eps)
-    * (1 + nw) on the fly, the parts written by the RESID launch that produced h.
-    XOUT (with NORM): the programs of N tile 0 also store that normed row to xo_ptr [K] (one launch gives
-    the product and rms_norm(h), for a consumer that is not a GEMV)."""
+    * (1 + nw) on the fly, the parts written by the RESID launch that produced h."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -378,7 +368,6 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
     w = _load_w(w_rows, offs_k, k_end, EVEN_K, BLOCK_K)
     _pdl.enter(PDL)
     rstd = 0.0
-    write_x = pid_n == 0
     if NORM:
         offs_p = tl.arange(0, BP)
         pv = tl.load(parts_ptr + offs_p, mask=offs_p < n_parts, other=0.0)
@@ -391,19 +380,19 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
             offs_next = k0 + tl.arange(0, BLOCK_K)
             w_next = _load_w(w_rows, offs_next, k_end, EVEN_K, BLOCK_K)
             acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr,
-                              rstd, NORM, xo_ptr, write_x, XOUT)
+                              rstd, NORM)
             w = w_next
             offs_k = offs_next
         acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd,
-                          NORM, xo_ptr, write_x, XOUT)
+                          NORM)
     else:
         acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr, rstd,
-                          NORM, xo_ptr, write_x, XOUT)
+                          NORM)
         for k0 in range(k_start + BLOCK_K, k_end, BLOCK_K):
             offs_k = k0 + tl.arange(0, BLOCK_K)
             w = _load_w(w_rows, offs_k, k_end, EVEN_K, BLOCK_K)
             acc = _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD, DOT, EVEN_K, PREC, SWIGLU, BLOCK_K, nw_ptr,
-                              rstd, NORM, xo_ptr, write_x, XOUT)
+                              rstd, NORM)
     if DOT:
         res = tl.trans(acc)
     elif M_PAD == 1:
@@ -444,9 +433,6 @@ def _store_y(acc, y_ptr, stride_ym, offs_m, offs_n, mask, res_ptr, stride_rm, pa
 
 
 _WARNED: set[str] = set()
-# NOTE: read at each call (bench/step_ab.py `set:` variants): False makes `linear(..., return_normed=True)`
-#       of a NormedRows run the norm kernel, then the GEMV.
-NORMED_OUT = True
 
 
 class RowNorm(NamedTuple):
@@ -471,7 +457,7 @@ def _torch_parts(h: torch.Tensor, block_n: int) -> torch.Tensor:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, swiglu: bool = False,
-         residual: torch.Tensor | None = None, norm: RowNorm | None = None, normed_out: bool = False):
+         residual: torch.Tensor | None = None, norm: RowNorm | None = None):
     """The kernel, forced: x [M, K] (unit last stride, 1 <= M <= 8) @ w[N, K].T -> [M, N] in x.dtype.
     fp32 accumulation; fp32 inputs are allowed (tests) and use IEEE fp32 dot products.
     swiglu: x is [M, 2K] = [gate | up] and the product is silu_mul(gate, up) @ w.T (one launch).
@@ -479,8 +465,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
       as `F.linear` then the residual add round them) and parts [M, n_tiles] fp32, the sums of h^2 per
       column tile, for a later `gemv(h, w2, norm=RowNorm(parts, weight, eps))`.
     norm (M == 1, not with swiglu): x is a residual row h; the product is rms_norm(h) @ w.T with the
-      norm's sum of squares from norm.parts (one launch instead of the norm kernel + the GEMV).
-    normed_out (with norm): returns (y, rms_norm(h) [1, K]), the normed row stored by the same launch."""
+      norm's sum of squares from norm.parts (one launch instead of the norm kernel + the GEMV)."""
     M, K = x.shape
     if swiglu:
         if K % 2:
@@ -496,8 +481,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
         raise ValueError(f"gemv norm: needs one row, no swiglu, contiguous fp32 parts [1, P <= 4096] and a weight of "
                          f"{K} (got x {tuple(x.shape)}, parts {tuple(norm.parts.shape)}, "
                          f"weight {tuple(norm.weight.shape)})")
-    if normed_out and norm is None:
-        raise ValueError("gemv normed_out: needs norm (the row it stores is the normed x)")
     if residual is not None and (residual.shape != (M, N) or residual.dtype != x.dtype or residual.stride(-1) != 1):
         raise ValueError(f"gemv residual: expected [{M}, {N}] {x.dtype} with unit last stride, "
                          f"got {tuple(residual.shape)} {residual.dtype}")
@@ -506,8 +489,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
     n_tiles = triton.cdiv(N, bn)
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     parts = torch.empty(M, n_tiles, dtype=torch.float32, device=x.device) if residual is not None else None
-    if normed_out and (N == 0 or K == 0):
-        return gemv(x, w, config, norm=norm), _torch_norm(x, norm)
     if N == 0 or K == 0:
         if K == 0:
             y.zero_()
@@ -528,8 +509,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
                               "using F.linear (run the op once before capturing)")
             xin = _fast_silu_mul_halves(x) if swiglu else _torch_norm(x, norm) if norm is not None else x
             out = F.linear(xin, w)
-            if normed_out:
-                return out, xin
             if residual is None:
                 return out
             h = residual + out
@@ -542,17 +521,14 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
     res = residual if residual is not None else y
     pp = parts if parts is not None else norm.parts if norm is not None else ws
     n_parts = n_tiles if residual is not None else norm.parts.shape[1] if norm is not None else 1
-    xo = torch.empty(1, K, dtype=x.dtype, device=x.device) if normed_out else y
     _gemv_kernel[(n_tiles, split)](
         x, w, y, ws, cnt, M, N, K, x.stride(0), w.stride(0), y.stride(0), k_per_split,
         res, res.stride(0), pp, n_parts, norm.weight if norm is not None else w,
-        float(norm.eps) if norm is not None else 0.0, xo,
+        float(norm.eps) if norm is not None else 0.0,
         M_PAD=m_pad, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1, DOT=cfg.dot, EVEN_K=K % bk == 0, PREC=prec,
-        SWIGLU=swiglu, RESID=residual is not None, NORM=norm is not None, PREFETCH=cfg.prefetch, XOUT=normed_out,
+        SWIGLU=swiglu, RESID=residual is not None, NORM=norm is not None, PREFETCH=cfg.prefetch,
         BP=triton.next_power_of_2(n_parts) if norm is not None else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl.launch())
-    if normed_out:
-        return y, xo
     return y if residual is None else (y, parts)
 
 
@@ -569,29 +545,20 @@ def _fold(residual: torch.Tensor | None, x2: torch.Tensor, w: torch.Tensor) -> t
     return r if r.stride(-1) == 1 else None
 
 
-def linear(x: "torch.Tensor | NormedRows", w: torch.Tensor, residual: torch.Tensor | None = None, *,
-           return_normed: bool = False):
+def linear(x: "torch.Tensor | NormedRows", w: torch.Tensor, residual: torch.Tensor | None = None):
     """x [..., K] @ w[N, K].T -> [..., N] in x.dtype (`ninfer.ops.fused.linear`). The Triton kernel for
     CUDA bf16/fp16 with <= 8 rows on shapes USE_TRITON marks faster; F.linear otherwise.
     At one row on the kernel's path the residual add + norm fold into it (see `ninfer.ops.fused`):
     `residual` given -> `Residual(h, parts)`; x a NormedRows with parts -> the norm applied in the
     kernel's x load. Otherwise a NormedRows is normed by the fast kernel first and `residual` is left
-    to the caller (the plain product is returned).
-    return_normed: returns (product, the normed x) (x itself when it is a tensor); for a NormedRows
-    folded into the kernel the same launch stores the normed row while `NORMED_OUT` is on (else the
-    norm kernel, then the GEMV)."""
+    to the caller (the plain product is returned)."""
     if isinstance(x, NormedRows):
         h = x.h.reshape(-1, x.h.shape[-1]) if x.h.dim() != 2 else x.h
         if (x.parts is not None and h.shape[0] == 1 and _eligible(h, w) and use_triton(w.shape[0], w.shape[1], 1)
                 and x.parts.shape[1] <= 4096 and x.weight.shape == (w.shape[1],) and x.weight.is_contiguous()
-                and residual is None and (NORMED_OUT or not return_normed)):
-            out = gemv(h, w, norm=RowNorm(x.parts, x.weight, x.eps), normed_out=return_normed)
-            if return_normed:
-                return out[0].reshape(*x.h.shape[:-1], w.shape[0]), out[1].view(x.h.shape)
-            return out.reshape(*x.h.shape[:-1], w.shape[0])
+                and residual is None):
+            return gemv(h, w, norm=RowNorm(x.parts, x.weight, x.eps)).reshape(*x.h.shape[:-1], w.shape[0])
         x = _fast_add_rms_norm(x.h, None, x.weight, x.eps)[0]
-    if return_normed:
-        return linear(x, w, residual), x
     if _eligible(x, w):
         x2 = x if x.dim() == 2 else x.reshape(-1, x.shape[-1]) if x.dim() > 2 else x.unsqueeze(0)
         M = x2.shape[0]

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ninfer.ops.fused import Residual, silu_mul_halves
+from ninfer.ops.fused import silu_mul_halves
 from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
@@ -57,8 +57,6 @@ __all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DE
 
 MAX_PAIRS = 128          # (token, expert) pairs up to which the grouped GEMV (decode) path runs
 PREFILL_CHUNK = 8192     # tokens per grouped-GEMM pass
-# NOTE: read at each call (bench/step_ab.py `set:` variants): False leaves the residual add to the caller.
-FOLD_RESIDUAL = True
 
 
 # ------------------------------------------------------------------------------------------------
@@ -317,22 +315,16 @@ def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, strid
 
 
 @triton.jit
-def _experts_down_kernel(act, ids, rw, down, out, res_in, parts, sgu, sg, sdown, H, I, Is, KMAX,
-                         stride_act, stride_de, stride_dn, stride_out, stride_res, n_parts,
-                         stride_sgu, stride_sg, stride_sdn,
+def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX,
+                         stride_act, stride_de, stride_dn, stride_out, stride_sgu, stride_sg, stride_sdn,
                          TOPK: tl.constexpr, KB: tl.constexpr, HAS_SHARED: tl.constexpr, BN: tl.constexpr,
-                         BK: tl.constexpr, EVEN: tl.constexpr, ONE_BLOCK: tl.constexpr, RESID: tl.constexpr = False,
-                         PDL: tl.constexpr = False):
+                         BK: tl.constexpr, EVEN: tl.constexpr, ONE_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
     """out[t, n] = Σ_j rw[t, j] Σ_i down[ids[t, j], n, i] act[t·TOPK + j, i]
                    (+ sigmoid(sg[t]) Σ_i sdown[n, i] silu(sgu[t, i]) sgu[t, Is + i]); KMAX = max(I, Is).
-    ONE_BLOCK (KMAX <= BK): no K loop.
-    RESID: out = res_in + that sum (each rounded to out's dtype, as the schedule's residual add) and
-    parts[t, n-block] = Σ out² (fp32), for the next layer's GEMV to apply its norm in its x load
-    (`ninfer.ops.fast.gemv`, NORM)."""
+    ONE_BLOCK (KMAX <= BK): no K loop."""
     _pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
-    nb = tl.program_id(1)
-    o_n = nb * BN + tl.arange(0, BN)
+    o_n = tl.program_id(1) * BN + tl.arange(0, BN)
     mn = o_n < H
     o_j = tl.arange(0, KB)
     mj = o_j < TOPK
@@ -361,15 +353,7 @@ def _experts_down_kernel(act, ids, rw, down, out, res_in, parts, sgu, sg, sdown,
     res = tl.sum(acc * wj[:, None], 0)
     if HAS_SHARED:
         res += sacc / (1.0 + tl.exp(-gl))
-    ty = out.dtype.element_ty
-    if RESID:
-        r = tl.load(res_in + t * stride_res + o_n, mask=mn, other=0.0).to(tl.float32)
-        hv = (r + res.to(ty).to(tl.float32)).to(ty)
-        tl.store(out + t * stride_out + o_n, hv, mask=mn)
-        hf = tl.where(mn, hv.to(tl.float32), 0.0)
-        tl.store(parts + t * n_parts + nb, tl.sum(hf * hf, 0))
-    else:
-        tl.store(out + t * stride_out + o_n, res.to(ty), mask=mn)
+    tl.store(out + t * stride_out + o_n, res.to(out.dtype.element_ty), mask=mn)
 
 
 @triton.jit
@@ -407,11 +391,9 @@ def _tile_k(kb: int, bn: int, bk: int, length: int) -> int:
     return max(16, min(bk, triton.next_power_of_2(length), _TILE // (kb * bn)))
 
 
-def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None, config=None, residual=None):
+def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None, config=None):
     """Routed (+ shared) experts at decode sizes, two launches. Either ids/weights [T, k] (a routing)
-    or logits [T, E] (routing inside the gate|up kernel). residual [T, H]: out = residual + the
-    experts' sum, with its sums of squares per down tile. Returns (out [T, H], weights, ids, parts or
-    None)."""
+    or logits [T, E] (routing inside the gate|up kernel). Returns (out [T, H], weights, ids)."""
     T, H = x.shape
     cfg = config or decode_config(T)
     E, I = down.shape[0], down.shape[-1]
@@ -449,16 +431,13 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
     kmax = max(I, Is)
     bn2 = min(cfg.down_bn, triton.next_power_of_2(H))
     bk2 = _tile_k(KB, bn2, cfg.down_bk, kmax)
-    n_tiles = triton.cdiv(H, bn2)
-    parts = torch.empty(T, n_tiles, dtype=torch.float32, device=dev) if residual is not None else None
-    res_in = residual if residual is not None else out
-    _experts_down_kernel[(T, n_tiles)](
-        act, ids, weights, down, out, res_in, parts if parts is not None else out, *s_args, H, I, Is, kmax,
-        act.stride(0), down.stride(0), down.stride(1), out.stride(0), res_in.stride(0), n_tiles, *s_strides,
+    _experts_down_kernel[(T, triton.cdiv(H, bn2))](
+        act, ids, weights, down, out, *s_args, H, I, Is, kmax,
+        act.stride(0), down.stride(0), down.stride(1), out.stride(0), *s_strides,
         TOPK=k, KB=KB, HAS_SHARED=shared is not None, BN=bn2, BK=bk2,
         EVEN=KB == k and H % bn2 == 0 and I == Is and I % bk2 == 0, ONE_BLOCK=kmax <= bk2,
-        RESID=residual is not None, num_warps=cfg.down_warps, **_pdl.launch())
-    return out, weights, ids, parts
+        num_warps=cfg.down_warps, **_pdl.launch())
+    return out, weights, ids
 
 
 # ------------------------------------------------------------------------------------------------
@@ -593,29 +572,19 @@ def moe_experts(x: torch.Tensor, routing: MoeRouting, gate_up: torch.Tensor, dow
 
 
 def route_moe_experts(x: torch.Tensor, router_logits: torch.Tensor, top_k: int, gate_up: torch.Tensor,
-                      down: torch.Tensor, *, shared: SharedExpert | None = None,
-                      residual: torch.Tensor | None = None, legacy: bool = False,
-                      config: DecodeConfig | None = None):
+                      down: torch.Tensor, *, shared: SharedExpert | None = None, legacy: bool = False,
+                      config: DecodeConfig | None = None) -> torch.Tensor:
     """See `ninfer.ops.moe.route_moe_experts`: `moe_experts(x, route_topk(router_logits, top_k), ...)`.
     router_logits [T, E] (rows may be strided). At decode sizes the routing runs inside the first
-    expert kernel (two launches in all); legacy: the separate routing kernel and the old kernels.
-    residual (`ninfer.ops.fused`'s fold): at one token, while `FOLD_RESIDUAL` is on, the down kernel adds
-    it and `Residual(h, parts)` is returned; otherwise the plain sum (the caller adds `residual`)."""
+    expert kernel (two launches in all); legacy: the separate routing kernel and the old kernels."""
     T, E = router_logits.shape
     if not 0 < top_k <= E:
         raise ValueError(f"top_k must be in 1..{E}, got {top_k}")
     if T == 0 or T * top_k > MAX_PAIRS or legacy:
         return moe_experts(x, route_topk(router_logits, top_k), gate_up, down, shared=shared, legacy=legacy,
                            config=config)
-    r = None
-    if FOLD_RESIDUAL and T == 1 and residual is not None and residual.numel() == x.shape[-1] \
-            and residual.dtype == x.dtype:
-        r = residual.reshape(1, x.shape[-1])
-        r = r if r.stride(-1) == 1 else None
     lg = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
-    out, _, _, parts = _decode(_rows(x), _rows(gate_up), _rows(down), shared, top_k, logits=lg, config=config,
-                               residual=r)
-    return out if r is None else Residual(out, parts)
+    return _decode(_rows(x), _rows(gate_up), _rows(down), shared, top_k, logits=lg, config=config)[0]
 
 
 def _prefill(x, ids, weights, gate_up, down, shared):
