@@ -20,7 +20,6 @@ h^2 per column tile) instead of the plain product, and the schedule then hands t
 references here never fold: `linear` ignores `residual` (the caller's add_rms_norm does the add) and
 applies a NormedRows's norm with `rms_norm` (the CPU path is unchanged).
     gdn_conv_recurrent(qkv, a, b, ...)     GDN decode state step: gates, conv update, gated delta rule
-                                            (z, norm_weight given: and the output's gated RMSNorm)
 """
 from __future__ import annotations
 
@@ -100,18 +99,14 @@ def linear_swiglu(gu: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor
 def gdn_conv_recurrent(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor, a: torch.Tensor,
                        b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, rec_state: torch.Tensor,
                        src: torch.Tensor, dst: torch.Tensor | None, *,
-                       num_k_heads: int, head_k_dim: int, head_v_dim: int, ops=None,
-                       z: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-                       eps: float = 1e-6) -> torch.Tensor:
+                       num_k_heads: int, head_k_dim: int, head_v_dim: int, ops=None) -> torch.Tensor:
     """The state part of one GDN decode token per row: `gdn_gates(a, b, A_log, dt_bias)` (a, b [B, HV]
     raw projections), `causal_conv1d_update` (SiLU) of qkv [B, C] (C = 2 * H * K + HV * V: q heads,
     k heads, v heads), then `fused_recurrent_gated_delta_rule` with q/k L2-norm. Both states are read
     at the entries src [B] and the stepped states written at dst [B] (None: in place at src).
     conv_state [S, C, K-1], rec_state [S, HV, K, V] fp32. Returns o [B, HV, V] in qkv.dtype.
     ops: the OpSet whose gates / conv update / delta rule compose it (default: the references; the
-    fast one-kernel op falls back to the fast set's three kernels).
-    z [B, HV, V] and norm_weight [V] given: returns `ops.gated_rms_norm(o, z, norm_weight, eps)` instead
-    of o (the GDN output norm, which the fast op applies in the same launch)."""
+    fast one-kernel op falls back to the fast set's three kernels)."""
     if ops is None:
         from ninfer.ops.fast import reference_ops
         ops = reference_ops()
@@ -124,5 +119,4 @@ def gdn_conv_recurrent(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state:
     o, _ = ops.fused_recurrent_gated_delta_rule(
         q.reshape(B, 1, H, K), k.reshape(B, 1, H, K), v.reshape(B, 1, HV, V), g.unsqueeze(1), beta.unsqueeze(1),
         initial_state=rec_state, state_indices=src, dst_indices=dst, use_qk_l2norm_in_kernel=True)
-    o = o.reshape(B, HV, V)
-    return o if norm_weight is None else ops.gated_rms_norm(o, z, norm_weight, eps)
+    return o.reshape(B, HV, V)

@@ -12,11 +12,6 @@ read by every program of that head, so dst must differ from src (the decode grap
 slot -> provisional entry; not checked: entries are data); the v channels are read and written by
 one program only. With dst None (in place), or a layout the kernel does not take, the op runs the
 fast set's three kernels instead.
-
-With z and norm_weight the op returns the GDN output's gated RMSNorm (`gated_rms_norm(o, z, w)`, the
-norm before the out-projection) in the same launch: the last of a head's V-block programs to finish
-(an arrival counter per row and head, `_counters`) normalises the head. That is one launch fewer per
-GDN layer in the decode step (48 in a 27B step, 30 in a 35B-A3B step).
 """
 from __future__ import annotations
 
@@ -25,16 +20,10 @@ import triton
 import triton.language as tl
 
 from ninfer.ops import fused as _ref
-from ninfer.ops.fast._counters import arrival_counters
 from ninfer.ops.fast._index import device_index
-from ninfer.ops.fast.norms import gated_rms_norm as fast_gated_rms_norm
 from ninfer.ops.fast import _pdl
 
-__all__ = ["gdn_conv_recurrent", "FUSE_NORM"]
-
-# NOTE: read at each call (bench/step_ab.py `set:` variants switch it before capturing): False runs the
-#       gated norm as its own kernel after the state step.
-FUSE_NORM = True
+__all__ = ["gdn_conv_recurrent"]
 
 
 @triton.jit
@@ -61,9 +50,7 @@ def _conv_step(x_row, w, cs_src, cs_dst, ch, m, WRITE: tl.constexpr, OUT_TY: tl.
 def _gdn_conv_recurrent_kernel(
     x, w, conv, a, b, A_log, dt_bias, o, state, src, dst, scale,
     stride_x, stride_cs, stride_a, stride_b,
-    z, nw, y, cnt, stride_z0, stride_z1, eps,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    NORM: tl.constexpr = False, BVN: tl.constexpr = 1, ROUND_WN: tl.constexpr = False,
     PDL: tl.constexpr = False,
 ):
     _pdl.enter(PDL)
@@ -113,46 +100,16 @@ def _gdn_conv_recurrent_kernel(
     delta = (bv - kv) * bb
     S = S + bk[:, None] * delta[None, :]
     bo = tl.sum(S * bq[:, None], 0)
-    o_head = o + (i_b.to(tl.int64) * HV + i_hv) * V
-    tl.store(o_head + o_v, bo.to(out_ty), mask=mv)
+    tl.store(o + (i_b.to(tl.int64) * HV + i_hv) * V + o_v, bo.to(out_ty), mask=mv)
     p_d = state + s_dst * (HV * K * V) + i_hv * (K * V) + o_k[:, None] * V + o_v[None, :]
     tl.store(p_d, S.to(state.dtype.element_ty), mask=ms)
-    if NORM:
-        # NOTE: the head's V outputs come from tl.cdiv(V, BV) programs: each stores its block, then
-        #       arrives on the head's counter; the last to arrive (its acquire sees every sibling's
-        #       block) applies the gated norm to the whole head and resets the counter. All threads'
-        #       stores happen before the (single-thread) release.
-        tl.debug_barrier()
-        c_head = cnt + i_b * HV + i_hv
-        arrived = tl.atomic_add(c_head, 1, sem="acq_rel", scope="gpu")
-        if arrived == tl.num_programs(2) - 1:
-            _gated_norm_head(o_head, z + i_b.to(tl.int64) * stride_z0 + i_hv * stride_z1, nw,
-                             y + (i_b.to(tl.int64) * HV + i_hv) * V, V, eps, BVN, ROUND_WN)
-            tl.store(c_head, 0)
-
-
-@triton.jit
-def _gated_norm_head(o_head, z_head, nw, y_head, V, eps, BVN: tl.constexpr, ROUND_WN: tl.constexpr):
-    """`gated_rms_norm` of one head (the fast norms kernel's roundings): y = w · rms(o).to(dtype) · silu(z)."""
-    c = tl.arange(0, BVN)
-    m = c < V
-    ty = y_head.dtype.element_ty
-    ov = tl.load(o_head + c, mask=m, other=0.0, cache_modifier=".cg").to(tl.float32)
-    nv = (ov * tl.rsqrt(tl.sum(ov * ov, 0) / V + eps)).to(ty).to(tl.float32)
-    wn = tl.load(nw + c, mask=m, other=0.0).to(tl.float32) * nv
-    if ROUND_WN:
-        wn = wn.to(ty).to(tl.float32)
-    zv = tl.load(z_head + c, mask=m, other=0.0).to(tl.float32)
-    tl.store(y_head + c, (wn * (zv / (1.0 + tl.exp(-zv)))).to(ty), mask=m)
 
 
 def gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_state, src, dst, *, num_k_heads,
-                       head_k_dim, head_v_dim, z=None, norm_weight=None, eps=1e-6):
+                       head_k_dim, head_v_dim):
     """See `ninfer.ops.fused.gdn_conv_recurrent`. qkv [B, C] (unit last stride), a, b [B, HV] raw
     projections (column slices allowed), A_log, dt_bias [HV], conv_state [S, C, 3], rec_state
-    [S, HV, K, V] fp32, src/dst [B] -> o [B, HV, V]; with z [B, HV, V] (head views of the projection
-    row allowed) and norm_weight [V]: gated_rms_norm(o, z, norm_weight, eps) instead, in the same launch
-    while `FUSE_NORM` is on (else the norm kernel after it)."""
+    [S, HV, K, V] fp32, src/dst [B] -> o [B, HV, V]."""
     B, C = qkv.shape
     H, K, V = num_k_heads, head_k_dim, head_v_dim
     HV = a.shape[-1]
@@ -162,33 +119,18 @@ def gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_s
           and rec_state.is_contiguous() and HV % H == 0 and C == 2 * H * K + HV * V and K <= 256
           and a.stride(-1) == 1 and b.stride(-1) == 1 and a.dim() == 2 and b.shape == a.shape and B > 0
           and A_log.is_contiguous() and dt_bias.is_contiguous())
-    norm = norm_weight is not None
-    if norm and (z is None or z.shape != (B, HV, V) or norm_weight.shape != (V,)):
-        raise ValueError(f"gdn_conv_recurrent: the gated norm needs z [{B}, {HV}, {V}] and a weight [{V}], "
-                         f"got z {None if z is None else tuple(z.shape)}, weight {tuple(norm_weight.shape)}")
     if not ok:
         from ninfer.ops.fast import fast_ops
         return _ref.gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_state, src, dst,
-                                       num_k_heads=H, head_k_dim=K, head_v_dim=V, ops=fast_ops(),
-                                       z=z, norm_weight=norm_weight, eps=eps)
-    cnt = arrival_counters(qkv.device, B * HV) if norm and FUSE_NORM and z.stride(-1) == 1 else None
+                                       num_k_heads=H, head_k_dim=K, head_v_dim=V, ops=fast_ops())
     src_i, dst_i = device_index(src, qkv.device), device_index(dst, qkv.device)
     o = torch.empty(B, HV, V, dtype=qkv.dtype, device=qkv.device)
-    y = torch.empty_like(o) if cnt is not None else o
     BK = triton.next_power_of_2(K)
     # NOTE: BV 16 when B * HV * V / 32 would give under ~2 programs per SM (27B B=1: 384 programs instead of
     #       192; each program's q/k conv recompute is 2 x K channels, cheap next to its K x BV state tile).
     BV = min(16 if B * HV * triton.cdiv(V, 32) < 264 else 32, triton.next_power_of_2(V))
-    # NOTE: the reference multiplies w · n in the promoted dtype: rounded to o.dtype unless w is wider.
-    round_wn = norm and torch.promote_types(norm_weight.dtype, o.dtype) == o.dtype and o.dtype != torch.float32
     _gdn_conv_recurrent_kernel[(B, HV, triton.cdiv(V, BV))](
         qkv, w, conv_state, a, b, A_log, dt_bias, o, rec_state, src_i, dst_i, float(K ** -0.5),
         qkv.stride(0), conv_state.stride(0), a.stride(0), b.stride(0),
-        z if cnt is not None else o, norm_weight.contiguous() if cnt is not None else o, y,
-        cnt if cnt is not None else src_i, z.stride(0) if cnt is not None else 0,
-        z.stride(1) if cnt is not None else 0, float(eps),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, NORM=cnt is not None, BVN=triton.next_power_of_2(V),
-        ROUND_WN=round_wn, num_warps=4, **_pdl.launch())
-    if norm and cnt is None:
-        return fast_gated_rms_norm(o, z, norm_weight, eps)
-    return y
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, num_warps=4, **_pdl.launch())
+    return o

@@ -52,7 +52,6 @@ import triton.language as tl
 from ninfer.ops.fast.fused import add_rms_norm as _fast_add_rms_norm, silu_mul_halves as _fast_silu_mul_halves
 from ninfer.ops.fused import NormedRows, Residual
 from ninfer.ops.fast import _pdl
-from ninfer.ops.fast._counters import arrival_counters
 
 __all__ = ["GemvConfig", "RowNorm", "CONFIGS", "USE_TRITON", "USE_TRITON_SWIGLU",
            "MAX_ROWS", "linear", "linear_swiglu", "gemv", "use_triton", "m_bucket", "config_for",
@@ -432,7 +431,21 @@ def _store_y(acc, y_ptr, stride_ym, offs_m, offs_n, mask, res_ptr, stride_rm, pa
         tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(ty), mask=mask)
 
 
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
 _WARNED: set[str] = set()
+
+
+def _counters(device: torch.device, n_tiles: int) -> torch.Tensor | None:
+    """The device's zeroed arrival counters (>= n_tiles); None when they would have to be allocated
+    during a CUDA-graph capture (the caller then falls back to cuBLAS)."""
+    c = _COUNTERS.get(device)
+    if c is not None and c.numel() >= n_tiles:
+        return c
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    c = torch.zeros(max(1 << 16, triton.next_power_of_2(n_tiles)), dtype=torch.int32, device=device)
+    _COUNTERS[device] = c
+    return c
 
 
 class RowNorm(NamedTuple):
@@ -501,7 +514,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
     k_per_split = triton.cdiv(kblocks, split) * bk
     split = triton.cdiv(K, k_per_split)                    # no empty splits
     if split > 1:
-        cnt = arrival_counters(x.device, n_tiles)
+        cnt = _counters(x.device, n_tiles)
         if cnt is None:
             if "capture" not in _WARNED:
                 _WARNED.add("capture")

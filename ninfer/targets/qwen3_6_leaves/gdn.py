@@ -32,10 +32,9 @@ class GDNProjection:
         g, beta = ops.gdn_gates(a, b, w.A_log, w.dt_bias)
         return qkv, z, g, beta
 
-    def output(self, w: GDNWeights, o: torch.Tensor, z: torch.Tensor | None, ops: Any,
-               residual: torch.Tensor | None = None) -> Any:
+    def output(self, w: GDNWeights, o: torch.Tensor, z: torch.Tensor, ops: Any, residual: torch.Tensor | None = None
+               ) -> Any:
         """o [N, nv, dv], z [N, nv, dv] -> [N, H] (or the op's Residual when it folds `residual`, see
-        `ninfer.ops.fused`). z None: o is already the gated norm's output (`ops.gdn_conv_recurrent`
-        with z and the norm weight applies it)."""
-        y = o if z is None else ops.gated_rms_norm(o, z, w.norm, self.eps)
+        `ninfer.ops.fused`)."""
+        y = ops.gated_rms_norm(o, z, w.norm, self.eps)
         return ops.linear(y.reshape(o.shape[0], self.nv * self.dv), w.out_proj, residual=residual)

@@ -157,14 +157,13 @@ class Qwen36Model:
         idx = fb.state_entries
         ops = self.ops
         if meta.decode and meta.src_entries is not None:
-            # NOTE: the graph's decode step: one op computes the gates, reads both states at src, writes
-            #       them at idx and applies the output's gated norm.
+            # NOTE: the graph's decode step: one op computes the gates, reads both states at src and
+            #       writes them at idx.
             qkv, z, a, b = self.leaves.gdn.project(w, h, ops, gates=False)
-            y = ops.gdn_conv_recurrent(qkv, w.conv1d, conv_pool, a, b, w.A_log, w.dt_bias, rec_pool,
+            o = ops.gdn_conv_recurrent(qkv, w.conv1d, conv_pool, a, b, w.A_log, w.dt_bias, rec_pool,
                                        meta.src_entries, idx, num_k_heads=d.linear_num_key_heads,
-                                       head_k_dim=d.linear_key_head_dim, head_v_dim=d.linear_value_head_dim,
-                                       z=z, norm_weight=w.norm, eps=d.rms_norm_eps)
-            return self.leaves.gdn.output(w, y, None, ops, residual=residual)
+                                       head_k_dim=d.linear_key_head_dim, head_v_dim=d.linear_value_head_dim)
+            return self.leaves.gdn.output(w, o, z, ops, residual=residual)
         qkv, z, g, beta = self.leaves.gdn.project(w, h, ops)
         if meta.decode:
             u, _ = ops.causal_conv1d_update(qkv, w.conv1d, conv_pool, state_indices=idx)            # [B, C]
