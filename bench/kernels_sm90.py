@@ -41,8 +41,8 @@ UP_VARIANTS = {"moe gate|up route": {}, "moe gate|up route 8x1x512": dict(BK=512
 DOWN_BASE = dict(TOPK=8, KB=8, HAS_SHARED=True, BN=2, BK=512, EVEN=True, ONE_BLOCK=True, PDL=True)
 DOWN_VARIANTS = {"moe down": {}, "moe down (as a loop)": dict(ONE_BLOCK=False)}
 # GDN decode state step, 27B heads (H=16, HV=48, K=V=128), BV=16 (B=1)
-GDN_BASE = dict(H=16, HV=48, K=128, V=128, BK=128, BV=16, NORM=False, BVN=128, ROUND_WN=True, PDL=True)
-GDN_VARIANTS = {"gdn conv+recurrent": {}, "gdn + gated norm": dict(NORM=True), "gdn + gated norm BV32": dict(NORM=True, BV=32)}
+GDN_BASE = dict(H=16, HV=48, K=128, V=128, BK=128, BV=16, PDL=True)
+GDN_VARIANTS = {"gdn conv+recurrent": {}}
 # paged decode attention at the 35B-A3B heads (16 q, 2 kv, 256): the split kernel and the merge
 ATTN_SPLIT = dict(HQ=16, REP=8, D=256, PAGE=64, BH=16, BN=32, PREC="tf32", PDL=True)
 ATTN_MERGE = dict(HQ=16, D=256, BN=32, BS=16, HAS_GATE=False, PDL=True)
@@ -52,8 +52,7 @@ QK_VARIANTS = {"qk norm rope": {}, "qk norm rope + kv write": dict(WRITE_KV=True
 _TYPES = {"ws_ptr": "*fp32", "cnt_ptr": "*i32", "parts_ptr": "*fp32", "eps": "fp32", "ids": "*i64",
           "part_o": "*fp32", "part_ml": "*fp32", "lens": "*i64", "bt": "*i32", "cos": "*fp32", "sin": "*fp32",
           "pos": "*i64", "rows": "*i64"}
-_GDN_TYPES = {"state": "*fp32", "src": "*i64", "dst": "*i64", "scale": "fp32", "cnt": "*i32", "z": "*bf16",
-              "nw": "*bf16", "y": "*bf16"}
+_GDN_TYPES = {"state": "*fp32", "src": "*i64", "dst": "*i64", "scale": "fp32"}
 _MOE_PTRS = {"conv", "a", "b", "A_log", "dt_bias", "o", "x", "logits", "rw", "w", "act", "down", "out", "sgu", "sg",
              "sdown"}
 _ATTN_PTRS = {"q", "k", "v", "kc", "vc", "wq", "wk", "qo", "ko", "gate"}
