@@ -7,7 +7,9 @@ identity. The layer kind (GDN or attention) comes from the dimension facts.
 
     x = embed(ids)
     per layer:  x += mixer(rms_norm1p(x))        GDN: leaf.project -> conv(state) -> delta rule(state) -> leaf.output
-                                                 attn: leaf.project -> write KV pages -> paged attention -> leaf.output
+                                                 attn: leaf.project (q/k norm + rotary, k/v into the pages in
+                                                       the same op) -> paged attention (decode: and the
+                                                       output gate) -> leaf.output
                 x += post_mixer(rms_norm1p(x))
     h = rms_norm1p(x);  logits = h @ lm_head.T   (fp32)
 
