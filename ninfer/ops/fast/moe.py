@@ -418,7 +418,9 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
     #       35B-A3B step: its early programs held the SM slots of the gate|up kernel's second wave), and
     #       the post-mixer norm / residual add folded into these two kernels (no change with shared_in on
     #       the Triton GEMV); pass 8: the gate|up programs prefetching the selected experts' down weights
-    #       into L2 (cp.async.bulk.prefetch, +0.09 ms per step).
+    #       into L2 (cp.async.bulk.prefetch, +0.09 ms per step); pass 9: the residual add in the down kernel
+    #       (the next GEMV then reads its 1024 tiles' sums of squares) with shared_in's GEMV storing the
+    #       normed row for these kernels, 80 launches fewer: +0.04 ms per step.
     bn1 = min(cfg.up_bn, triton.next_power_of_2(I))
     bk1 = _tile_k(KB, bn1, cfg.up_bk, H)
     act = torch.empty(T * k, I, dtype=x.dtype, device=dev)

@@ -1,7 +1,9 @@
 """The three kinds of execution leaves a package provides to the family schedule.
 
-The schedule owns everything that touches sequence state (embedding, residual stream, paged KV,
-conv/recurrent state, final norm, lm_head). Leaves are the per-layer projections around it:
+The schedule owns the sequence state and everything around it (embedding, residual stream, paged KV,
+conv/recurrent state, final norm, lm_head): it maps the pages and entries and hands a leaf only the
+pages that the leaf's own op writes (the attention leaf's q/k norm + rotary op stores the new tokens'
+k, v there, one launch, an `ops` state transformation). Leaves are the per-layer projections around it:
 
     attention projection   h -> (q, gate) after q/k norm and rotary;        (o, gate) -> out
                            (k, v written into the pages the schedule hands it, in the same op)
