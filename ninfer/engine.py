@@ -297,6 +297,6 @@ def _program_config(package_module: Any, cfg: EngineConfig, sampleable_vocab_siz
     return program_config_cls(device=cfg.device, dtype=cfg.dtype, page_size=cfg.page_size, num_pages=num_pages,
                               num_slots=_num_slots(cfg), max_model_len=cfg.max_model_len,
                               max_batch=cfg.max_concurrency, sampleable_vocab_size=sampleable_vocab_size,
-                              enforce_eager=cfg.enforce_eager, seed=cfg.seed,
+                              enforce_eager=cfg.enforce_eager, decode_step_ahead=cfg.decode_step_ahead, seed=cfg.seed,
                               kv_memory_fraction=0.0 if cfg.num_pages else cfg.kv_memory_fraction)
 

@@ -110,7 +110,8 @@ def test_decode_body_matches_eager_and_never_touches_the_host(identity):
     pos = torch.tensor([s.frontier for s in seqs])
     buf = SimpleNamespace(input_ids=torch.tensor([s.tokens[-1] for s in seqs]), positions=pos,
                           src=torch.tensor([s.slot for s in seqs]), dst=torch.arange(ns, ns + B),
-                          context_lens=pos + 1, block_tables=tables, rows=torch.arange(B))
+                          context_lens=pos + 1, block_tables=tables, rows=torch.arange(B),
+                          fed=torch.zeros(B, dtype=torch.long))
     with _no_host_data() as saved:
         prog.model.ops = ops._replace(**{f: _unguarded(getattr(ops, f), saved) for f in ops._fields if f != "name"})
         logits = decode_body(prog.model, prog._state, buf)
@@ -147,13 +148,17 @@ class _EagerGraphs:
     def fits(self, B, tables):
         return B <= self.max_batch and all(len(t) <= self.width for t in tables)
 
-    def run(self, input_ids, positions, src, dst, tables):
+    def run(self, input_ids, positions, src, dst, tables, fed=None):
         from ninfer.targets.qwen3_6.runtime.cuda_graphs import fill_static_inputs
-        B, W = len(input_ids), self.width
+        B, W = len(positions), self.width
         v = torch.zeros(5 * B + B * W, dtype=torch.long)
+        if fed is not None:
+            assert input_ids is None and fed.shape == (B,)
+            input_ids = [-1] * B
         fill_static_inputs(v, W, input_ids, positions, src, dst, tables)
         g = SimpleNamespace(input_ids=v[:B], positions=v[B:2 * B], src=v[2 * B:3 * B], dst=v[3 * B:4 * B],
-                            context_lens=v[4 * B:5 * B], block_tables=v[5 * B:].view(B, W), rows=torch.arange(B))
+                            context_lens=v[4 * B:5 * B], block_tables=v[5 * B:].view(B, W), rows=torch.arange(B),
+                            fed=fed.clone() if fed is not None else torch.zeros(B, dtype=torch.long))
         self.replays += 1
         return decode_body(self.model, self.state, g)
 
@@ -192,3 +197,96 @@ def test_final_one_token_prefill_stage_runs_the_decode_graph(identity):
         assert p0 == p1
         one = n - split == 1 and plp is None
         assert replayed == (1 if one else 0), (n, split, plp, replayed)
+
+
+@pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
+def test_step_ahead_rounds_equal_plain_rounds(identity):
+    """Greedy rounds through the decode graphs launch the next step before reading their tokens
+    (step_ahead.py). Against an eager Program running the same calls: every round's tokens are equal,
+    and so are the logits at the end (the committed state and KV); a step-ahead is adopted only by
+    the exact next round of its rows after a full commit, and discarded by a partial commit, a
+    cancelled row, an abort, a changed batch or a release; none is launched when another live
+    sequence is outside the round or when the round spends a row's budget; nothing stays held."""
+    _, ref = _program(identity)
+    _, prog = _program(identity)
+    prog.graphs = _EagerGraphs(prog, max_batch=4)
+    assert prog.step_ahead_enabled
+    adopted = []
+    adoptable = prog._adoptable
+
+    def spy(*a):
+        got = adoptable(*a)
+        adopted.append(got is not None)
+        return got
+    prog._adoptable = spy
+    g = torch.Generator().manual_seed(11)
+    prompts = [tuple(torch.randint(0, 1000, (n,), generator=g).tolist()) for n in (9, 14, 6)]
+    budgets = (14, 6, 8)
+    hs = {p: [] for p in (ref, prog)}
+
+    def both(fn):
+        out = [fn(p, hs[p]) for p in (ref, prog)]
+        prog.check_integrity()
+        return out
+
+    def start(k):
+        def f(p, h):
+            req = SequenceRequest(prompt_token_ids=prompts[k], sampling=SamplingParams(temperature=0.0),
+                                  max_output_tokens=budgets[k])
+            h.append(p.start_materialize(p.plan_materialize(req)).sequence)
+        both(f)
+
+    def prefill(k, n=None):
+        def f(p, h):
+            st = p.prefill(h[k], n or len(prompts[k]))
+            if st.pending is not None:
+                p.commit(st.pending, [1])
+                return st.pending.rows[0].tokens
+        a, b = both(f)
+        assert a == b
+
+    def round_(rows, steps, accepted, abort=False):
+        def f(p, h):
+            batch = p.decode([h[k] for k in rows], steps)
+            toks = [r.tokens for r in batch.rows]
+            p.abort_pending(batch) if abort else p.commit(batch, accepted)
+            return toks
+        n0 = prog.graphs.replays
+        a, b = both(f)
+        assert a == b, (rows, steps, a, b)
+        return prog.graphs.replays - n0, adopted[-1]
+
+    start(0), start(1)
+    prefill(0), prefill(1)
+    assert round_([0, 1], 1, [1, 1]) == (2, False)       # its step + the step-ahead
+    assert round_([0, 1], 1, [1, 1]) == (1, True)        # adopted; only the next step-ahead replays
+    assert round_([0, 1], 2, [2, 1]) == (2, True)        # adopted step 0, step 1, step-ahead; partial commit drops it
+    assert round_([0, 1], 1, [1, 0]) == (2, False)       # recomputed; row 1 cancelled: dropped again
+    both(lambda p, h: p.release(h[1]))
+    assert round_([0], 1, [1]) == (2, False)
+    assert round_([0], 1, [1], abort=True) == (1, True)  # the abort drops the next one
+    assert round_([0], 1, [1]) == (2, False)
+    start(2)                                             # a third sequence, in prefill: A's pending step stays
+    prefill(2, 4)
+    assert round_([0], 1, [1]) == (0, True)              # adopted; no new one while sequence 2 is outside
+    prefill(2)
+    assert round_([0, 2], 1, [1, 1]) == (2, False)
+    assert round_([0, 2], 1, [1, 1]) == (1, True)
+    both(lambda p, h: p.release(h[2]))                   # release drops the pending step of its rows
+    s0 = prog._seq(hs[prog][0])
+    assert len(s0.tokens) - s0.num_prompt == 11
+    assert round_([0], 1, [1]) == (2, False)
+    assert round_([0], 1, [1]) == (1, True)
+    assert round_([0], 1, [1])[0] == 0                   # the last token of the budget: adopted, nothing after
+    assert prog._ahead is None
+    for p in (ref, prog):
+        s = p._seq(hs[p][0])
+        assert len(s.tokens) - s.num_prompt == budgets[0]
+    # the committed KV and state agree: one more (eager-compared) step from the reservation's last position
+    bl = [p.decode_with_logits([hs[p][0]], 1) for p in (ref, prog)]
+    torch.testing.assert_close(bl[1][1], bl[0][1], rtol=1e-5, atol=1e-5)
+    for p, (b, _) in zip((ref, prog), bl):
+        p.abort_pending(b)
+        p.release(hs[p][0])
+        p.check_integrity()
+    assert prog._pending.num_free_scratch == prog._pending._scratch.total

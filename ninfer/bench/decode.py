@@ -13,6 +13,8 @@ the Python thread's CPU time per round (time.thread_time) and the GPU time of th
 One decode round = `Program.decode(rows)` (state image copy into the provisional entry, the
 forward, lm_head, sampling, one host sync for the token ids) followed by `abort_pending`, so every
 round runs at the same context. Host wall clock around each round, median of 10 after 3 warm-ups.
+Then the serving loop at the smallest and largest B: `decode` + `commit` back to back, as a server
+runs them, with the decode step-ahead off and on (`serving_loop`; ms per round).
 Also the prefill time of each prompt (its median over the rows) and, at 1k, the same rounds with
 the reference ops for comparison. Floor = bytes read per step / copy bandwidth measured in this
 run: weights read once (MoE: the distinct experts B rows can touch, at most min(E, k*B) per layer,
@@ -45,11 +47,12 @@ from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 
 PAGE = 64
+LOOP_BUDGET = 512        # output tokens each bench row may commit (the serving-loop rounds commit theirs)
 
 
 def model_len(requested: int, ctxs: list[int]) -> int:
     """The Program's max_model_len (the decode graphs' block-table width): `requested` (--max-model-len),
-    at least the largest context + 64."""
+    at least the largest context + 64 (the serving-loop rounds commit tokens within what is left)."""
     return max(requested, max(ctxs) + 64)
 
 
@@ -62,7 +65,7 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, ref_compa
     pkg = importlib.import_module(w.package.module)
     dims = w.dims
     max_ctx = max(ctxs)
-    pages = sum(8 * (c // PAGE + 2) for c in ctxs) + 16
+    pages = sum(8 * ((c + LOOP_BUDGET) // PAGE + 2) for c in ctxs) + 16
     cfg = ProgramConfig(device=device, dtype="bf16" if device.startswith("cuda") else "fp32", page_size=PAGE, num_pages=pages, num_slots=8 * len(ctxs),
                         max_model_len=model_len(max_model_len, ctxs), max_batch=8, max_steps=1)
     t0 = time.perf_counter()
@@ -82,7 +85,7 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, ref_compa
             prog.model.ops = main_ops._replace(chunk_gated_delta_rule=reference_ops().chunk_gated_delta_rule)
         for r in range(8):
             prompt = tuple(torch.randint(0, dims.vocab_size, (ctx,), generator=rng).tolist())
-            req = SequenceRequest(prompt_token_ids=prompt, max_output_tokens=32,
+            req = SequenceRequest(prompt_token_ids=prompt, max_output_tokens=min(LOOP_BUDGET, cfg.max_model_len - ctx),
                                   sampling=SamplingParams(temperature=0.0))
             h = prog.start_materialize(prog.plan_materialize(req)).sequence
             sync()
@@ -104,6 +107,7 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, ref_compa
             variants.append((main_ops.name, main_ops, True, False))
         if ref_compare and ctx == min(ctxs) and main_ops.name != "reference":
             variants.append(("reference", reference_ops(), False, True))
+        prog.step_ahead_enabled = False       # these rounds are aborted: a step-ahead would never be adopted
         for name, ops, graphs, compare in variants:
             prog.model.ops = ops
             prog.graphs_enabled = graphs
@@ -131,10 +135,54 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, ref_compa
                       f"(min {min(times):.2f}, floor {floor_ms:.2f})", flush=True)
             prog.model.ops = main_ops
             prog.graphs_enabled = True
+        if prog.graphs is not None:
+            out += serving_loop(prog, identity, ctx, handles, batches, reps, on_row)
+        for h in handles:
+            prog.release(h)
     del prog, w
     gc.collect()
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
+    return out
+
+
+def serving_loop(prog, identity: str, ctx: int, handles: list, batches: list[int], reps: int, on_row=None
+                 ) -> list[dict]:
+    """What a server's decode loop sees per round: `decode` + `commit` of every row, back to back (no
+    sync in between), graphs on, with the decode step-ahead off and on (runtime/step_ahead.py); ms per
+    round = wall of 3 x reps rounds / their number, after 3 warm-up rounds. Largest B first: rows past B
+    are released (a step-ahead is launched only when every live sequence is in the round)."""
+    out = []
+    live = list(handles)
+    bs = sorted({min(batches), max(batches)}, reverse=True)
+    seqs = [prog._seq(h) for h in live]
+    room = min(min(prog.max_model_len, len(s.request.prompt_token_ids) + s.request.max_output_tokens) - len(s.tokens)
+               for s in seqs) - 2
+    n = min(3 + 3 * reps, room // (4 * len(bs)))          # rounds per variant: the rows' room holds them all
+    if n < 6:
+        print(f"[{identity}] serving loop skipped: the rows have room for {room} more tokens "
+              f"(raise --max-model-len above ctx + {24 * len(bs) + 64})", flush=True)
+        return out
+    for B in bs:
+        while len(live) > B:
+            prog.release(live.pop())
+        for ahead in (False, True, False, True):
+            prog.step_ahead_enabled = ahead
+            torch.cuda.synchronize()
+            for i in range(n):
+                if i == 3:
+                    t0 = time.perf_counter()
+                batch = prog.decode(live)
+                prog.commit(batch, [1] * B)
+            torch.cuda.synchronize()
+            ms = (time.perf_counter() - t0) * 1e3 / (n - 3)
+            row = dict(identity=identity, kind="loop", ctx=ctx, batch=B, step_ahead=ahead, round_ms=ms)
+            out.append(row)
+            if on_row:
+                on_row(row)
+            print(f"[{identity}] serving loop ctx {ctx}+ B={B} step_ahead={ahead}: {ms:.3f} ms per round", flush=True)
+    prog.step_ahead_enabled = prog.config.decode_step_ahead
+    handles[:] = live
     return out
 
 
@@ -312,6 +360,15 @@ def run(args: argparse.Namespace) -> int:
                          r["step_ms"] / r["floor_ms"], 1000 * r["batch"] / r["step_ms"]])
     print_table(["identity", "ops", "graphs", "ctx", "B", "step_ms", "floor_ms", "x_floor", "tok/s"], rows)
     print()
+    loops = {}
+    for r in results:
+        if r["kind"] == "loop":
+            loops.setdefault((r["identity"], r["ctx"], r["batch"]), {}).setdefault(r["step_ahead"], []).append(r["round_ms"])
+    rows = [[i, c, b, min(v.get(False, [float("nan")])), min(v.get(True, [float("nan")]))]
+            for (i, c, b), v in loops.items()]
+    if rows:
+        print_table(["identity", "ctx", "B", "loop_ms (step-ahead off)", "loop_ms (on)"], rows)
+        print()
     rows = [[r["identity"], r["ctx"], r["first_ms"], r["median_ms"], r["gemm_flops"] / peak * 1e3,
              r["median_ms"] / (r["gemm_flops"] / peak * 1e3)] for r in results if r["kind"] == "prefill"]
     print_table(["identity", "prompt", "prefill_first_ms", "prefill_median_ms", "floor_ms", "x_floor"], rows)

@@ -177,6 +177,7 @@ class CheckpointOps:
     def plan_capture(self, seq: SequenceHandle, evictable: Sequence[int] = ()) -> ResourcePlan | Refusal:
         s = self._seq(seq)
         self._pending.require_idle(s.handle.seq_id, "capture")
+        self._discard_ahead(s.handle.seq_id)
         if s.frontier < 1:
             return Refusal(RefusalKind.INFEASIBLE, "nothing to capture at frontier 0")
         victims = self._ledger.victims(self._ledger.need(0), evictable)
@@ -249,6 +250,7 @@ class CheckpointOps:
         """Publish one complete checkpoint from a terminal sequence, or release it."""
         s = self._seq(seq)
         self._pending.require_idle(s.handle.seq_id, "retain")
+        self._discard_ahead(s.handle.seq_id)
         h = s.holding
         if h.pub_slot is not None and s.pub_target == s.frontier + 1 and s.pub_frontier != s.pub_target:
             # NOTE: the target covers the last sampled token, which is not in the state yet: one more

@@ -35,6 +35,8 @@ class ProgramConfig:
                    padding rows past the tokenizer's vocabulary (248,077 of 248,320) that name no token
     enforce_eager  no CUDA graphs; otherwise a CUDA device with the fast op set captures one decode
                    graph per exact batch size 1..max_batch at start (cuda_graphs.py)
+    decode_step_ahead  greedy rounds through the decode graphs launch the rows' next step before they
+                   wait for their own tokens, for the next round to adopt (step_ahead.py)
     """
     device: str | torch.device = "cpu"
     dtype: str | torch.dtype = "fp32"
@@ -51,6 +53,7 @@ class ProgramConfig:
     kv_memory_fraction: float = 0.0   # > 0 on CUDA: num_pages is an upper bound, the pool gets at most
                                       # this share of the device memory free after the weights and state
     enforce_eager: bool = False
+    decode_step_ahead: bool = True
 
     def __post_init__(self) -> None:
         resolve_dtype(self.dtype)

@@ -8,6 +8,8 @@ Page ids, state entries and positions are data in static buffers, never graph ke
     pinned host buffer, which `run` fills through a numpy view: no host-side copy launch per round)
       input_ids [B]  positions [B]  src [B]  dst [B]  context_lens [B]  block_tables [B, W]
       W = ceil(max_model_len / page_size) (fixed width; entries past a row's table are stale, never read)
+    input_ids < 0 take the row's id from the graph's device buffer `fed` [B] instead (a step fed by
+    the previous step's argmax without a host round trip: step_ahead.py)
     graph body
       hidden = model.decode_static(..., src)                  (writes KV at positions; conv and delta
                                                                rule read state at src, write it at dst)
@@ -35,11 +37,12 @@ def decode_body(model: Qwen36Model, state: StateImageStore, g) -> torch.Tensor:
     """The captured region (device tensors of `g` only): forward (the conv and delta-rule kernels read
     each row's state at src and write the stepped state at its provisional entry dst: no separate
     copy; src, the committed slot, is never written), lm_head."""
+    ids = torch.where(g.input_ids < 0, g.fed, g.input_ids)
     known = {"conv", "recurrent"}
     for name, plane in state.planes.items():
         if name not in known:                 # a plane no decode op steps: copy it as before
             plane.index_copy_(1, g.dst, plane.index_select(1, g.src))
-    hidden = model.decode_static(g.input_ids, g.positions, g.dst, g.block_tables, g.context_lens, g.rows,
+    hidden = model.decode_static(ids, g.positions, g.dst, g.block_tables, g.context_lens, g.rows,
                                  src_entries=g.src)
     return model.logits(hidden)
 
@@ -79,10 +82,14 @@ class _Graph:
         self.src, self.dst, self.context_lens = v[2 * B:3 * B], v[3 * B:4 * B], v[4 * B:5 * B]
         self.block_tables = v[5 * B:].view(B, W)
         self.rows = torch.arange(B, dtype=torch.long, device=device)
+        self.fed = torch.zeros(B, dtype=torch.long, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
-        self.done = torch.cuda.Event()        # recorded after each replay: its copy out of `host` is over
-        self.done.record()
+        # NOTE: recorded inside the graph, right after its first node (the copy out of `host`): `run` may
+        #       refill `host` as soon as that copy is over, while the rest of the replay still runs (a
+        #       step-ahead launch comes while the step before it is on the GPU).
+        self.copied = torch.cuda.Event(external=True)
+        self.copied.record()
 
 
 class DecodeGraphs:
@@ -100,6 +107,8 @@ class DecodeGraphs:
         # NOTE: the static-input copy is the graph's first node, not a host-side launch per round (one host
         #       op fewer: 27B round 14.170 -> 14.097 ms measured interleaved, bench/NOTES.md pass 6).
         g.dev.copy_(g.host, non_blocking=True)
+        if torch.cuda.is_current_stream_capturing():
+            g.copied.record()
         return decode_body(self.model, self.state, g)
 
     def capture(self) -> None:
@@ -128,14 +137,19 @@ class DecodeGraphs:
     def fits(self, B: int, tables: Sequence[Sequence[int]]) -> bool:
         return B in self._graphs and all(len(t) <= self.width for t in tables)
 
-    def run(self, input_ids: Sequence[int], positions: Sequence[int], src: Sequence[int], dst: Sequence[int],
-            tables: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Replay graph B = len(input_ids); returns its static fp32 logits [B, V] (valid until the next
-        replay of the same B: clone to keep them)."""
-        g = self._graphs[len(input_ids)]
-        g.done.synchronize()                  # this graph's last replay no longer reads its pinned buffer
+    def run(self, input_ids: Sequence[int] | None, positions: Sequence[int], src: Sequence[int], dst: Sequence[int],
+            tables: Sequence[Sequence[int]], fed: torch.Tensor | None = None) -> torch.Tensor:
+        """Replay graph B = len(positions); returns its static fp32 logits [B, V] (valid until the next
+        replay of the same B: clone to keep them). fed: the rows' input ids as a device tensor [B] (then
+        input_ids is None), e.g. the previous step's argmax, copied into the graph's `fed` buffer on
+        the stream (no host sync)."""
+        B = len(positions)
+        g = self._graphs[B]
+        g.copied.synchronize()                # this graph's last replay no longer reads its pinned buffer
+        if fed is not None:
+            g.fed.copy_(fed)
+            input_ids = [-1] * B
         fill_static_inputs(g.host_np, self.width, input_ids, positions, src, dst, tables)
         g.graph.replay()
-        g.done.record()
         self.replays += 1
         return g.logits

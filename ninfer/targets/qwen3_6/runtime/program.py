@@ -35,6 +35,9 @@ Semantics the Engine relies on:
                         row's last committed token that is not yet in the state.
   control(seq, tokens)  forced tokens (len <= max_steps), no sampler, no RNG advance.
   commit(b, accepted)   0 <= accepted[r] <= produced; 0 is a cancelled row (nothing committed).
+Greedy rounds through the decode graphs launch one more step of the same rows before they read
+their own tokens (`step_ahead.py`); the next round adopts it only where it equals what that round
+would compute, so none of the semantics above changes.
 An exception inside a unit leaves no open batch; one inside a non-final prefill stage leaves the
 sequence's slot undefined (the Engine fails as a whole on any execution error).
 """
@@ -63,6 +66,7 @@ from ninfer.targets.qwen3_6.runtime.model import ForwardBatch, Qwen36Model, stat
 from ninfer.targets.qwen3_6.runtime.model_view import load_model_view
 from ninfer.targets.qwen3_6.runtime.sampling import RowSampling, Sampler, prompt_token_logprobs
 from ninfer.targets.qwen3_6.runtime.scoring import WindowScorer
+from ninfer.targets.qwen3_6.runtime.step_ahead import Ahead, DeviceTokens
 
 
 def _stream_seed(run_seed: int, index: int) -> int:
@@ -150,6 +154,8 @@ class Qwen36Program(CheckpointOps):
         # NOTE: last, after every large allocation: the graphs point into the pools and weights.
         self.graphs: DecodeGraphs | None = None
         self.graphs_enabled = True   # a switch for benchmarks and tests; eager when False
+        self.step_ahead_enabled = config.decode_step_ahead   # a switch for benchmarks and tests
+        self._ahead: Ahead | None = None
         if (not config.enforce_eager and dev.type == "cuda" and self.model.ops.name == "fast"
                 and config.purpose == "generation"):
             self.graphs = DecodeGraphs(self.model, self._state, config.max_batch, config.max_model_len,
@@ -227,6 +233,7 @@ class Qwen36Program(CheckpointOps):
     def release(self, seq: SequenceHandle) -> ResourceResult:
         s = self._seq(seq)
         self._pending.require_idle(s.handle.seq_id, "release")
+        self._discard_ahead(s.handle.seq_id)
         self._ledger.release(s.handle.seq_id)
         del self._seqs[s.handle.seq_id]
         return ResourceResult(ok=True, resource_revision=self._ledger.revision)
@@ -243,6 +250,9 @@ class Qwen36Program(CheckpointOps):
                                      f"{len(s.tokens)} tokens, reserved {s.holding.reserved_tokens}")
             if s.holding.table.capacity < s.frontier:
                 raise InvariantError(f"sequence {s.handle.seq_id}: frontier beyond its mapped pages")
+        a = self._ahead
+        if a is not None and (not set(a.seq_ids) <= self._seqs.keys() or len(a.entries) != len(a.seq_ids)):
+            raise InvariantError(f"step-ahead of rows {a.seq_ids} outlived its sequences or entries")
         if self._ledger.owner_ids != self._seqs.keys():
             raise InvariantError(f"the ledger holds resources for {sorted(self._ledger.owner_ids)}, "
                                  f"live sequences are {sorted(self._seqs)}")
@@ -271,6 +281,7 @@ class Qwen36Program(CheckpointOps):
         (scoring and parity tests use them; nothing else changes)."""
         s = self._seq(seq)
         self._pending.require_idle(s.handle.seq_id, "prefill")
+        self._discard_ahead(s.handle.seq_id)
         start, P = s.frontier, s.num_prompt
         if start >= P:
             raise InvariantError(f"prefill of sequence {s.handle.seq_id} whose prompt is already computed")
@@ -344,47 +355,62 @@ class Qwen36Program(CheckpointOps):
                                      f"exceed its reservation of {s.holding.reserved_tokens} tokens")
         if forced is not None and any(not (0 <= t < self.dims.vocab_size) for t in forced[0]):
             raise InvariantError("forced control token outside the vocabulary")
-        rec = self._pending.open(kind, [s.handle.seq_id for s in seqs], [], [num_steps] * B)
+        # NOTE: plain greedy rows (the common serving case) skip the sampler's tensor building: one argmax
+        #       per step, RNG unchanged (what `sample` returns for them). Through the decode graphs they are
+        #       also pipelined: steps after the first take their ids from the previous argmax on the device,
+        #       one host sync per round, and one more step is launched before that sync (step_ahead.py).
+        greedy = forced is None and all(self._sampler.plain_greedy(s.request.sampling) for s in seqs)
+        pipelined = greedy and not keep_logits and self._graphs_fit(seqs, num_steps)
+        ahead = self._adoptable(seqs, kind, pipelined)
         try:
-            produced: list[list[int]] = [[] for _ in seqs]
-            lps: list[list[TokenLogprob | None]] = [[] for _ in seqs]
-            rngs: list[list[torch.Tensor | None]] = [[] for _ in seqs]
+            rec = self._pending.open(kind, [s.handle.seq_id for s in seqs], [], [num_steps] * B,
+                                     adopt=None if ahead is None else [[e] for e in ahead.entries])
+        except BaseException:
+            if ahead is not None:
+                self._pending.unhold(ahead.entries)
+            raise
+        try:
+            lps: list[list[TokenLogprob | None]] = [[None] * num_steps for _ in seqs]
+            rngs: list[list[torch.Tensor | None]] = [[s.rng_state] * num_steps for s in seqs]
             step_logits = []
-            # NOTE: plain greedy rows (the common serving case) skip the sampler's tensor building:
-            #       one argmax + one sync per step, RNG unchanged (what `sample` returns for them).
-            greedy = forced is None and all(self._sampler.plain_greedy(s.request.sampling) for s in seqs)
-            for i in range(num_steps):
-                dsts = [self._state.scratch_entry(rec.scratch[r][i]) for r in range(B)]
-                srcs = [s.slot if i == 0 else self._state.scratch_entry(rec.scratch[r][i - 1])
-                        for r, s in enumerate(seqs)]
-                inputs = [[s.tokens[-1] if i == 0 else produced[r][i - 1]] for r, s in enumerate(seqs)]
-                positions = [s.frontier + i for s in seqs]
-                logits = self._graph_step(seqs, inputs, positions, srcs, dsts)
-                if logits is None:
-                    for dst, src in zip(dsts, srcs):
-                        self._state.copy_entry(dst, src)
-                    hidden = self._forward(seqs, inputs, positions, dsts)
-                    logits = self.model.logits(hidden)
-                elif keep_logits:
-                    logits = logits.clone()       # the graph's output buffer is overwritten by the next replay
-                if keep_logits:
-                    step_logits.append(logits)
-                if greedy:
-                    toks = self._sampler.greedy_tokens(logits)
-                    step_lps = [None] * B
-                    step_rngs = [rngs[r][-1] if i else s.rng_state for r, s in enumerate(seqs)]
-                elif forced is None:
-                    toks, step_lps, step_rngs = self._sampler.sample(
-                        logits, [self._row_sampling(s, produced[r], rngs[r][-1] if i else None)
-                                 for r, s in enumerate(seqs)])
-                else:
-                    toks = [forced[0][i]]
-                    step_lps = self._sampler.logprobs_of(logits, toks, [s.request.sampling.logprobs for s in seqs])
-                    step_rngs = [None] * B
-                for r in range(B):
-                    produced[r].append(toks[r])
-                    lps[r].append(step_lps[r])
-                    rngs[r].append(step_rngs[r])
+            if pipelined:
+                produced = self._pipelined_steps(seqs, rec, num_steps, ahead)
+            else:
+                produced = [[] for _ in seqs]
+                lps, rngs = [[] for _ in seqs], [[] for _ in seqs]
+                for i in range(num_steps):
+                    dsts = [self._state.scratch_entry(rec.scratch[r][i]) for r in range(B)]
+                    srcs = [s.slot if i == 0 else self._state.scratch_entry(rec.scratch[r][i - 1])
+                            for r, s in enumerate(seqs)]
+                    inputs = [[s.tokens[-1] if i == 0 else produced[r][i - 1]] for r, s in enumerate(seqs)]
+                    positions = [s.frontier + i for s in seqs]
+                    logits = self._graph_step(seqs, inputs, positions, srcs, dsts)
+                    if logits is None:
+                        for dst, src in zip(dsts, srcs):
+                            self._state.copy_entry(dst, src)
+                        hidden = self._forward(seqs, inputs, positions, dsts)
+                        logits = self.model.logits(hidden)
+                    elif keep_logits:
+                        logits = logits.clone()       # the graph's output buffer is overwritten by the next replay
+                    if keep_logits:
+                        step_logits.append(logits)
+                    if greedy:
+                        toks = self._sampler.greedy_tokens(logits)
+                        step_lps = [None] * B
+                        step_rngs = [rngs[r][-1] if i else s.rng_state for r, s in enumerate(seqs)]
+                    elif forced is None:
+                        toks, step_lps, step_rngs = self._sampler.sample(
+                            logits, [self._row_sampling(s, produced[r], rngs[r][-1] if i else None)
+                                     for r, s in enumerate(seqs)])
+                    else:
+                        toks = [forced[0][i]]
+                        step_lps = self._sampler.logprobs_of(logits, toks,
+                                                             [s.request.sampling.logprobs for s in seqs])
+                        step_rngs = [None] * B
+                    for r in range(B):
+                        produced[r].append(toks[r])
+                        lps[r].append(step_lps[r])
+                        rngs[r].append(step_rngs[r])
             rec.batch.rows = tuple(
                 PendingRow(s.handle, tuple(produced[r]),
                            tuple(lps[r]) if s.request.sampling.logprobs is not None else None)
@@ -397,10 +423,86 @@ class Qwen36Program(CheckpointOps):
             self._pending.close(rec)
             raise
 
-    def _graph_step(self, seqs: list[_Seq], inputs: list[list[int]], positions: list[int], srcs: list[int],
-                    dsts: list[int]) -> torch.Tensor | None:
+    # ---- greedy rounds through the decode graphs (step_ahead.py) --------------------------------
+    def _graphs_fit(self, seqs: list[_Seq], num_steps: int) -> bool:
+        """Whether every one of `num_steps` steps from the rows' frontiers replays a decode graph."""
+        g = self.graphs
+        if g is None or not self.graphs_enabled or self.model.ops is not g.ops:
+            return False
+        for s in seqs:
+            s.holding.table.ensure(s.frontier + num_steps)
+        return g.fits(len(seqs), [s.holding.table.pages for s in seqs])
+
+    def _pipelined_steps(self, seqs: list[_Seq], rec: Provisional, num_steps: int, ahead: Ahead | None
+                         ) -> list[list[int]]:
+        """The round's steps on the graphs, each fed by the previous argmax on the device (the first by
+        the rows' last tokens, or adopted from `ahead`); then the step-ahead; then one wait for the ids."""
+        B = len(seqs)
+        toks: list[DeviceTokens] = []
+        for i in range(num_steps):
+            if i == 0 and ahead is not None:
+                toks.append(ahead.tokens)
+                continue
+            dsts = [self._state.scratch_entry(rec.scratch[r][i]) for r in range(B)]
+            srcs = [s.slot if i == 0 else self._state.scratch_entry(rec.scratch[r][i - 1])
+                    for r, s in enumerate(seqs)]
+            positions = [s.frontier + i for s in seqs]
+            logits = (self._graph_step(seqs, [[s.tokens[-1]] for s in seqs], positions, srcs, dsts) if i == 0
+                      else self._graph_step(seqs, None, positions, srcs, dsts, fed=toks[-1].dev))
+            toks.append(DeviceTokens.of(self._sampler.greedy_ids(logits)))
+        self._launch_ahead(seqs, rec, num_steps, toks[-1])
+        steps = [t.tolist() for t in toks]
+        return [[steps[i][r] for i in range(num_steps)] for r in range(B)]
+
+    def _launch_ahead(self, seqs: list[_Seq], rec: Provisional, num_steps: int, last: DeviceTokens) -> None:
+        """Launch the step after this round's last (fed by `last`), when the next round is likely to be
+        these rows again: every live sequence is in this round (no other one about to join), and every
+        row may produce another token after it (budget and reservation)."""
+        B = len(seqs)
+        if not self.step_ahead_enabled or len(self._seqs) != B or self._pending.num_free_scratch < B:
+            return
+        for s in seqs:
+            if (len(s.tokens) - s.num_prompt + num_steps >= s.request.max_output_tokens
+                    or s.frontier + num_steps + 1 > s.holding.reserved_tokens):
+                return
+        if not self._graphs_fit(seqs, num_steps + 1):
+            return
+        entries = self._pending.hold(B)
+        try:
+            srcs = [self._state.scratch_entry(rec.scratch[r][num_steps - 1]) for r in range(B)]
+            dsts = [self._state.scratch_entry(e) for e in entries]
+            logits = self._graph_step(seqs, None, [s.frontier + num_steps for s in seqs], srcs, dsts, fed=last.dev)
+            tokens = DeviceTokens.of(self._sampler.greedy_ids(logits))
+        except BaseException:
+            self._pending.unhold(entries)
+            raise
+        self._ahead = Ahead(tuple(s.handle.seq_id for s in seqs), tuple(s.frontier + num_steps for s in seqs),
+                            entries, tokens, rec.batch.batch_id)
+
+    def _adoptable(self, seqs: list[_Seq], kind: BatchKind, pipelined: bool) -> Ahead | None:
+        """The pending step-ahead when this round is exactly its rows' next step (else it is discarded)."""
+        a, self._ahead = self._ahead, None
+        if a is None:
+            return None
+        if (kind is BatchKind.DECODE and pipelined and a.confirmed
+                and a.seq_ids == tuple(s.handle.seq_id for s in seqs)
+                and all(s.frontier == f == len(s.tokens) - 1 for s, f in zip(seqs, a.frontier))):
+            return a
+        self._pending.unhold(a.entries)
+        return None
+
+    def _discard_ahead(self, *seq_ids: int) -> None:
+        """Drop the step-ahead (if it has any of `seq_ids` as a row; all when none is given)."""
+        a = self._ahead
+        if a is not None and (not seq_ids or set(seq_ids) & set(a.seq_ids)):
+            self._ahead = None
+            self._pending.unhold(a.entries)
+
+    def _graph_step(self, seqs: list[_Seq], inputs: list[list[int]] | None, positions: list[int], srcs: list[int],
+                    dsts: list[int], fed: torch.Tensor | None = None) -> torch.Tensor | None:
         """One token per row through the captured graph of exact B (state copy src -> dst, forward,
-        lm_head); None when graphs are off or do not apply (then the caller runs eagerly)."""
+        lm_head); None when graphs are off or do not apply (then the caller runs eagerly). fed: the
+        rows' input ids on the device instead of `inputs`."""
         g = self.graphs
         if g is None or not self.graphs_enabled or self.model.ops is not g.ops:
             return None
@@ -409,7 +511,7 @@ class Qwen36Program(CheckpointOps):
         tables = [s.holding.table.pages for s in seqs]
         if not g.fits(len(seqs), tables):
             return None
-        return g.run([t[0] for t in inputs], positions, srcs, dsts, tables)
+        return g.run(None if inputs is None else [t[0] for t in inputs], positions, srcs, dsts, tables, fed=fed)
 
     def _forward(self, seqs: list[_Seq], inputs: list[list[int]], starts: list[int], entries: list[int]
                  ) -> torch.Tensor:
@@ -454,6 +556,14 @@ class Qwen36Program(CheckpointOps):
             if not (0 <= a <= row.produced_tokens):
                 raise InvariantError(f"commit of batch {batch.batch_id}: accepted {a} of {row.produced_tokens} "
                                      f"produced tokens")
+        ahead = self._ahead
+        if ahead is not None:
+            if batch.batch_id == ahead.source and all(a == row.produced_tokens for row, a in zip(batch.rows, accepted)):
+                ahead.confirmed = True
+            elif batch.batch_id == ahead.source:
+                self._discard_ahead()
+            else:
+                self._discard_ahead(*rec.seq_ids)
         self._pending.take(batch)
         try:
             for r, (row, a) in enumerate(zip(batch.rows, accepted)):
@@ -476,5 +586,9 @@ class Qwen36Program(CheckpointOps):
 
     def abort_pending(self, batch: PendingBatch) -> None:
         rec = self._pending.take(batch)
+        if self._ahead is not None and batch.batch_id == self._ahead.source:
+            self._discard_ahead()
+        else:
+            self._discard_ahead(*rec.seq_ids)
         self._pending.close(rec)
 

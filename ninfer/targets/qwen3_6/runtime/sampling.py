@@ -55,11 +55,15 @@ class Sampler:
         return (p.temperature <= 0 and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
                 and p.frequency_penalty == 0.0 and not p.logit_bias and p.logprobs is None)
 
-    def greedy_tokens(self, logits: torch.Tensor) -> list[int]:
-        """logits [B, V] -> argmax over the sampleable vocabulary per row (one kernel, one sync)."""
+    def greedy_ids(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits [B, V] -> argmax over the sampleable vocabulary per row, on the logits' device (no sync)."""
         if self.sampleable < self.vocab_size:
             logits = logits[:, :self.sampleable]
-        return logits.argmax(dim=-1).tolist()
+        return logits.argmax(dim=-1)
+
+    def greedy_tokens(self, logits: torch.Tensor) -> list[int]:
+        """logits [B, V] -> argmax over the sampleable vocabulary per row (one kernel, one sync)."""
+        return self.greedy_ids(logits).tolist()
 
     def sample(self, logits: torch.Tensor, rows: Sequence[RowSampling]
                ) -> tuple[list[int], list[TokenLogprob | None], list[torch.Tensor | None]]:
