@@ -102,14 +102,15 @@ def test_decode_body_matches_eager_and_never_touches_the_host(identity):
     # eager reference of one decode step (no commit: abort leaves the slots as they were)
     batch, ref_logits = prog.decode_with_logits(hs, 1)
     prog.abort_pending(batch)
-    ns = prog._state.num_slots
     W = -(-prog.config.max_model_len // prog.config.page_size)
     tables = torch.zeros(B, W, dtype=torch.long)
     for r, s in enumerate(seqs):
         tables[r, :len(s.holding.table.pages)] = torch.tensor(s.holding.table.pages)
     pos = torch.tensor([s.frontier for s in seqs])
+    st = prog._state                                 # kernels take physical images (commits relabel them)
+    dst = torch.tensor([st.phys(st.scratch_entry(i)) for i in range(B)])      # free scratch entries
     buf = SimpleNamespace(input_ids=torch.tensor([s.tokens[-1] for s in seqs]), positions=pos,
-                          src=torch.tensor([s.slot for s in seqs]), dst=torch.arange(ns, ns + B),
+                          src=torch.tensor([st.phys(s.slot) for s in seqs]), dst=dst,
                           context_lens=pos + 1, block_tables=tables, rows=torch.arange(B),
                           fed=torch.zeros(B, dtype=torch.long))
     with _no_host_data() as saved:
@@ -118,7 +119,7 @@ def test_decode_body_matches_eager_and_never_touches_the_host(identity):
     prog.model.ops = ops
     torch.testing.assert_close(logits, ref_logits[:, 0], rtol=1e-5, atol=1e-5)
     # the provisional entries hold the stepped state; the committed slots are untouched by the copy
-    assert torch.equal(prog._state.planes["recurrent"][:, ns:ns + B].isfinite().all(), torch.tensor(True))
+    assert torch.equal(prog._state.planes["recurrent"][:, dst].isfinite().all(), torch.tensor(True))
 
 
 def test_static_inputs_fill_the_graph_layout():

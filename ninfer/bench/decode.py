@@ -150,7 +150,7 @@ def serving_loop(prog, identity: str, ctx: int, handles: list, batches: list[int
                  ) -> list[dict]:
     """What a server's decode loop sees per round: `decode` + `commit` of every row, back to back (no
     sync in between), graphs on, with the decode step-ahead off and on (runtime/step_ahead.py); ms per
-    round = wall of 3 x reps rounds / their number, after 3 warm-up rounds. Largest B first: rows past B
+    round = wall from the start of round 4 to the return of the last / the rounds timed (up to 3 x reps). Largest B first: rows past B
     are released (a step-ahead is launched only when every live sequence is in the round)."""
     out = []
     live = list(handles)
@@ -174,8 +174,10 @@ def serving_loop(prog, identity: str, ctx: int, handles: list, batches: list[int
                     t0 = time.perf_counter()
                 batch = prog.decode(live)
                 prog.commit(batch, [1] * B)
-            torch.cuda.synchronize()
+            # NOTE: timed to the last round's return, not to a device sync: the step that round launched
+            #       ahead is never adopted here, and waiting for it would add a whole step to the rounds.
             ms = (time.perf_counter() - t0) * 1e3 / (n - 3)
+            torch.cuda.synchronize()
             row = dict(identity=identity, kind="loop", ctx=ctx, batch=B, step_ahead=ahead, round_ms=ms)
             out.append(row)
             if on_row:

@@ -39,20 +39,38 @@ class StateImageStore:
         self.num_scratch = num_scratch
         self.planes = {name: torch.zeros((num_layers, num_slots + num_scratch, *shape), dtype=dt, device=device)
                        for name, (shape, dt) in planes.items()}
+        # NOTE: entry ids (slots, scratch entries) name an image through this map; `swap` relabels two
+        #       images, so a commit moves a provisional image into a slot without copying it (27B: 150
+        #       MB read + written per row and commit). Kernels take physical indices (`phys`).
+        self._phys = list(range(num_slots + num_scratch))
 
     def scratch_entry(self, i: int) -> int:
         if not (0 <= i < self.num_scratch):
             raise IndexError(f"scratch entry {i} outside 0..{self.num_scratch - 1}")
         return self.num_slots + i
 
+    def phys(self, e: int) -> int:
+        """The planes' index of entry e's image (what kernels and tensors index with)."""
+        return self._phys[e]
+
+    def image(self, name: str, e: int) -> torch.Tensor:
+        """Entry e's image in plane `name`: a view [layers, ...]."""
+        return self.planes[name][:, self._phys[e]]
+
+    def swap(self, a: int, b: int) -> None:
+        """Exchange the images of entries a and b (no data moves). Work already queued keeps the
+        physical images it was given; what is queued later sees the new names."""
+        self._phys[a], self._phys[b] = self._phys[b], self._phys[a]
+
     def copy_entry(self, dst: int, src: int) -> None:
         """Copy one whole state image (every plane, every layer)."""
+        d, s = self._phys[dst], self._phys[src]
         for t in self.planes.values():
-            t[:, dst].copy_(t[:, src])
+            t[:, d].copy_(t[:, s])
 
     def zero_entry(self, e: int) -> None:
         for t in self.planes.values():
-            t[:, e].zero_()
+            t[:, self._phys[e]].zero_()
 
     @property
     def nbytes(self) -> int:

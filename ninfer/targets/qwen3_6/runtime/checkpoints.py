@@ -166,8 +166,8 @@ class CheckpointOps:
                 idx = torch.tensor(new, dtype=torch.long, device=self.device)
                 self._kv.k.index_copy_(1, idx, src.host["k"].to(self.device))
                 self._kv.v.index_copy_(1, idx, src.host["v"].to(self.device))
-                for name, t in self._state.planes.items():
-                    t[:, holding.slot].copy_(src.host[name])
+                for name in self._state.planes:
+                    self._state.image(name, holding.slot).copy_(src.host[name])
         finally:
             if src is not None:
                 self._ledger.unpin(plan.source)
@@ -283,8 +283,8 @@ class CheckpointOps:
             raise InvariantError(f"checkpoint {checkpoint_id} is already a host replica")
         idx = torch.tensor(h.pages, dtype=torch.long, device=self.device)
         host = {"k": self._kv.k.index_select(1, idx).to("cpu"), "v": self._kv.v.index_select(1, idx).to("cpu")}
-        for name, t in self._state.planes.items():
-            host[name] = t[:, h.slot].to("cpu", copy=True)
+        for name in self._state.planes:
+            host[name] = self._state.image(name, h.slot).to("cpu", copy=True)
         self._ledger.offload(checkpoint_id)
         c.host = host
         c.info = replace(c.info, placement=Placement.HOST)

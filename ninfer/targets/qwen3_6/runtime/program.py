@@ -23,7 +23,8 @@ Model transactions. An intermediate prefill stage writes straight into the seque
 moves the frontier. The final prefill stage, decode and control never touch the committed slot:
 step i of row r reads the previous state image (the slot, or the scratch entry of step i-1) and
 writes scratch entry [r][i]; KV of produced positions is written beyond the frontier, where no
-committed reader looks. `commit(accepted)` copies scratch entry [r][accepted-1] into the slot and
+committed reader looks. `commit(accepted)` moves scratch entry [r][accepted-1]'s image into the slot
+(StateImageStore.swap: a relabel, no copy) and
 moves the frontier by the accepted tokens and stores the sampler's generator state after the
 last accepted draw, so an unaccepted draw is never seen again. Abort copies nothing.
 
@@ -511,7 +512,9 @@ class Qwen36Program(CheckpointOps):
         tables = [s.holding.table.pages for s in seqs]
         if not g.fits(len(seqs), tables):
             return None
-        return g.run(None if inputs is None else [t[0] for t in inputs], positions, srcs, dsts, tables, fed=fed)
+        ph = self._state.phys
+        return g.run(None if inputs is None else [t[0] for t in inputs], positions, [ph(e) for e in srcs],
+                     [ph(e) for e in dsts], tables, fed=fed)
 
     def _forward(self, seqs: list[_Seq], inputs: list[list[int]], starts: list[int], entries: list[int]
                  ) -> torch.Tensor:
@@ -526,7 +529,7 @@ class Qwen36Program(CheckpointOps):
                                  for toks, st in zip(inputs, starts)]).to(dev),
             seqlens=tuple(len(t) for t in inputs),
             starts=tuple(starts),
-            state_entries=torch.tensor(entries, dtype=torch.long, device=dev),
+            state_entries=torch.tensor([self._state.phys(e) for e in entries], dtype=torch.long, device=dev),
             block_tables=torch.stack([s.holding.table.as_tensor(width) for s in seqs]).to(dev))
         return self.model.forward(fb)
 
@@ -571,7 +574,6 @@ class Qwen36Program(CheckpointOps):
                     continue
                 s = self._seq(row.sequence)
                 f0 = s.frontier
-                self._state.copy_entry(s.slot, self._state.scratch_entry(rec.scratch[r][a - 1]))
                 s.tokens.extend(row.tokens[:a])
                 if batch.kind is BatchKind.PREFILL:
                     s.frontier = rec.data["end"]
@@ -581,6 +583,9 @@ class Qwen36Program(CheckpointOps):
                     s.rng_state = rec.data["rng"][r][a - 1]
                 self._note_commit(s, rec, r, a, f0, batch.kind is BatchKind.PREFILL,
                                   boundaries[r] if boundaries is not None else None)
+                # NOTE: last (the publication copy above reads the scratch image): the slot takes the image
+                #       of the last accepted step by a swap; the scratch entry, freed below, gets the old one.
+                self._state.swap(s.slot, self._state.scratch_entry(rec.scratch[r][a - 1]))
         finally:
             self._pending.close(rec)
 
