@@ -171,6 +171,7 @@ def serving_loop(prog, identity: str, ctx: int, handles: list, batches: list[int
         for ahead in (False, True, False, True):
             prog.step_ahead_enabled = ahead
             torch.cuda.synchronize()
+            a0 = prog.step_ahead_counts["adopted"]
             for i in range(n):
                 if i == 3:
                     t0 = time.perf_counter()
@@ -180,11 +181,14 @@ def serving_loop(prog, identity: str, ctx: int, handles: list, batches: list[int
             #       ahead is never adopted here, and waiting for it would add a whole step to the rounds.
             ms = (time.perf_counter() - t0) * 1e3 / (n - 3)
             torch.cuda.synchronize()
-            row = dict(identity=identity, kind="loop", ctx=ctx, batch=B, step_ahead=ahead, round_ms=ms)
+            adopted = prog.step_ahead_counts["adopted"] - a0
+            row = dict(identity=identity, kind="loop", ctx=ctx, batch=B, step_ahead=ahead, round_ms=ms,
+                       rounds=n, adopted=adopted)
             out.append(row)
             if on_row:
                 on_row(row)
-            print(f"[{identity}] serving loop ctx {ctx}+ B={B} step_ahead={ahead}: {ms:.3f} ms per round", flush=True)
+            print(f"[{identity}] serving loop ctx {ctx}+ B={B} step_ahead={ahead}: {ms:.3f} ms per round "
+                  f"({adopted} of {n} rounds adopted a step-ahead)", flush=True)
     prog.step_ahead_enabled = prog.config.decode_step_ahead
     handles[:] = live
     return out

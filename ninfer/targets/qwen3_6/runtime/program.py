@@ -157,6 +157,7 @@ class Qwen36Program(CheckpointOps):
         self.graphs_enabled = True   # a switch for benchmarks and tests; eager when False
         self.step_ahead_enabled = config.decode_step_ahead   # a switch for benchmarks and tests
         self._ahead: Ahead | None = None
+        self.step_ahead_counts = {"launched": 0, "adopted": 0}   # for benchmarks and tests
         if (not config.enforce_eager and dev.type == "cuda" and self.model.ops.name == "fast"
                 and config.purpose == "generation"):
             self.graphs = DecodeGraphs(self.model, self._state, config.max_batch, config.max_model_len,
@@ -479,6 +480,7 @@ class Qwen36Program(CheckpointOps):
             raise
         self._ahead = Ahead(tuple(s.handle.seq_id for s in seqs), tuple(s.frontier + num_steps for s in seqs),
                             entries, tokens, rec.batch.batch_id)
+        self.step_ahead_counts["launched"] += 1
 
     def _adoptable(self, seqs: list[_Seq], kind: BatchKind, pipelined: bool) -> Ahead | None:
         """The pending step-ahead when this round is exactly its rows' next step (else it is discarded)."""
@@ -488,6 +490,7 @@ class Qwen36Program(CheckpointOps):
         if (kind is BatchKind.DECODE and pipelined and a.confirmed
                 and a.seq_ids == tuple(s.handle.seq_id for s in seqs)
                 and all(s.frontier == f == len(s.tokens) - 1 for s, f in zip(seqs, a.frontier))):
+            self.step_ahead_counts["adopted"] += 1
             return a
         self._pending.unhold(a.entries)
         return None
