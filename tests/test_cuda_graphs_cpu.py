@@ -200,14 +200,22 @@ def test_final_one_token_prefill_stage_runs_the_decode_graph(identity):
         assert replayed == (1 if one else 0), (n, split, plp, replayed)
 
 
-@pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
-def test_step_ahead_rounds_equal_plain_rounds(identity):
-    """Greedy rounds through the decode graphs launch the next step before reading their tokens
-    (step_ahead.py). Against an eager Program running the same calls: every round's tokens are equal,
-    and so are the logits at the end (the committed state and KV); a step-ahead is adopted only by
-    the exact next round of its rows after a full commit, and discarded by a partial commit, a
-    cancelled row, an abort, a changed batch or a release; none is launched when another live
-    sequence is outside the round or when the round spends a row's budget; nothing stays held."""
+_DRAWN = dict(temperature=0.8, top_k=50, top_p=0.9)
+_SAMPLING = {"greedy": [{}, {}, {}],
+             "drawn": [dict(_DRAWN, seed=1), dict(_DRAWN, seed=2, min_p=0.05), dict(_DRAWN, seed=3)],
+             "mixed": [{}, dict(_DRAWN, seed=2), dict(_DRAWN, seed=3, temperature=1.3)]}
+
+
+@pytest.mark.parametrize("identity,kind", [("qwen3_6-tiny-dense", "greedy"), ("qwen3_6-tiny-moe", "greedy"),
+                                           ("qwen3_6-tiny-dense", "drawn"), ("qwen3_6-tiny-moe", "mixed")])
+def test_step_ahead_rounds_equal_plain_rounds(identity, kind):
+    """Rounds of plain rows (greedy or drawn) through the decode graphs launch the next step before
+    reading their tokens (step_ahead.py). Against an eager Program running the same calls: every
+    round's tokens are equal, and so are the logits and the rng states at the end (the committed
+    state, KV and generators); a step-ahead is adopted only by the exact next round of its rows after a
+    full commit, and discarded by a partial commit, a cancelled row, an abort, a changed batch or a
+    release; none is launched when another live sequence is outside the round or when the round
+    spends a row's budget; nothing stays held."""
     _, ref = _program(identity)
     _, prog = _program(identity)
     prog.graphs = _EagerGraphs(prog, max_batch=4)
@@ -224,7 +232,8 @@ def test_step_ahead_rounds_equal_plain_rounds(identity):
 
     def start(k):
         def f(p, h):
-            req = SequenceRequest(prompt_token_ids=prompts[k], sampling=SamplingParams(temperature=0.0),
+            req = SequenceRequest(prompt_token_ids=prompts[k],
+                                  sampling=SamplingParams(**{"temperature": 0.0, **_SAMPLING[kind][k]}),
                                   max_output_tokens=budgets[k])
             h.append(p.start_materialize(p.plan_materialize(req)).sequence)
         both(f)
@@ -275,6 +284,7 @@ def test_step_ahead_rounds_equal_plain_rounds(identity):
     for p in (ref, prog):
         s = p._seq(hs[p][0])
         assert len(s.tokens) - s.num_prompt == budgets[0]
+    assert torch.equal(prog._seq(hs[prog][0]).rng_state, ref._seq(hs[ref][0]).rng_state)
     # the committed KV and state agree: one more (eager-compared) step from the reservation's last position
     bl = [p.decode_with_logits([hs[p][0]], 1) for p in (ref, prog)]
     torch.testing.assert_close(bl[1][1], bl[0][1], rtol=1e-5, atol=1e-5)
@@ -283,3 +293,25 @@ def test_step_ahead_rounds_equal_plain_rounds(identity):
         p.release(hs[p][0])
         p.check_integrity()
     assert prog._pending.num_free_scratch == prog._pending._scratch.total
+
+
+def test_rows_with_penalties_are_not_pipelined():
+    """A row whose draw needs its token history (a penalty) keeps the per-step sampler: no step is fed
+    on the device and none is launched ahead; its tokens equal the eager Program's."""
+    _, ref = _program("qwen3_6-tiny-dense")
+    _, prog = _program("qwen3_6-tiny-dense")
+    prog.graphs = _EagerGraphs(prog, max_batch=4)
+    toks = []
+    for p in (ref, prog):
+        req = SequenceRequest(prompt_token_ids=(5, 6, 7, 8), max_output_tokens=8,
+                              sampling=SamplingParams(temperature=0.7, seed=4, repetition_penalty=1.3))
+        h = p.start_materialize(p.plan_materialize(req)).sequence
+        p.commit(p.prefill(h, 4).pending, [1])
+        out = []
+        for _ in range(3):
+            b = p.decode([h], 2)
+            out.append(b.rows[0].tokens)
+            p.commit(b, [2])
+        toks.append(out)
+    assert toks[0] == toks[1]
+    assert prog.step_ahead_counts == {"launched": 0, "adopted": 0} and prog.graphs.replays == 6

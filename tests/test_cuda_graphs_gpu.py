@@ -162,8 +162,9 @@ AHEAD_SCHEDULE = [([0, 1, 2], 1, "all")] * 4 + [([0, 1, 2], 2, ["all", "prefix",
                   ([0, 1], 1, "abort"), ([0, 1], 2, "all"), (1, None, None)] + [([0], 1, "all")] * 24
 
 
-def _run_ahead(identity, mode):
-    """The schedule through `decode` (greedy rounds: pipelined and launched ahead with graphs)."""
+def _run_ahead(identity, mode, drawn=False):
+    """The schedule through `decode` (plain rounds: pipelined and launched ahead with graphs); drawn:
+    seeded temperature / top-k / top-p rows instead of greedy ones."""
     w = DummyWeights(identity, device="cuda", dtype=torch.float32, seed=9, std=0.2)
     pkg = importlib.import_module(w.package.module)
     cfg = ProgramConfig(device="cuda", dtype="fp32", page_size=16, num_pages=128, num_slots=4, max_model_len=96,
@@ -171,9 +172,10 @@ def _run_ahead(identity, mode):
     prog = pkg.create_program(w, cfg)
     g = torch.Generator().manual_seed(5)
     hs = []
-    for n in (4, 21, 11):
+    for i, n in enumerate((4, 21, 11)):
         prompt = tuple(torch.randint(0, w.dims.vocab_size, (n,), generator=g).tolist())
-        req = SequenceRequest(prompt_token_ids=prompt, sampling=SamplingParams(temperature=0.0), max_output_tokens=48)
+        sp = SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=10 + i) if drawn else SamplingParams(temperature=0.0)
+        req = SequenceRequest(prompt_token_ids=prompt, sampling=sp, max_output_tokens=48)
         h = prog.start_materialize(prog.plan_materialize(req)).sequence
         while True:
             step = prog.prefill(h, 1)
@@ -196,20 +198,23 @@ def _run_ahead(identity, mode):
         prog.check_integrity()
     b, logits = prog.decode_with_logits([hs[0]], 1)        # the committed state and KV, compared as logits
     prog.abort_pending(b)
+    rng = prog._seq(hs[0]).rng_state
     prog.release(hs[0])
     prog.check_integrity()
     assert prog._pending.num_free_scratch == 4 * 2
-    return tokens, logits, prog.step_ahead_counts["adopted"]
+    return tokens, logits, prog.step_ahead_counts["adopted"], rng
 
 
-@pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
-def test_step_ahead_decode_equals_eager(identity):
-    """Greedy rounds through the graphs feed each step from the previous argmax on the device and launch
-    the next round's first step before reading their tokens (runtime/step_ahead.py): tokens equal to the
-    eager Program's round by round (24 B=1 rounds in a row at the end: the step-ahead of one round runs
-    while the host finishes it), and the committed state equal at the end."""
-    tg, lg, adopted = _run_ahead(identity, "graphs")
-    te, le, _ = _run_ahead(identity, "eager")
+@pytest.mark.parametrize("identity,drawn", [("qwen3_6-tiny-dense", False), ("qwen3_6-tiny-moe", False),
+                                            ("qwen3_6-tiny-dense", True)])
+def test_step_ahead_decode_equals_eager(identity, drawn):
+    """Plain rounds through the graphs feed each step from the previous step's tokens on the device and
+    launch the next round's first step before reading their tokens (runtime/step_ahead.py): tokens equal
+    to the eager Program's round by round (24 B=1 rounds in a row at the end: the step-ahead of one round
+    runs while the host finishes it), greedy or drawn, and the committed state and rng equal at the end."""
+    tg, lg, adopted, rg = _run_ahead(identity, "graphs", drawn)
+    te, le, _, re_ = _run_ahead(identity, "eager", drawn)
     assert tg == te
     torch.testing.assert_close(lg, le, rtol=1e-4, atol=1e-4)
+    assert torch.equal(rg, re_)
     assert adopted >= 24, adopted

@@ -9,7 +9,7 @@ loopback port (`--max-concurrency` = the largest concurrency, `--max-model-len` 
 --max-model-len, at least prompt + output + 16), waits for /health, checks that /v1/models says `synthetic_weights`, sends one warm-up
 request (first-call compiles), then for each concurrency c runs c clients, each sending
 --requests-per-client streaming completions one after another: a fresh random prompt of exactly
---prompt-len token ids (no prefix reuse), temperature 0, `max_tokens` = --output-len with
+--prompt-len token ids (no prefix reuse), temperature 0 (--temperature / --top-p), `max_tokens` = --output-len with
 `ignore_eos` so every output has the asked length. The clients (`--client http`, the default) post
 the OpenAI request JSON over one shared `httpx.AsyncClient` and read the SSE lines themselves, as
 vLLM's and SGLang's serving benches do with aiohttp. `--client openai` uses the official `openai`
@@ -158,10 +158,11 @@ def _request_row(state: dict, t0: float) -> dict:
 
 
 STREAM_OPTIONS = {"include_usage": True}       # the last chunk carries the usage (output token count)
+SAMPLING = {"temperature": 0.0, "top_p": 1.0}  # every request's (`run` sets them from --temperature / --top-p)
 
 
 def _body(model: str, prompt: list[int], output_len: int) -> dict:
-    return {"model": model, "prompt": prompt, "max_tokens": output_len, "temperature": 0.0, "stream": True,
+    return {"model": model, "prompt": prompt, "max_tokens": output_len, **SAMPLING, "stream": True,
             "stream_options": STREAM_OPTIONS, "ignore_eos": True}
 
 
@@ -189,7 +190,7 @@ async def one_request(client, model: str, prompt: list[int], output_len: int) ->
     """The same through the official `openai` async client (`--client openai`)."""
     state = _stream_state()
     t0 = time.perf_counter()
-    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=output_len, temperature=0.0,
+    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=output_len, **SAMPLING,
                                              stream=True, stream_options=STREAM_OPTIONS, extra_body={"ignore_eos": True})
     async for chunk in stream:
         _chunk_record(chunk.model_dump(exclude_none=True), state, time.perf_counter())
@@ -230,7 +231,7 @@ def engine_request(engine, prompt: list[int], output_len: int) -> dict:
     t0 = time.perf_counter()
     admit = first = last = None
     n_out = 0
-    handle = engine.submit(engine.frontend.prepare_tokens(prompt), SamplingParams(temperature=0.0),
+    handle = engine.submit(engine.frontend.prepare_tokens(prompt), SamplingParams(**SAMPLING),
                            max_tokens=output_len, output=OutputOptions(ignore_eos=True))
     with handle:
         for ev in handle:
@@ -413,6 +414,7 @@ def run(args: argparse.Namespace) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)     # an outer `timeout` must not leave the server running
     device = args.device or default_device()
+    SAMPLING.update(temperature=args.temperature, top_p=args.top_p)
     env = env_record()
     print(f"env: {env}", flush=True)
     if args.in_process:
@@ -433,7 +435,7 @@ def run(args: argparse.Namespace) -> int:
                                        "weights": "dummy (synthetic)", "identities": args.identity,
                                        "concurrency": args.concurrency, "prompt_len": args.prompt_len,
                                        "output_len": args.output_len, "requests_per_client": args.requests_per_client,
-                                       "max_model_len": model_len(args),
+                                       "max_model_len": model_len(args), "sampling": dict(SAMPLING),
                                        "path": "engine" if args.in_process else client_path(args)})
     log_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ninfer-bench-serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)

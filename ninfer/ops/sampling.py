@@ -29,9 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
-__all__ = ["SamplingTensors", "SampleResult", "rng_state_from_seed", "apply_penalties", "sample"]
+__all__ = ["SamplingTensors", "SampleResult", "rng_state_from_seed", "apply_penalties", "drawing_rows", "sample"]
 
 
 def rng_state_from_seed(seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -165,11 +166,17 @@ def _truncate(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     return x.masked_fill(p < st.min_p[:, None] * p.max(dim=-1, keepdim=True).values, float("-inf"))
 
 
+def drawing_rows(temperatures: Sequence[float]) -> list[int]:
+    """The rows `sample` draws for (temperature > 0 once stored as fp32), from host values."""
+    return [r for r, t in enumerate(temperatures) if float(np.float32(t)) > 0]
+
+
 def sample(
     logits: torch.Tensor,
     st: SamplingTensors,
     rng_states: Sequence[torch.Tensor | None],
     num_logprobs: int = 0,
+    drawn: Sequence[int] | None = None,
 ) -> SampleResult:
     """Pick one token per row.
 
@@ -178,6 +185,8 @@ def sample(
         st: per-row parameters (B rows).
         rng_states: B generator states (see module docstring) or None entries.
         num_logprobs: 0..20, how many raw top log-probs to return per row.
+        drawn: `drawing_rows` of the rows' temperatures when the caller has them on the host: then
+            nothing here waits for the device (the tokens stay on it until the caller reads them).
     Returns:
         SampleResult (token ids, raw log-probs, raw top-k, advanced rng states).
     """
@@ -190,10 +199,12 @@ def sample(
     greedy = st.temperature <= 0
     tokens = x.argmax(dim=-1)
     new_states: list[torch.Tensor | None] = list(rng_states)
-    if not bool(greedy.all()):
+    if drawn is None:
+        drawn = torch.nonzero(~greedy).flatten().tolist()
+    if drawn:
         temp = torch.where(greedy, torch.ones_like(st.temperature), st.temperature)
         probs = torch.softmax(_truncate(x / temp[:, None], st), dim=-1)
-        for b in torch.nonzero(~greedy).flatten().tolist():
+        for b in drawn:
             if rng_states[b] is None:
                 noise = torch.empty(V, device=x.device).exponential_()
             else:

@@ -358,11 +358,13 @@ class Qwen36Program(CheckpointOps):
         if forced is not None and any(not (0 <= t < self.dims.vocab_size) for t in forced[0]):
             raise InvariantError("forced control token outside the vocabulary")
         # NOTE: plain greedy rows (the common serving case) skip the sampler's tensor building: one argmax
-        #       per step, RNG unchanged (what `sample` returns for them). Through the decode graphs they are
-        #       also pipelined: steps after the first take their ids from the previous argmax on the device,
-        #       one host sync per round, and one more step is launched before that sync (step_ahead.py).
+        #       per step, RNG unchanged (what `sample` returns for them). Plain rows (greedy or drawn; no
+        #       penalties, bias or log-probs) through the decode graphs are also pipelined: steps after the
+        #       first take their ids from the previous step's tokens on the device, one host sync per round,
+        #       and one more step is launched before that sync (step_ahead.py).
         greedy = forced is None and all(self._sampler.plain_greedy(s.request.sampling) for s in seqs)
-        pipelined = greedy and not keep_logits and self._graphs_fit(seqs, num_steps)
+        plain = forced is None and all(self._sampler.plain(s.request.sampling) for s in seqs)
+        pipelined = plain and not keep_logits and self._graphs_fit(seqs, num_steps)
         ahead = self._adoptable(seqs, kind, pipelined)
         try:
             rec = self._pending.open(kind, [s.handle.seq_id for s in seqs], [], [num_steps] * B,
@@ -376,7 +378,7 @@ class Qwen36Program(CheckpointOps):
             rngs: list[list[torch.Tensor | None]] = [[s.rng_state] * num_steps for s in seqs]
             step_logits = []
             if pipelined:
-                produced = self._pipelined_steps(seqs, rec, num_steps, ahead)
+                produced, rngs = self._pipelined_steps(seqs, rec, num_steps, ahead)
             else:
                 produced = [[] for _ in seqs]
                 lps, rngs = [[] for _ in seqs], [[] for _ in seqs]
@@ -435,15 +437,33 @@ class Qwen36Program(CheckpointOps):
             s.holding.table.ensure(s.frontier + num_steps)
         return g.fits(len(seqs), [s.holding.table.pages for s in seqs])
 
+    def _draw(self, seqs: list[_Seq], logits: torch.Tensor, st, rng: list) -> tuple[DeviceTokens, list]:
+        """One pipelined step's tokens (left on the device) and the rows' rng states after it."""
+        if st is None:                       # every row greedy: argmax, rng unchanged
+            return DeviceTokens.of(self._sampler.greedy_ids(logits)), rng
+        ids, new = self._sampler.sample_ids(logits, st, [s.request.sampling for s in seqs], rng)
+        return DeviceTokens.of(ids), new
+
     def _pipelined_steps(self, seqs: list[_Seq], rec: Provisional, num_steps: int, ahead: Ahead | None
-                         ) -> list[list[int]]:
-        """The round's steps on the graphs, each fed by the previous argmax on the device (the first by
-        the rows' last tokens, or adopted from `ahead`); then the step-ahead; then one wait for the ids."""
+                         ) -> tuple[list[list[int]], list[list[torch.Tensor | None]]]:
+        """The round's steps on the graphs, each fed by the previous step's tokens on the device (the first
+        by the rows' last tokens, or adopted from `ahead`); then the step-ahead; then one wait for the ids.
+        Returns the tokens and the rng state after each step, per row."""
         B = len(seqs)
+        if ahead is not None:
+            st = ahead.sampling
+        elif all(self._sampler.plain_greedy(s.request.sampling) for s in seqs):
+            st = None
+        else:
+            st = self._sampler.plain_tensors([s.request.sampling for s in seqs])
         toks: list[DeviceTokens] = []
+        rng = [s.rng_state for s in seqs]
+        steps_rng = []
         for i in range(num_steps):
             if i == 0 and ahead is not None:
                 toks.append(ahead.tokens)
+                rng = ahead.rng_out
+                steps_rng.append(rng)
                 continue
             dsts = [self._state.scratch_entry(rec.scratch[r][i]) for r in range(B)]
             srcs = [s.slot if i == 0 else self._state.scratch_entry(rec.scratch[r][i - 1])
@@ -451,15 +471,20 @@ class Qwen36Program(CheckpointOps):
             positions = [s.frontier + i for s in seqs]
             logits = (self._graph_step(seqs, [[s.tokens[-1]] for s in seqs], positions, srcs, dsts) if i == 0
                       else self._graph_step(seqs, None, positions, srcs, dsts, fed=toks[-1].dev))
-            toks.append(DeviceTokens.of(self._sampler.greedy_ids(logits)))
-        self._launch_ahead(seqs, rec, num_steps, toks[-1])
+            t, rng = self._draw(seqs, logits, st, rng)
+            toks.append(t)
+            steps_rng.append(rng)
+        self._launch_ahead(seqs, rec, num_steps, toks[-1], rng, st)
         steps = [t.tolist() for t in toks]
-        return [[steps[i][r] for i in range(num_steps)] for r in range(B)]
+        return ([[steps[i][r] for i in range(num_steps)] for r in range(B)],
+                [[steps_rng[i][r] for i in range(num_steps)] for r in range(B)])
 
-    def _launch_ahead(self, seqs: list[_Seq], rec: Provisional, num_steps: int, last: DeviceTokens) -> None:
-        """Launch the step after this round's last (fed by `last`), when the next round is likely to be
-        these rows again: every live sequence is in this round (no other one about to join), and every
-        row may produce another token after it (budget and reservation)."""
+    def _launch_ahead(self, seqs: list[_Seq], rec: Provisional, num_steps: int, last: DeviceTokens,
+                      rng: list, st) -> None:
+        """Launch the step after this round's last (fed by `last`, drawing from the rows' rng states `rng`
+        after it), when the next round is likely to be these rows again: every live sequence is in this
+        round (no other one about to join), and every row may produce another token after it (budget and
+        reservation)."""
         B = len(seqs)
         if not self.step_ahead_enabled or len(self._seqs) != B or self._pending.num_free_scratch < B:
             return
@@ -474,12 +499,12 @@ class Qwen36Program(CheckpointOps):
             srcs = [self._state.scratch_entry(rec.scratch[r][num_steps - 1]) for r in range(B)]
             dsts = [self._state.scratch_entry(e) for e in entries]
             logits = self._graph_step(seqs, None, [s.frontier + num_steps for s in seqs], srcs, dsts, fed=last.dev)
-            tokens = DeviceTokens.of(self._sampler.greedy_ids(logits))
+            tokens, rng_out = self._draw(seqs, logits, st, rng)
         except BaseException:
             self._pending.unhold(entries)
             raise
         self._ahead = Ahead(tuple(s.handle.seq_id for s in seqs), tuple(s.frontier + num_steps for s in seqs),
-                            entries, tokens, rec.batch.batch_id)
+                            entries, tokens, rec.batch.batch_id, tuple(rng), rng_out, st)
         self.step_ahead_counts["launched"] += 1
 
     def _adoptable(self, seqs: list[_Seq], kind: BatchKind, pipelined: bool) -> Ahead | None:
@@ -489,7 +514,8 @@ class Qwen36Program(CheckpointOps):
             return None
         if (kind is BatchKind.DECODE and pipelined and a.confirmed
                 and a.seq_ids == tuple(s.handle.seq_id for s in seqs)
-                and all(s.frontier == f == len(s.tokens) - 1 for s, f in zip(seqs, a.frontier))):
+                and all(s.frontier == f == len(s.tokens) - 1 for s, f in zip(seqs, a.frontier))
+                and all(s.rng_state is r for s, r in zip(seqs, a.rng_in))):
             self.step_ahead_counts["adopted"] += 1
             return a
         self._pending.unhold(a.entries)

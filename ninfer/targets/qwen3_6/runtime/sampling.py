@@ -12,7 +12,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from ninfer.ops.logprobs import chunked_logprobs, logprobs_from_logits
-from ninfer.ops.sampling import SamplingTensors, rng_state_from_seed, sample
+from ninfer.ops.sampling import SamplingTensors, drawing_rows, rng_state_from_seed, sample
 from ninfer.runtime.contract.types import SamplingParams, TokenLogprob
 
 __all__ = ["RowSampling", "Sampler", "rng_state_from_seed", "prompt_token_logprobs"]
@@ -49,11 +49,31 @@ class Sampler:
         return rng_state_from_seed(seed, self.device)
 
     @staticmethod
-    def plain_greedy(p: SamplingParams) -> bool:
-        """Greedy with nothing that changes the argmax or needs a record (no penalties, no logit
-        bias, no log-probs): `greedy_tokens` gives exactly `sample`'s tokens, and the RNG stays put."""
-        return (p.temperature <= 0 and p.repetition_penalty == 1.0 and p.presence_penalty == 0.0
-                and p.frequency_penalty == 0.0 and not p.logit_bias and p.logprobs is None)
+    def plain(p: SamplingParams) -> bool:
+        """No penalties, no logit bias, no log-probs: a step's draw needs neither the token history
+        nor a host record, so `sample_ids` can run it without a host sync (step_ahead.py)."""
+        return (p.repetition_penalty == 1.0 and p.presence_penalty == 0.0 and p.frequency_penalty == 0.0
+                and not p.logit_bias and p.logprobs is None)
+
+    @classmethod
+    def plain_greedy(cls, p: SamplingParams) -> bool:
+        """Greedy and plain: `greedy_tokens` gives exactly `sample`'s tokens, and the RNG stays put."""
+        return p.temperature <= 0 and cls.plain(p)
+
+    def plain_tensors(self, ps: Sequence[SamplingParams]) -> SamplingTensors:
+        """The device parameters of plain rows (no history: their penalties are neutral)."""
+        return SamplingTensors.build(
+            vocab_size=self.vocab_size, device=self.device, temperature=[p.temperature for p in ps],
+            top_k=[p.top_k for p in ps], top_p=[p.top_p for p in ps], min_p=[p.min_p for p in ps])
+
+    def sample_ids(self, logits: torch.Tensor, st: SamplingTensors, ps: Sequence[SamplingParams],
+                   rng_states: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """Plain rows: `sample`'s token ids, left on the device (no sync), and the advanced rng states."""
+        if self.sampleable < self.vocab_size:
+            logits = logits.clone()
+            logits[:, self.sampleable:] = float("-inf")
+        res = sample(logits, st, rng_states, 0, drawn=drawing_rows([p.temperature for p in ps]))
+        return res.token_ids, res.rng_states
 
     def greedy_ids(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [B, V] -> argmax over the sampleable vocabulary per row, on the logits' device (no sync)."""
@@ -81,7 +101,8 @@ class Sampler:
             prompt_tokens=[r.prompt if r.params.repetition_penalty != 1.0 else () for r in rows],
             output_tokens=[r.output for r in rows])
         ks = [p.logprobs for p in ps]
-        res = sample(logits, st, [r.rng_state for r in rows], max((k or 0) for k in ks))
+        res = sample(logits, st, [r.rng_state for r in rows], max((k or 0) for k in ks),
+                     drawn=drawing_rows([p.temperature for p in ps]))
         lps = _records(res.token_ids, res.logprobs, res.top_ids, res.top_logprobs, ks)
         return res.token_ids.tolist(), lps, res.rng_states
 
