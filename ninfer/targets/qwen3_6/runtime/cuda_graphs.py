@@ -8,8 +8,9 @@ Page ids, state entries and positions are data in static buffers, never graph ke
     pinned host buffer, which `run` fills through a numpy view: no host-side copy launch per round)
       input_ids [B]  positions [B]  src [B]  dst [B]  context_lens [B]  block_tables [B, W]
       W = ceil(max_model_len / page_size) (fixed width; entries past a row's table are stale, never read)
+      src / dst: physical state images (`StateImageStore.phys` of the Program's entry ids)
     input_ids < 0 take the row's id from the graph's device buffer `fed` [B] instead (a step fed by
-    the previous step's argmax without a host round trip: step_ahead.py)
+    the previous step's tokens without a host round trip: step_ahead.py)
     graph body
       hidden = model.decode_static(..., src)                  (writes KV at positions; conv and delta
                                                                rule read state at src, write it at dst)
@@ -141,7 +142,7 @@ class DecodeGraphs:
             tables: Sequence[Sequence[int]], fed: torch.Tensor | None = None) -> torch.Tensor:
         """Replay graph B = len(positions); returns its static fp32 logits [B, V] (valid until the next
         replay of the same B: clone to keep them). fed: the rows' input ids as a device tensor [B] (then
-        input_ids is None), e.g. the previous step's argmax, copied into the graph's `fed` buffer on
+        input_ids is None), e.g. the previous step's tokens, copied into the graph's `fed` buffer on
         the stream (no host sync)."""
         B = len(positions)
         g = self._graphs[B]

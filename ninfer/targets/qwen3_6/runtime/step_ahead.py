@@ -33,7 +33,7 @@ import torch
 
 @dataclass(eq=False)
 class DeviceTokens:
-    """One step's argmax: `dev` on the device (feeds the next step), `host` (pinned on CUDA) filled
+    """One step's token ids: `dev` on the device (feeds the next step), `host` (pinned on CUDA) filled
     by an asynchronous copy that `event` follows."""
     dev: torch.Tensor
     host: torch.Tensor
@@ -61,7 +61,7 @@ class Ahead:
     seq_ids: tuple[int, ...]          # rows, in order
     frontier: tuple[int, ...]         # each row's frontier once its source round is committed in full
     entries: list[int]                # PendingLedger scratch ids it wrote (held by the ledger for it)
-    tokens: DeviceTokens              # its argmax
+    tokens: DeviceTokens              # its token ids
     source: int                       # batch id of the round whose last tokens fed it
     rng_in: tuple                     # each row's rng state it drew from (the source round's last; greedy: unchanged)
     rng_out: list                     # each row's rng state after its draw
