@@ -45,7 +45,7 @@ class EngineConfig:
     kv_memory_fraction: float = 0.5
     max_model_len: int = 8192             # prompt + output limit of one request
     enforce_eager: bool = False           # no CUDA graphs
-    decode_step_ahead: bool = True        # greedy decode rounds launch the next step before their sync
+    decode_step_ahead: bool = True        # decode rounds launch the next step before their sync (step_ahead.py)
     # NOTE: the run's seed (as vLLM's --seed): requests without a seed get consecutive private RNG
     # streams derived from it, so a run is reproducible and another seed changes it; it also seeds
     # the synthetic weights of load_format "dummy".

@@ -23,8 +23,8 @@ _ENGINE_HELP = {
     "kv_memory_fraction": "share of free device memory for KV pages when --num-pages is 0",
     "max_model_len": "prompt + output limit of one request",
     "enforce_eager": "no CUDA graphs",
-    "decode_step_ahead": "greedy decode rounds through the CUDA graphs launch the next step before waiting "
-                         "for their own tokens",
+    "decode_step_ahead": "decode rounds through the CUDA graphs launch the next step before waiting for "
+                         "their own tokens (rows without penalties, logit bias or log-probs)",
     "seed": "the run's seed: requests without their own seed draw reproducible streams from it",
     "prefix_cache": "context cache: reuse checkpoints of earlier prompts and conversation turns",
     "cache_slots": "StateImage slots for inactive checkpoints (-1 = 2 x --max-concurrency)",

@@ -35,8 +35,9 @@ class ProgramConfig:
                    padding rows past the tokenizer's vocabulary (248,077 of 248,320) that name no token
     enforce_eager  no CUDA graphs; otherwise a CUDA device with the fast op set captures one decode
                    graph per exact batch size 1..max_batch at start (cuda_graphs.py)
-    decode_step_ahead  greedy rounds through the decode graphs launch the rows' next step before they
-                   wait for their own tokens, for the next round to adopt (step_ahead.py)
+    decode_step_ahead  rounds of plain rows (greedy or drawn; no penalties, logit bias or log-probs)
+                   through the decode graphs launch the rows' next step before they wait for their own
+                   tokens, for the next round to adopt (step_ahead.py)
     """
     device: str | torch.device = "cpu"
     dtype: str | torch.dtype = "fp32"

@@ -36,9 +36,10 @@ Semantics the Engine relies on:
                         row's last committed token that is not yet in the state.
   control(seq, tokens)  forced tokens (len <= max_steps), no sampler, no RNG advance.
   commit(b, accepted)   0 <= accepted[r] <= produced; 0 is a cancelled row (nothing committed).
-Greedy rounds through the decode graphs launch one more step of the same rows before they read
-their own tokens (`step_ahead.py`); the next round adopts it only where it equals what that round
-would compute, so none of the semantics above changes.
+Rounds of plain rows (greedy or drawn, without penalties, logit bias or log-probs) through the decode
+graphs launch one more step of the same rows before they read their own tokens (`step_ahead.py`);
+the next round adopts it only where it equals what that round would compute, so none of the
+semantics above changes.
 An exception inside a unit leaves no open batch; one inside a non-final prefill stage leaves the
 sequence's slot undefined (the Engine fails as a whole on any execution error).
 """
@@ -427,7 +428,7 @@ class Qwen36Program(CheckpointOps):
             self._pending.close(rec)
             raise
 
-    # ---- greedy rounds through the decode graphs (step_ahead.py) --------------------------------
+    # ---- plain rounds through the decode graphs (step_ahead.py) ---------------------------------
     def _graphs_fit(self, seqs: list[_Seq], num_steps: int) -> bool:
         """Whether every one of `num_steps` steps from the rows' frontiers replays a decode graph."""
         g = self.graphs
