@@ -159,3 +159,24 @@ def test_device_rng_states_reproduce(device):
         runs.append(torch.stack(toks))
     assert runs[0].device.type == torch.device(device).type
     assert torch.equal(runs[0], runs[1]) and (runs[0][:, 0] == logits[0].argmax()).all()
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(min_p=[0.0, 0.05, 0.0]), dict(top_k=[0, V, V + 5], top_p=[1.0, 1.0, 1.0])])
+def test_rows_without_truncation_skip_the_sort_and_draw_the_same(kw):
+    """No row with top-k < V or top-p < 1: `build` marks the step as not truncating and `sample` skips the
+    full-vocabulary sort (and min-p when no row has it); tokens and generator states equal the full path's."""
+    import dataclasses
+
+    st = _st(3, temperature=[0.7, 1.0, 1.3], **kw)
+    assert not st.truncates and st.min_p_any == ("min_p" in kw)
+    full = dataclasses.replace(st, truncates=True, min_p_any=True)
+    logits = _logits(3, seed=11)
+    for tensors in (st, full):
+        states, toks = [rng_state_from_seed(s) for s in (1, 2, 3)], []
+        for _ in range(12):
+            r = sample(logits, tensors, states)
+            states, toks = r.rng_states, toks + [r.token_ids.tolist()]
+        if tensors is st:
+            ref = (toks, [s.clone() for s in states])
+    assert toks == ref[0] and all(torch.equal(a, b) for a, b in zip(states, ref[1]))
+    assert _st(1, temperature=[1.0], top_k=[5]).truncates and _st(1, temperature=[1.0], top_p=[0.9]).truncates

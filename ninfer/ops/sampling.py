@@ -71,6 +71,10 @@ class SamplingTensors:
     bias_values: torch.Tensor
     prompt_ids: torch.Tensor
     output_ids: torch.Tensor
+    # NOTE: host facts of the rows (from `build`): whether any row truncates by top-k / top-p (the only
+    #       use of the full-vocabulary sort) or by min-p; `sample` skips the work of a step none needs.
+    truncates: bool = True
+    min_p_any: bool = True
 
     @classmethod
     def build(
@@ -104,6 +108,9 @@ class SamplingTensors:
             if not 0 <= t < vocab_size:
                 raise ValueError(f"logit_bias token {t} outside the vocabulary [0, {vocab_size})")
         empty = [[] for _ in range(B)]
+        ks = [0] * B if top_k is None else [int(k) for k in top_k]
+        ps = [1.0] * B if top_p is None else [float(np.float32(p)) for p in top_p]
+        mins = [0.0] * B if min_p is None else [float(np.float32(m)) for m in min_p]
         return cls(
             vocab_size=vocab_size,
             temperature=f(temperature, 1.0),
@@ -118,6 +125,8 @@ class SamplingTensors:
             bias_values=torch.tensor([b for _, _, b in flat], dtype=torch.float32, device=device),
             prompt_ids=_pad(prompt_tokens or empty, vocab_size, device),
             output_ids=_pad(output_tokens or empty, vocab_size, device),
+            truncates=any(0 < k < vocab_size for k in ks) or any(p < 1.0 for p in ps),
+            min_p_any=any(m > 0.0 for m in mins),
         )
 
 
@@ -151,8 +160,15 @@ def apply_penalties(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
 
 
 def _truncate(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """Steps 6-8 on temperature-scaled logits x [B, V] (fp32): removed entries become -inf."""
+    """Steps 6-8 on temperature-scaled logits x [B, V] (fp32): removed entries become -inf.
+    Without top-k / top-p in any row (st.truncates False) the sort is skipped: it would keep everything;
+    without min-p, so is that step."""
     V = x.shape[1]
+    if not st.truncates:
+        if not st.min_p_any:
+            return x
+        p = torch.softmax(x, dim=-1)
+        return x.masked_fill(p < st.min_p[:, None] * p.max(dim=-1, keepdim=True).values, float("-inf"))
     sorted_x, order = x.sort(dim=-1, descending=True)
     k = torch.where(st.top_k > 0, st.top_k.clamp(max=V), torch.full_like(st.top_k, V))
     kth = sorted_x.gather(1, (k - 1)[:, None])
@@ -162,6 +178,8 @@ def _truncate(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     mass_before = sp.cumsum(dim=-1) - sp
     drop_sorted = (mass_before >= st.top_p[:, None]) & (st.top_p[:, None] < 1.0)
     x = x.masked_fill(torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted), float("-inf"))
+    if not st.min_p_any:
+        return x
     p = torch.softmax(x, dim=-1)
     return x.masked_fill(p < st.min_p[:, None] * p.max(dim=-1, keepdim=True).values, float("-inf"))
 
