@@ -83,11 +83,12 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, ref_compa
     main_ops = prog.model.ops
     for ctx in ctxs:
         handles, pre_ms = [], []
+        budget = min(LOOP_BUDGET, cfg.max_model_len - ctx)      # output tokens per row
         if prefill_ref_gdn:
             prog.model.ops = main_ops._replace(chunk_gated_delta_rule=reference_ops().chunk_gated_delta_rule)
         for r in range(8):
             prompt = tuple(torch.randint(0, dims.vocab_size, (ctx,), generator=rng).tolist())
-            req = SequenceRequest(prompt_token_ids=prompt, max_output_tokens=min(LOOP_BUDGET, cfg.max_model_len - ctx),
+            req = SequenceRequest(prompt_token_ids=prompt, max_output_tokens=budget,
                                   sampling=SamplingParams(temperature=0.0))
             h = prog.start_materialize(prog.plan_materialize(req)).sequence
             sync()
@@ -138,7 +139,7 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, ref_compa
             prog.model.ops = main_ops
             prog.graphs_enabled = True
         if prog.graphs is not None:
-            out += serving_loop(prog, identity, ctx, handles, batches, reps, on_row)
+            out += serving_loop(prog, identity, ctx, handles, batches, reps, budget, on_row)
         for h in handles:
             prog.release(h)
     del prog, w
@@ -148,18 +149,17 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, ref_compa
     return out
 
 
-def serving_loop(prog, identity: str, ctx: int, handles: list, batches: list[int], reps: int, on_row=None
-                 ) -> list[dict]:
+def serving_loop(prog, identity: str, ctx: int, handles: list, batches: list[int], reps: int, budget: int,
+                 on_row=None) -> list[dict]:
     """What a server's decode loop sees per round: `decode` + `commit` of every row, back to back (no
     sync in between), graphs on, with the decode step-ahead off and on (runtime/step_ahead.py); ms per
-    round = wall from the start of round 4 to the return of the last / the rounds timed (up to 3 x reps). Largest B first: rows past B
-    are released (a step-ahead is launched only when every live sequence is in the round)."""
+    round = wall from the start of round 4 to the return of the last / the rounds timed (up to 3 x reps).
+    Largest B first: rows past B are released (a step-ahead is launched only when every live sequence is
+    in the round). budget: the rows' max_output_tokens (the rounds commit within it)."""
     out = []
     live = list(handles)
     bs = sorted({min(batches), max(batches)}, reverse=True)
-    seqs = [prog._seq(h) for h in live]
-    room = min(min(prog.max_model_len, len(s.request.prompt_token_ids) + s.request.max_output_tokens) - len(s.tokens)
-               for s in seqs) - 2
+    room = budget - 3                    # each row has its first sampled token (the rounds before aborted); 2 spare
     n = min(3 + 3 * reps, room // (4 * len(bs)))          # rounds per variant: the rows' room holds them all
     if n < 6:
         print(f"[{identity}] serving loop skipped: the rows have room for {room} more tokens "

@@ -365,7 +365,7 @@ class Qwen36Program(CheckpointOps):
         #       and one more step is launched before that sync (step_ahead.py).
         greedy = forced is None and all(self._sampler.plain_greedy(s.request.sampling) for s in seqs)
         plain = forced is None and all(self._sampler.plain(s.request.sampling) for s in seqs)
-        pipelined = plain and not keep_logits and self._graphs_fit(seqs, num_steps)
+        pipelined = plain and not keep_logits and self._graphs_fit(seqs, [s.frontier + num_steps for s in seqs])
         ahead = self._adoptable(seqs, kind, pipelined)
         try:
             rec = self._pending.open(kind, [s.handle.seq_id for s in seqs], [], [num_steps] * B,
@@ -375,11 +375,10 @@ class Qwen36Program(CheckpointOps):
                 self._pending.unhold(ahead.entries)
             raise
         try:
-            lps: list[list[TokenLogprob | None]] = [[None] * num_steps for _ in seqs]
-            rngs: list[list[torch.Tensor | None]] = [[s.rng_state] * num_steps for s in seqs]
             step_logits = []
             if pipelined:
-                produced, rngs = self._pipelined_steps(seqs, rec, num_steps, ahead)
+                produced, rngs = self._pipelined_steps(seqs, rec, num_steps, ahead, greedy)
+                lps: list[list[TokenLogprob | None]] = [[None] * num_steps for _ in seqs]
             else:
                 produced = [[] for _ in seqs]
                 lps, rngs = [[] for _ in seqs], [[] for _ in seqs]
@@ -429,13 +428,13 @@ class Qwen36Program(CheckpointOps):
             raise
 
     # ---- plain rounds through the decode graphs (step_ahead.py) ---------------------------------
-    def _graphs_fit(self, seqs: list[_Seq], num_steps: int) -> bool:
-        """Whether every one of `num_steps` steps from the rows' frontiers replays a decode graph."""
+    def _graphs_fit(self, seqs: list[_Seq], ends: list[int]) -> bool:
+        """Whether the rows' steps up to position ends[r] - 1 replay a decode graph (maps their pages)."""
         g = self.graphs
         if g is None or not self.graphs_enabled or self.model.ops is not g.ops:
             return False
-        for s in seqs:
-            s.holding.table.ensure(s.frontier + num_steps)
+        for s, e in zip(seqs, ends):
+            s.holding.table.ensure(e)
         return g.fits(len(seqs), [s.holding.table.pages for s in seqs])
 
     def _draw(self, seqs: list[_Seq], logits: torch.Tensor, st, rng: list) -> tuple[DeviceTokens, list]:
@@ -445,18 +444,16 @@ class Qwen36Program(CheckpointOps):
         ids, new = self._sampler.sample_ids(logits, st, [s.request.sampling for s in seqs], rng)
         return DeviceTokens.of(ids), new
 
-    def _pipelined_steps(self, seqs: list[_Seq], rec: Provisional, num_steps: int, ahead: Ahead | None
-                         ) -> tuple[list[list[int]], list[list[torch.Tensor | None]]]:
+    def _pipelined_steps(self, seqs: list[_Seq], rec: Provisional, num_steps: int, ahead: Ahead | None,
+                         greedy: bool) -> tuple[list[list[int]], list[list[torch.Tensor | None]]]:
         """The round's steps on the graphs, each fed by the previous step's tokens on the device (the first
         by the rows' last tokens, or adopted from `ahead`); then the step-ahead; then one wait for the ids.
         Returns the tokens and the rng state after each step, per row."""
         B = len(seqs)
         if ahead is not None:
             st = ahead.sampling
-        elif all(self._sampler.plain_greedy(s.request.sampling) for s in seqs):
-            st = None
         else:
-            st = self._sampler.plain_tensors([s.request.sampling for s in seqs])
+            st = None if greedy else self._sampler.plain_tensors([s.request.sampling for s in seqs])
         toks: list[DeviceTokens] = []
         rng = [s.rng_state for s in seqs]
         steps_rng = []
@@ -470,8 +467,8 @@ class Qwen36Program(CheckpointOps):
             srcs = [s.slot if i == 0 else self._state.scratch_entry(rec.scratch[r][i - 1])
                     for r, s in enumerate(seqs)]
             positions = [s.frontier + i for s in seqs]
-            logits = (self._graph_step(seqs, [[s.tokens[-1]] for s in seqs], positions, srcs, dsts) if i == 0
-                      else self._graph_step(seqs, None, positions, srcs, dsts, fed=toks[-1].dev))
+            logits = (self._replay(seqs, [s.tokens[-1] for s in seqs], positions, srcs, dsts) if i == 0
+                      else self._replay(seqs, None, positions, srcs, dsts, fed=toks[-1].dev))
             t, rng = self._draw(seqs, logits, st, rng)
             toks.append(t)
             steps_rng.append(rng)
@@ -493,13 +490,13 @@ class Qwen36Program(CheckpointOps):
             if (len(s.tokens) - s.num_prompt + num_steps >= s.request.max_output_tokens
                     or s.frontier + num_steps + 1 > s.holding.reserved_tokens):
                 return
-        if not self._graphs_fit(seqs, num_steps + 1):
+        if not self._graphs_fit(seqs, [s.frontier + num_steps + 1 for s in seqs]):
             return
         entries = self._pending.hold(B)
         try:
             srcs = [self._state.scratch_entry(rec.scratch[r][num_steps - 1]) for r in range(B)]
             dsts = [self._state.scratch_entry(e) for e in entries]
-            logits = self._graph_step(seqs, None, [s.frontier + num_steps for s in seqs], srcs, dsts, fed=last.dev)
+            logits = self._replay(seqs, None, [s.frontier + num_steps for s in seqs], srcs, dsts, fed=last.dev)
             tokens, rng_out = self._draw(seqs, logits, st, rng)
         except BaseException:
             self._pending.unhold(entries)
@@ -523,28 +520,27 @@ class Qwen36Program(CheckpointOps):
         return None
 
     def _discard_ahead(self, *seq_ids: int) -> None:
-        """Drop the step-ahead (if it has any of `seq_ids` as a row; all when none is given)."""
+        """Drop the step-ahead if any of `seq_ids` is one of its rows."""
         a = self._ahead
-        if a is not None and (not seq_ids or set(seq_ids) & set(a.seq_ids)):
+        if a is not None and set(seq_ids) & set(a.seq_ids):
             self._ahead = None
             self._pending.unhold(a.entries)
 
-    def _graph_step(self, seqs: list[_Seq], inputs: list[list[int]] | None, positions: list[int], srcs: list[int],
-                    dsts: list[int], fed: torch.Tensor | None = None) -> torch.Tensor | None:
+    def _graph_step(self, seqs: list[_Seq], inputs: list[list[int]], positions: list[int], srcs: list[int],
+                    dsts: list[int]) -> torch.Tensor | None:
         """One token per row through the captured graph of exact B (state copy src -> dst, forward,
-        lm_head); None when graphs are off or do not apply (then the caller runs eagerly). fed: the
-        rows' input ids on the device instead of `inputs`."""
-        g = self.graphs
-        if g is None or not self.graphs_enabled or self.model.ops is not g.ops:
+        lm_head); None when graphs are off or do not apply (then the caller runs eagerly)."""
+        if not self._graphs_fit(seqs, [p + 1 for p in positions]):
             return None
-        for s, p in zip(seqs, positions):
-            s.holding.table.ensure(p + 1)
-        tables = [s.holding.table.pages for s in seqs]
-        if not g.fits(len(seqs), tables):
-            return None
+        return self._replay(seqs, [t[0] for t in inputs], positions, srcs, dsts)
+
+    def _replay(self, seqs: list[_Seq], input_ids: list[int] | None, positions: list[int], srcs: list[int],
+                dsts: list[int], fed: torch.Tensor | None = None) -> torch.Tensor:
+        """`_graph_step` where `_graphs_fit` has already said yes for these positions; fed: the rows'
+        input ids on the device instead of `input_ids`. Entry ids go to the graph as physical images."""
         ph = self._state.phys
-        return g.run(None if inputs is None else [t[0] for t in inputs], positions, [ph(e) for e in srcs],
-                     [ph(e) for e in dsts], tables, fed=fed)
+        return self.graphs.run(input_ids, positions, [ph(e) for e in srcs], [ph(e) for e in dsts],
+                               [s.holding.table.pages for s in seqs], fed=fed)
 
     def _forward(self, seqs: list[_Seq], inputs: list[list[int]], starts: list[int], entries: list[int]
                  ) -> torch.Tensor:
@@ -590,13 +586,11 @@ class Qwen36Program(CheckpointOps):
                 raise InvariantError(f"commit of batch {batch.batch_id}: accepted {a} of {row.produced_tokens} "
                                      f"produced tokens")
         ahead = self._ahead
-        if ahead is not None:
-            if batch.batch_id == ahead.source and all(a == row.produced_tokens for row, a in zip(batch.rows, accepted)):
-                ahead.confirmed = True
-            elif batch.batch_id == ahead.source:
-                self._discard_ahead()
-            else:
-                self._discard_ahead(*rec.seq_ids)
+        if (ahead is not None and batch.batch_id == ahead.source
+                and all(a == row.produced_tokens for row, a in zip(batch.rows, accepted))):
+            ahead.confirmed = True
+        else:                                 # a partial commit of its source, or one of its rows elsewhere
+            self._discard_ahead(*rec.seq_ids)
         self._pending.take(batch)
         try:
             for r, (row, a) in enumerate(zip(batch.rows, accepted)):
@@ -621,9 +615,6 @@ class Qwen36Program(CheckpointOps):
 
     def abort_pending(self, batch: PendingBatch) -> None:
         rec = self._pending.take(batch)
-        if self._ahead is not None and batch.batch_id == self._ahead.source:
-            self._discard_ahead()
-        else:
-            self._discard_ahead(*rec.seq_ids)
+        self._discard_ahead(*rec.seq_ids)      # the source's rows are the step-ahead's
         self._pending.close(rec)
 

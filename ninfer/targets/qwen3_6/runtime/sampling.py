@@ -69,11 +69,15 @@ class Sampler:
     def sample_ids(self, logits: torch.Tensor, st: SamplingTensors, ps: Sequence[SamplingParams],
                    rng_states: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         """Plain rows: `sample`'s token ids, left on the device (no sync), and the advanced rng states."""
+        res = sample(self._sampleable(logits), st, rng_states, 0, drawn=drawing_rows([p.temperature for p in ps]))
+        return res.token_ids, res.rng_states
+
+    def _sampleable(self, logits: torch.Tensor) -> torch.Tensor:
+        """logits with the rows past the sampleable vocabulary at -inf (a copy when there are any)."""
         if self.sampleable < self.vocab_size:
             logits = logits.clone()
             logits[:, self.sampleable:] = float("-inf")
-        res = sample(logits, st, rng_states, 0, drawn=drawing_rows([p.temperature for p in ps]))
-        return res.token_ids, res.rng_states
+        return logits
 
     def greedy_ids(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [B, V] -> argmax over the sampleable vocabulary per row, on the logits' device (no sync)."""
@@ -89,9 +93,7 @@ class Sampler:
                ) -> tuple[list[int], list[TokenLogprob | None], list[torch.Tensor | None]]:
         """logits [B, V] fp32 -> (token per row, TokenLogprob per row or None, advanced rng state per row)."""
         ps = [r.params for r in rows]
-        if self.sampleable < self.vocab_size:
-            logits = logits.clone()
-            logits[:, self.sampleable:] = float("-inf")
+        logits = self._sampleable(logits)
         st = SamplingTensors.build(
             vocab_size=self.vocab_size, device=logits.device,
             temperature=[p.temperature for p in ps], top_k=[p.top_k for p in ps], top_p=[p.top_p for p in ps],
