@@ -155,6 +155,29 @@ def test_graph_decode_with_pdl_equals_eager(identity, monkeypatch):
         torch.testing.assert_close(b, c, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("side", [True, False])
+@pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
+def test_graph_decode_side_gate_equals_eager(identity, side, monkeypatch):
+    """The mixers' gate rows (GDN z, attention gate) as a second GEMV on a side stream inside the decode
+    graphs (on by default), and the switch off (the one in_proj GEMV): the join before each read of the
+    gate orders it after its write, so the graphs give the eager tokens and logits either way, and the
+    capture took the form the switch names (every mixer layer forked, or none)."""
+    from ninfer.targets.qwen3_6.runtime import model as M
+    te, le, _, fe = _run(identity, "eager")
+    calls = []
+    pair = M.SideGemv.pair
+    monkeypatch.setattr(M.SideGemv, "pair", lambda self, *a: calls.append(a[-1]) or pair(self, *a))
+    monkeypatch.setattr(M, "SIDE_GATE", side)
+    tg, lg, replays, fg = _run(identity, "graphs")
+    # warm-up (2) + capture (1) of each of the 4 graphs, one fork per mixer layer
+    layers = len(DummyWeights(identity).dims.layer_types)
+    assert len(calls) == (3 * 4 * layers if side else 0)
+    assert replays == sum(steps for _, steps, _ in SCHEDULE) + len(PROMPT_LENS)
+    assert tg == te and [t for t, _ in fg] == [t for t, _ in fe]
+    for a, b in zip(lg, le):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+
+
 # (active row ids, steps, decision per row) for the step-ahead schedule: every live sequence decodes, so
 # rounds launch their rows' next step ahead; releases (None) drop rows; partial commits and cancels in between
 AHEAD_SCHEDULE = [([0, 1, 2], 1, "all")] * 4 + [([0, 1, 2], 2, ["all", "prefix", "all"]), ([0, 1, 2], 1, "all"),

@@ -194,6 +194,7 @@ def decode_paged_attention(
     scale: float | None = None,
     *,
     gate: torch.Tensor | None = None,
+    gate_stream: "torch.cuda.Stream | None" = None,
 ) -> torch.Tensor:
     """Decode form: one new token per row, each row with its own context length.
 
@@ -201,12 +202,18 @@ def decode_paged_attention(
         q: [B, Hq, D]; k_cache, v_cache: [num_pages, page_size, Hkv, D] (new token already written);
         block_table: [B, max_pages]; context_lens: [B] (including the new token).
         gate: [B, Hq, D] (a strided view of the projection row allowed) or None.
+        gate_stream: the CUDA stream that writes `gate` (None: the current one); the current stream
+            waits for it right before the gate is read.
     Returns:
         [B, Hq, D] in q.dtype; with gate, `attention_output_gate(o, gate)` (o rounded to q.dtype first).
     """
     cu = torch.arange(q.shape[0] + 1)
     o = chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu, scale)
-    return o if gate is None else attention_output_gate(o, gate)
+    if gate is None:
+        return o
+    if gate_stream is not None:
+        torch.cuda.current_stream().wait_stream(gate_stream)
+    return attention_output_gate(o, gate)
 
 
 def attention_output_gate(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:

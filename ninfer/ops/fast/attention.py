@@ -142,16 +142,19 @@ def decode_splits(batch: int, kv_heads: int, max_tokens: int, block_n: int = 64)
     return min(max_splits, max(1, triton.cdiv(_TARGET_PROGRAMS, batch * kv_heads)))
 
 
-def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale=None, *, gate=None):
+def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale=None, *, gate=None,
+                           gate_stream=None):
     """Decode form; see `ninfer.ops.attention.decode_paged_attention`. q [B, Hq, D] -> [B, Hq, D];
-    gate [B, Hq, D] (rows and heads at any stride) or None."""
+    gate [B, Hq, D] (rows and heads at any stride) or None; gate_stream: the stream writing the gate
+    (joined before the merge kernel, which reads it: the split kernel runs beside the gate's writer)."""
     B, Hq, D = q.shape
     P, page, Hkv, _ = k_cache.shape
     rep = Hq // Hkv
     ok = (Hq % Hkv == 0 and D >= 16 and D & (D - 1) == 0 and D <= 256 and rep <= 64
           and k_cache.stride(3) == 1 and v_cache.stride(3) == 1 and q.stride(2) == 1)
     if not ok:
-        return _ref.decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale, gate=gate)
+        return _ref.decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale, gate=gate,
+                                           gate_stream=gate_stream)
     fuse = (gate is not None and FUSE_GATE and gate.shape == q.shape and gate.dtype == q.dtype
             and gate.stride(2) == 1)
     if scale is None:
@@ -175,6 +178,8 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
     #       merge walks the live splits BS at a time. It loaded all of them as one [next_pow2(nsplit), D]
     #       fp32 tile before: 256 x 256 for the 35B-A3B at B=1 (132 splits), which spilled.
     g = gate if fuse else out
+    if gate is not None and gate_stream is not None:
+        torch.cuda.current_stream().wait_stream(gate_stream)
     _merge_kernel[(B, Hq)](part_o, part_ml, lens, out, g, nsplit, out.stride(0), out.stride(1), g.stride(0),
                            g.stride(1), HQ=Hq, D=D, BN=BN, BS=16, HAS_GATE=fuse, num_warps=4, **_pdl.launch())
     return out if gate is None or fuse else sigmoid_gate_mul(out, gate)

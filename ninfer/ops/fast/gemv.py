@@ -54,7 +54,7 @@ from ninfer.ops.fused import NormedRows, Residual
 from ninfer.ops.fast import _pdl
 
 __all__ = ["GemvConfig", "RowNorm", "CONFIGS", "USE_TRITON", "USE_TRITON_SWIGLU",
-           "MAX_ROWS", "linear", "linear_swiglu", "gemv", "use_triton", "m_bucket", "config_for",
+           "MAX_ROWS", "linear", "linear_swiglu", "gemv", "use_triton", "concurrent_ok", "m_bucket", "config_for",
            "default_config", "sweep_space", "load_tuning"]
 
 MAX_ROWS = 8
@@ -170,6 +170,28 @@ USE_TRITON: dict[tuple[int, int, int], bool] = {
 }
 
 
+# NOTE: the mixers' in_proj split in two row ranges for the decode graph's side stream (SIDE_GATE in
+#       `ninfer.targets.qwen3_6.runtime.model`): main rows [GDN qkv | b | a], [attention q | k | v] and the
+#       gate rows (GDN z, attention gate). The M=1 tiles were chosen in the decode step, not per call
+#       (bench/step_ab.py, B=1 replay, bench/NOTES.md "Decode pass 11"): the 27B's main rows on 16-row tiles
+#       (13.902 -> 13.726 ms GDN, -> 13.696 with the attention's too; the fused 16480x5120 on them without
+#       the side stream: 13.862), the 35B-A3B's GDN main rows with the prefetch (2.511 -> 2.477 ms); the
+#       gate rows keep the prefetch tiles of the 27B's 5120x6144 (16-row or plain tiles were slower on
+#       both). Larger M buckets were not measured; none uses split-K (the two GEMVs run side by side,
+#       see `concurrent_ok`).
+for _n, _k, _one in ((10336, 5120, (16, 512, 1, 4, 1, False)), (8192, 5120, (16, 512, 1, 4, 1, False)),
+                     (6144, 5120, (8, 512, 1, 4, 1, False, True)), (8256, 2048, (8, 512, 1, 4, 1, False, True)),
+                     (5120, 2048, (8, 512, 1, 4, 1, False, True)), (4096, 2048, (8, 512, 1, 4, 1, False, True))):
+    CONFIGS[(_n, _k, 1)] = _one
+    CONFIGS[(_n, _k, 2)] = (128, 64, 1, 8, 6, True)
+    CONFIGS[(_n, _k, 4)] = CONFIGS[(_n, _k, 8)] = (128, 128, 1, 4, 4, True)
+    for _m in (1, 2, 4, 8):
+        USE_TRITON[(_n, _k, _m)] = True
+# NOTE: the 35B-A3B's lm_head at one row on 16-row tiles in the decode step: 2.511 -> 2.500 ms (the same
+#       A/B; the per-call sweep had chosen 8-row tiles).
+CONFIGS[(248320, 2048, 1)] = (16, 512, 1, 4, 1, False)
+
+
 # NOTE: (N, K, M bucket) of the down projections where `linear_swiglu` runs the SwiGLU inside the
 #       GEMV (config from CONFIGS); elsewhere the SwiGLU is its own kernel followed by `linear`.
 #       Measured on the H200 2026-12-01 (`bench/gemv.py --models , --shapes 5120x17408 --shapes-down
@@ -218,6 +240,12 @@ def m_bucket(m: int) -> int:
 
 def use_triton(n: int, k: int, m: int) -> bool:
     return USE_TRITON.get((n, k, m_bucket(m)), False)
+
+
+def concurrent_ok(n: int, k: int, m: int) -> bool:
+    """Whether `linear` of x [m, k] @ w[n, k].T may run beside another GEMV on a second stream: not a
+    split-K launch of the kernel (its arrival counters are one set per device, see the module NOTE)."""
+    return not use_triton(n, k, m) or config_for(n, k, m).split_k == 1
 
 
 def _num_sms(device: torch.device) -> int:

@@ -15,17 +15,23 @@ class GatedAttentionProjection:
         self.eps = dims.rms_norm_eps
 
     def project(self, w: AttentionWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple,
-                ops: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                ops: Any, side: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """h [N, H] (or `NormedRows`: the op applies the norm) -> q [N, nh, hd] (normed and rotated), gate
-        [N, nh, hd] (a strided view of the projection: no copy). k (normed and rotated) and v are written
-        into the pages: kv = (k_cache, v_cache, block_table, positions, rows) as in `write_kv_paged`."""
+        [N, nh, hd] (a view of the projection: no copy). k (normed and rotated) and v are written into
+        the pages: kv = (k_cache, v_cache, block_table, positions, rows) as in `write_kv_paged`.
+        side: a `SideGemv` (CUDA): the gate rows are a second GEMV on its stream, beside what the caller
+        runs next; the caller joins the stream before reading the gate."""
         N = h.shape[0]
-        nq, nk = self.nh * 2 * self.hd, self.nkv * self.hd
-        qkv = ops.linear(h, w.in_proj)                                 # one GEMM: [q|gate per head, k, v]
-        qg = qkv[:, :nq].view(N, self.nh, 2 * self.hd)                 # per head [query | gate]
-        q, gate = qg[..., : self.hd], qg[..., self.hd:]
+        nq, nk = self.nh * self.hd, self.nkv * self.hd
+        if side is None:
+            qkv = ops.linear(h, w.in_proj)                             # one GEMM: [q | k | v | gate]
+            gate = qkv[:, nq + 2 * nk:]
+        else:
+            qkv, gate = side.pair(ops, h, w.in_proj, nq + 2 * nk)
+        gate = gate.view(N, self.nh, self.hd)
+        q = qkv[:, :nq].view(N, self.nh, self.hd)
         k = qkv[:, nq:nq + nk].view(N, self.nkv, self.hd)
-        v = qkv[:, nq + nk:].view(N, self.nkv, self.hd)
+        v = qkv[:, nq + nk:nq + 2 * nk].view(N, self.nkv, self.hd)
         q = ops.qk_norm_rope_write_kv(q, k, v, w.q_norm, w.k_norm, cos, sin, self.eps, *kv)
         return q, gate
 

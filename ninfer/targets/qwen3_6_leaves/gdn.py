@@ -15,18 +15,23 @@ class GDNProjection:
         self.nv, self.dv = dims.linear_num_value_heads, dims.linear_value_head_dim
         self.eps = dims.rms_norm_eps
 
-    def project(self, w: GDNWeights, h: torch.Tensor, ops: Any, gates: bool = True
+    def project(self, w: GDNWeights, h: torch.Tensor, ops: Any, gates: bool = True, side: Any = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """h [N, H] (or `NormedRows`: the op applies the norm) -> qkv [N, C] (pre-conv), z [N, nv, dv],
         g [N, nv] fp32, beta [N, nv].
         gates=False: the raw projections a, b [N, nv] instead of (g, beta), for an op that computes
-        the gates itself (`ops.gdn_conv_recurrent`, from w.A_log and w.dt_bias)."""
+        the gates itself (`ops.gdn_conv_recurrent`, from w.A_log and w.dt_bias).
+        side: a `SideGemv` (CUDA): z's rows are a second GEMV on its stream, beside what the caller
+        runs next; the caller joins the stream before reading z."""
         N = h.shape[0]
         C, nz, nv = w.in_proj_qkv.shape[0], self.nv * self.dv, self.nv
-        y = ops.linear(h, w.in_proj)                                   # one GEMM: [qkv | z | b | a]
-        qkv = y[:, :C]
-        z = y[:, C:C + nz].view(N, self.nv, self.dv)
-        a, b = y[:, C + nz + nv:], y[:, C + nz:C + nz + nv]
+        if side is None:
+            y = ops.linear(h, w.in_proj)                               # one GEMM: [qkv | b | a | z]
+            z = y[:, C + 2 * nv:]
+        else:
+            y, z = side.pair(ops, h, w.in_proj, C + 2 * nv)
+        z = z.view(N, self.nv, self.dv)
+        qkv, b, a = y[:, :C], y[:, C:C + nv], y[:, C + nv:C + 2 * nv]
         if not gates:
             return qkv, z, a, b
         g, beta = ops.gdn_gates(a, b, w.A_log, w.dt_bias)

@@ -27,9 +27,10 @@ from ninfer.targets.qwen3_6.runtime.model_view import AttentionWeights, GDNWeigh
 
 class AttentionLeaf(Protocol):
     def project(self, w: AttentionWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple,
-                ops: Any) -> tuple[torch.Tensor, torch.Tensor]:
+                ops: Any, side: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
         """h [N, H], cos/sin [N, rot] -> q [N, nh, hd], gate [N, nh, hd]; k [N, nkv, hd] and v written into
-        the pages, kv = (k_cache, v_cache, block_table, positions, rows) as in `write_kv_paged`."""
+        the pages, kv = (k_cache, v_cache, block_table, positions, rows) as in `write_kv_paged`.
+        side: the schedule's `SideGemv` or None (the gate rows' GEMV on its stream)."""
         ...
 
     def output(self, w: AttentionWeights, o: torch.Tensor, gate: torch.Tensor | None, ops: Any) -> torch.Tensor:
@@ -38,10 +39,11 @@ class AttentionLeaf(Protocol):
 
 
 class GDNLeaf(Protocol):
-    def project(self, w: GDNWeights, h: torch.Tensor, ops: Any, gates: bool = True
+    def project(self, w: GDNWeights, h: torch.Tensor, ops: Any, gates: bool = True, side: Any = None
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """h [N, H] -> qkv [N, C] (pre-conv), z [N, nv, dv], g [N, nv] fp32 log-decay, beta [N, nv];
-        gates=False: the raw projections a, b [N, nv] in place of (g, beta)."""
+        gates=False: the raw projections a, b [N, nv] in place of (g, beta).
+        side: the schedule's `SideGemv` or None (z's GEMV on its stream)."""
         ...
 
     def output(self, w: GDNWeights, o: torch.Tensor, z: torch.Tensor, ops: Any) -> torch.Tensor:

@@ -15,9 +15,16 @@ identity. The layer kind (GDN or attention) comes from the dimension facts.
 
 State entries name StateImageStore entries (a sequence's slot or a provisional scratch entry);
 the conv and delta-rule ops read and update them in place.
+
+Side stream (the decode graph's body, `decode_static`, on CUDA with the fast GEMV; SIDE_GATE): the rows
+of a mixer's in_proj that only its output gate reads (GDN z, the attention gate) are a second GEMV on a
+side stream, so their weight stream runs while the main stream does the state step (GDN conv + delta
+rule) or the paged attention, which leave HBM mostly idle; the main stream joins it right before the
+gate is read (the GDN gated norm, the attention's merge).
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -29,6 +36,53 @@ from ninfer.ops.fused import NormedRows, Residual
 from ninfer.ops.rope import mrope_cos_sin, rope_inv_freq
 from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
 from ninfer.targets.qwen3_6.runtime.model_view import LayerView, ModelView
+
+
+# NOTE: read at each decode_static call (the decode graphs' capture). Measured on the H200 (bench/NOTES.md,
+#       "Decode pass 11", bench/step_ab.py, B=1, replay): 27B 13.983 -> 13.693 ms with the main rows' GEMV
+#       on 16-row tiles (13.902 with the 8-row ones), 35B-A3B 2.532 -> 2.477 ms. Two other forms were
+#       measured slower and removed: the gate GEMV forked after the main rows' GEMV (27B 14.121 vs 13.954),
+#       and one stream with the gate GEMV issued after the state step, launched beside it under PDL and
+#       waiting for it only before exiting (27B 14.071-14.328 over four main-row tiles, vs 13.807-13.961);
+#       a higher priority for the capture stream than the side stream did not help (27B 13.915 vs 13.726).
+SIDE_GATE = True
+
+
+class SideGemv:
+    """The side stream of the mixers' gate rows (module docstring) and the fork onto it: both GEMVs read
+    the same input, so the side one forks before the main one is issued and they start together; the
+    SMs take the main GEMV's blocks first (issued first), the gate's fill its tail and the state step."""
+
+    def __init__(self, device: torch.device) -> None:
+        from ninfer.ops.fast import gemv
+        self._gemv = gemv
+        self.stream = torch.cuda.Stream(device)
+
+    def pair(self, ops, h, w: torch.Tensor, split: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h @ w[:split].T on the current stream, h @ w[split:].T on the side stream). The caller joins
+        (`join`) before reading the second. One GEMV (its two column ranges) when the pair could not run
+        side by side: the split-K GEMV's arrival counters are shared by every launch of a device."""
+        rows = h.h if isinstance(h, NormedRows) else h
+        m = rows.reshape(-1, rows.shape[-1]).shape[0]
+        if not all(self._gemv.concurrent_ok(n, w.shape[1], m) for n in (split, w.shape[0] - split)):
+            y = ops.linear(h, w)
+            return y[..., :split], y[..., split:]
+        self.stream.wait_stream(torch.cuda.current_stream())
+        y = ops.linear(h, w[:split])
+        # NOTE: the side output is allocated on the side stream and read on the main one after `join`;
+        #       it is not recorded on the main stream: the side stream's next allocation comes after its
+        #       next fork, which orders it after everything the main stream issued before (its readers).
+        with torch.cuda.stream(self.stream):
+            g = ops.linear(h, w[split:])
+        return y, g
+
+    def join(self) -> None:
+        torch.cuda.current_stream().wait_stream(self.stream)
+
+
+@functools.cache
+def _side_gemv(device: torch.device) -> SideGemv:
+    return SideGemv(device)
 
 
 class ForwardBatch(NamedTuple):
@@ -91,8 +145,10 @@ class Qwen36Model:
         emb = torch.cat([theta, theta], dim=-1)
         B = input_ids.shape[0]
         fb = ForwardBatch(input_ids, positions, (1,) * B, (), state_entries, block_tables)
+        side = _side_gemv(x.device) if SIDE_GATE and x.is_cuda and self.ops.name == "fast" else None
         # NOTE: cu_seqlens is read only by the prefill forms; in decode it is rows (unused).
-        return self._layers(x, emb.cos(), emb.sin(), fb, _RowMeta(True, rows, rows, context_lens, src_entries))
+        return self._layers(x, emb.cos(), emb.sin(), fb, _RowMeta(True, rows, rows, context_lens, src_entries,
+                                                                   side=side))
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch,
                 meta: "_RowMeta") -> torch.Tensor:
@@ -139,10 +195,13 @@ class Qwen36Model:
         ops = self.ops
         # NOTE: the leaf's q/k norm + rotary op writes the new tokens' k, v into the pages (one launch).
         kv = (k_cache, v_cache, fb.block_tables, fb.positions, meta.rows)
-        q, gate = self.leaves.attention.project(w, h, cos, sin, kv, ops)
+        side = meta.side
+        q, gate = self.leaves.attention.project(w, h, cos, sin, kv, ops, side=side)
         if meta.decode:
             # NOTE: the attention's merge applies the output gate (one launch fewer); the leaf then skips it.
-            o = ops.decode_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens, gate=gate)
+            #       A side-stream gate is joined inside the op, right before the merge reads it.
+            o = ops.decode_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens, gate=gate,
+                                           gate_stream=None if side is None else side.stream)
             gate = None
         else:
             # NOTE: host copies of the row bounds: the op loops over rows on the host (no sync).
@@ -161,10 +220,13 @@ class Qwen36Model:
         if meta.decode and meta.src_entries is not None:
             # NOTE: the graph's decode step: one op computes the gates, reads both states at src and
             #       writes them at idx.
-            qkv, z, a, b = self.leaves.gdn.project(w, h, ops, gates=False)
+            side = meta.side
+            qkv, z, a, b = self.leaves.gdn.project(w, h, ops, gates=False, side=side)
             o = ops.gdn_conv_recurrent(qkv, w.conv1d, conv_pool, a, b, w.A_log, w.dt_bias, rec_pool,
                                        meta.src_entries, idx, num_k_heads=d.linear_num_key_heads,
                                        head_k_dim=d.linear_key_head_dim, head_v_dim=d.linear_value_head_dim)
+            if side is not None:
+                side.join()
             return self.leaves.gdn.output(w, o, z, ops, residual=residual)
         qkv, z, g, beta = self.leaves.gdn.project(w, h, ops)
         if meta.decode:
@@ -198,6 +260,7 @@ class _RowMeta(NamedTuple):
     src_entries: torch.Tensor | None = None   # decode: state read here, written at state_entries
     host_cu_seqlens: torch.Tensor | None = None     # CPU copies of cu_seqlens / context_lens for the
     host_context_lens: torch.Tensor | None = None   # ops that loop over rows on the host (no sync)
+    side: SideGemv | None = None       # decode graph body: the mixers' gate rows on a side stream
 
     @classmethod
     def of(cls, fb: ForwardBatch, device: torch.device) -> "_RowMeta":

@@ -18,13 +18,15 @@ from ninfer.targets.qwen3_6.schema import FP32_KEEP_SUFFIXES, tensor_specs
 
 @dataclass(frozen=True)
 class AttentionWeights:
-    q_proj: torch.Tensor      # [nh * 2 * hd, H]   per head [query | gate]
+    q_rows: torch.Tensor      # [nh * hd, H]  the query halves of q_proj's heads (the checkpoint's q_proj is
+                              #               per head [query | gate]), head after head
     k_proj: torch.Tensor      # [nkv * hd, H]
     v_proj: torch.Tensor      # [nkv * hd, H]
+    gate_rows: torch.Tensor   # [nh * hd, H]  the gate halves of q_proj's heads
     o_proj: torch.Tensor      # [H, nh * hd]
     q_norm: torch.Tensor      # [hd]  zero-centred
     k_norm: torch.Tensor      # [hd]  zero-centred
-    in_proj: torch.Tensor     # [q_proj | k_proj | v_proj] rows: the three above are views of it
+    in_proj: torch.Tensor     # [q_rows | k_proj | v_proj | gate_rows]: the four above are views of it
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class GDNWeights:
     A_log: torch.Tensor        # [nv]  (may be fp32 in a bf16 model)
     norm: torch.Tensor         # [dv]  plain weight (may be fp32)
     out_proj: torch.Tensor     # [H, nv * dv]
-    in_proj: torch.Tensor      # [in_proj_qkv | in_proj_z | in_proj_b | in_proj_a] rows (parts are views)
+    in_proj: torch.Tensor      # [in_proj_qkv | in_proj_b | in_proj_a | in_proj_z] rows (parts are views)
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,10 @@ def tensor_getter(weights: Any) -> Callable[[str], torch.Tensor]:
 
 
 # NOTE: projections that read the same input are one wider matrix (one GEMM per group in decode);
-#       the canonical parts stay available as row views of it (no second copy is kept).
+#       the canonical parts stay available as row views of it (no second copy is kept). The mixers'
+#       in_proj put the rows the state step reads first and the output gate's rows last (GDN z,
+#       attention gate), so each group is one contiguous row range: the decode graph may run the gate
+#       rows as a second GEMV beside the state step (`ninfer.targets.qwen3_6.runtime.model`, SIDE_GATE).
 #       post-mixer groups: fused name -> parts, rows in this order.
 MLP_FUSED = {
     "gate_up_proj.weight": ("gate_proj.weight", "up_proj.weight"),
@@ -111,14 +116,17 @@ def load_model_view(dims: Qwen36Dims, weights: Any, device: torch.device | str, 
         p = f"layers.{i}."
         if kind == "full_attention":
             a = p + "self_attn."
-            fused = fuse_rows(t, (a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"))
+            qg = t.pop(a + "q_proj.weight").view(dims.num_attention_heads, 2, dims.head_dim, -1)
+            t[a + "q_rows"] = qg[:, 0].reshape(-1, qg.shape[-1])
+            t[a + "gate_rows"] = qg[:, 1].reshape(-1, qg.shape[-1])
+            fused = fuse_rows(t, (a + "q_rows", a + "k_proj.weight", a + "v_proj.weight", a + "gate_rows"))
             mixer: AttentionWeights | GDNWeights = AttentionWeights(
-                t[a + "q_proj.weight"], t[a + "k_proj.weight"], t[a + "v_proj.weight"], t[a + "o_proj.weight"],
-                t[a + "q_norm.weight"], t[a + "k_norm.weight"], fused)
+                t[a + "q_rows"], t[a + "k_proj.weight"], t[a + "v_proj.weight"], t[a + "gate_rows"],
+                t[a + "o_proj.weight"], t[a + "q_norm.weight"], t[a + "k_norm.weight"], fused)
         else:
             g = p + "linear_attn."
-            fused = fuse_rows(t, (g + "in_proj_qkv.weight", g + "in_proj_z.weight", g + "in_proj_b.weight",
-                                  g + "in_proj_a.weight"))
+            fused = fuse_rows(t, (g + "in_proj_qkv.weight", g + "in_proj_b.weight", g + "in_proj_a.weight",
+                                  g + "in_proj_z.weight"))
             mixer = GDNWeights(
                 t[g + "in_proj_qkv.weight"], t[g + "in_proj_z.weight"], t[g + "in_proj_b.weight"],
                 t[g + "in_proj_a.weight"], t[g + "conv1d.weight"].squeeze(1), t[g + "dt_bias"], t[g + "A_log"],
