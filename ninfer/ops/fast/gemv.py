@@ -175,11 +175,12 @@ USE_TRITON: dict[tuple[int, int, int], bool] = {
 #       gate rows (GDN z, attention gate). The M=1 tiles were chosen in the decode step, not per call
 #       (bench/step_ab.py, B=1 replay, bench/NOTES.md "Decode pass 11"): the 27B's main rows on 16-row tiles
 #       (13.902 -> 13.726 ms GDN, -> 13.696 with the attention's too; the fused 16480x5120 on them without
-#       the side stream: 13.862), the 35B-A3B's GDN main rows with the prefetch (2.511 -> 2.477 ms); the
+#       the side stream: 13.862; the GDN's then 16 x 256: 13.445 -> 13.410 in a later call), the 35B-A3B's GDN
+#       main rows with the prefetch (2.511 -> 2.477 ms); the
 #       gate rows keep the prefetch tiles of the 27B's 5120x6144 (16-row or plain tiles were slower on
 #       both). Larger M buckets were not measured; none uses split-K (the two GEMVs run side by side,
 #       see `concurrent_ok`).
-for _n, _k, _one in ((10336, 5120, (16, 512, 1, 4, 1, False)), (8192, 5120, (16, 512, 1, 4, 1, False)),
+for _n, _k, _one in ((10336, 5120, (16, 256, 1, 4, 1, False)), (8192, 5120, (16, 512, 1, 4, 1, False)),
                      (6144, 5120, (8, 512, 1, 4, 1, False, True)), (8256, 2048, (8, 512, 1, 4, 1, False, True)),
                      (5120, 2048, (8, 512, 1, 4, 1, False, True)), (4096, 2048, (8, 512, 1, 4, 1, False, True))):
     CONFIGS[(_n, _k, 1)] = _one
