@@ -159,9 +159,9 @@ def test_graph_decode_with_pdl_equals_eager(identity, monkeypatch):
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
 def test_graph_decode_side_gate_equals_eager(identity, side, monkeypatch):
     """The mixers' gate rows (GDN z, attention gate) as a second GEMV on a side stream inside the decode
-    graphs (on by default), and the switch off (the one in_proj GEMV): the join before each read of the
-    gate orders it after its write, so the graphs give the eager tokens and logits either way, and the
-    capture took the form the switch names (every mixer layer forked, or none)."""
+    graphs (on by default; graphs of one row, B > 1 keep the one in_proj GEMV), and the switch off: the
+    join before each read of the gate orders it after its write, so the graphs give the eager tokens and
+    logits either way, and the capture asked for the pair at every mixer layer, or at none."""
     from ninfer.targets.qwen3_6.runtime import model as M
     te, le, _, fe = _run(identity, "eager")
     calls = []

@@ -178,16 +178,13 @@ USE_TRITON: dict[tuple[int, int, int], bool] = {
 #       the side stream: 13.862; the GDN's then 16 x 256: 13.445 -> 13.410 in a later call), the 35B-A3B's GDN
 #       main rows with the prefetch (2.511 -> 2.477 ms); the
 #       gate rows keep the prefetch tiles of the 27B's 5120x6144 (16-row or plain tiles were slower on
-#       both). Larger M buckets were not measured; none uses split-K (the two GEMVs run side by side,
-#       see `concurrent_ok`).
+#       both). One row only: the side stream splits the GEMV at B=1 alone (none uses split-K: the two
+#       GEMVs run side by side, see `concurrent_ok`).
 for _n, _k, _one in ((10336, 5120, (16, 256, 1, 4, 1, False)), (8192, 5120, (16, 512, 1, 4, 1, False)),
                      (6144, 5120, (8, 512, 1, 4, 1, False, True)), (8256, 2048, (8, 512, 1, 4, 1, False, True)),
                      (5120, 2048, (8, 512, 1, 4, 1, False, True)), (4096, 2048, (8, 512, 1, 4, 1, False, True))):
     CONFIGS[(_n, _k, 1)] = _one
-    CONFIGS[(_n, _k, 2)] = (128, 64, 1, 8, 6, True)
-    CONFIGS[(_n, _k, 4)] = CONFIGS[(_n, _k, 8)] = (128, 128, 1, 4, 4, True)
-    for _m in (1, 2, 4, 8):
-        USE_TRITON[(_n, _k, _m)] = True
+    USE_TRITON[(_n, _k, 1)] = True
 # NOTE: the 35B-A3B's lm_head at one row on 16-row tiles in the decode step: 2.511 -> 2.500 ms (the same
 #       A/B; the per-call sweep had chosen 8-row tiles).
 CONFIGS[(248320, 2048, 1)] = (16, 512, 1, 4, 1, False)

@@ -20,7 +20,8 @@ Side stream (the decode graph's body, `decode_static`, on CUDA with the fast GEM
 of a mixer's in_proj that only its output gate reads (GDN z, the attention gate) are a second GEMV on a
 side stream, so their weight stream runs while the main stream does the state step (GDN conv + delta
 rule) or the paged attention, which leave HBM mostly idle; the main stream joins it right before the
-gate is read (the GDN gated norm, the attention's merge).
+gate is read (the GDN gated norm, the attention's merge). At one row (B=1) only, where it was measured
+faster.
 """
 from __future__ import annotations
 
@@ -57,17 +58,22 @@ class SideGemv:
         from ninfer.ops.fast import gemv
         self._gemv = gemv
         self.stream = torch.cuda.Stream(device)
+        self._forked = False          # the last `pair` forked onto the stream and was not joined yet
 
     def pair(self, ops, h, w: torch.Tensor, split: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(h @ w[:split].T on the current stream, h @ w[split:].T on the side stream). The caller joins
-        (`join`) before reading the second. One GEMV (its two column ranges) when the pair could not run
-        side by side: the split-K GEMV's arrival counters are shared by every launch of a device."""
+        (`join`) before reading the second. One GEMV (its two column ranges) for more than one row, and
+        when the pair could not run side by side (the split-K GEMV's arrival counters are shared by every
+        launch of a device).
+        NOTE: one row only: at B=8 the 27B's replay was 15.373 ms with the side stream against 15.042
+              without (bench/NOTES.md pass 11; the M > 1 tiles of the split shapes were not tuned)."""
         rows = h.h if isinstance(h, NormedRows) else h
         m = rows.reshape(-1, rows.shape[-1]).shape[0]
-        if not all(self._gemv.concurrent_ok(n, w.shape[1], m) for n in (split, w.shape[0] - split)):
+        if m != 1 or not all(self._gemv.concurrent_ok(n, w.shape[1], m) for n in (split, w.shape[0] - split)):
             y = ops.linear(h, w)
             return y[..., :split], y[..., split:]
         self.stream.wait_stream(torch.cuda.current_stream())
+        self._forked = True
         y = ops.linear(h, w[:split])
         # NOTE: the side output is allocated on the side stream and read on the main one after `join`;
         #       it is not recorded on the main stream: the side stream's next allocation comes after its
@@ -77,7 +83,15 @@ class SideGemv:
         return y, g
 
     def join(self) -> None:
-        torch.cuda.current_stream().wait_stream(self.stream)
+        """The current stream waits for the last `pair`'s side GEMV (nothing when it did not fork)."""
+        if self.take() is not None:
+            torch.cuda.current_stream().wait_stream(self.stream)
+
+    def take(self) -> "torch.cuda.Stream | None":
+        """The stream the last `pair`'s second product is written on, for a consumer that joins it itself
+        (None when that product came from the current stream); the fork counts as joined from here on."""
+        forked, self._forked = self._forked, False
+        return self.stream if forked else None
 
 
 @functools.cache
@@ -201,7 +215,7 @@ class Qwen36Model:
             # NOTE: the attention's merge applies the output gate (one launch fewer); the leaf then skips it.
             #       A side-stream gate is joined inside the op, right before the merge reads it.
             o = ops.decode_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens, gate=gate,
-                                           gate_stream=None if side is None else side.stream)
+                                           gate_stream=None if side is None else side.take())
             gate = None
         else:
             # NOTE: host copies of the row bounds: the op loops over rows on the host (no sync).
