@@ -6,6 +6,7 @@ from typing import Any
 import torch
 
 from ninfer.targets.qwen3_6.dims import Qwen36Dims
+from ninfer.targets.qwen3_6.runtime.leaves import main_and_gate
 from ninfer.targets.qwen3_6.runtime.model_view import AttentionWeights
 
 
@@ -23,11 +24,7 @@ class GatedAttentionProjection:
         runs next; the caller joins the stream before reading the gate."""
         N = h.shape[0]
         nq, nk = self.nh * self.hd, self.nkv * self.hd
-        if side is None:
-            qkv = ops.linear(h, w.in_proj)                             # one GEMM: [q | k | v | gate]
-            gate = qkv[:, nq + 2 * nk:]
-        else:
-            qkv, gate = side.pair(ops, h, w.in_proj, nq + 2 * nk)
+        qkv, gate = main_and_gate(ops, h, w.in_proj, nq + 2 * nk, side)    # in_proj [q | k | v | gate]
         gate = gate.view(N, self.nh, self.hd)
         q = qkv[:, :nq].view(N, self.nh, self.hd)
         k = qkv[:, nq:nq + nk].view(N, self.nkv, self.hd)

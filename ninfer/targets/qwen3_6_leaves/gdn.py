@@ -7,6 +7,7 @@ from typing import Any
 import torch
 
 from ninfer.targets.qwen3_6.dims import Qwen36Dims
+from ninfer.targets.qwen3_6.runtime.leaves import main_and_gate
 from ninfer.targets.qwen3_6.runtime.model_view import GDNWeights
 
 
@@ -24,12 +25,8 @@ class GDNProjection:
         side: a `SideGemv` (CUDA): z's rows are a second GEMV on its stream, beside what the caller
         runs next; the caller joins the stream before reading z."""
         N = h.shape[0]
-        C, nz, nv = w.in_proj_qkv.shape[0], self.nv * self.dv, self.nv
-        if side is None:
-            y = ops.linear(h, w.in_proj)                               # one GEMM: [qkv | b | a | z]
-            z = y[:, C + 2 * nv:]
-        else:
-            y, z = side.pair(ops, h, w.in_proj, C + 2 * nv)
+        C, nv = w.in_proj_qkv.shape[0], self.nv
+        y, z = main_and_gate(ops, h, w.in_proj, C + 2 * nv, side)          # in_proj [qkv | b | a | z]
         z = z.view(N, self.nv, self.dv)
         qkv, b, a = y[:, :C], y[:, C:C + nv], y[:, C + nv:C + 2 * nv]
         if not gates:

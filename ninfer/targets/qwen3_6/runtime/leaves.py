@@ -25,6 +25,16 @@ import torch
 from ninfer.targets.qwen3_6.runtime.model_view import AttentionWeights, GDNWeights
 
 
+def main_and_gate(ops: Any, h: Any, w: torch.Tensor, split: int, side: Any = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h @ w[:split].T, h @ w[split:].T) of a mixer's in_proj packed [main | gate]: one GEMM and its two
+    column ranges, or with `side` (the schedule's `SideGemv`) two GEMVs, the second on its stream."""
+    if side is not None:
+        return side.pair(ops, h, w, split)
+    y = ops.linear(h, w)
+    return y[..., :split], y[..., split:]
+
+
 class AttentionLeaf(Protocol):
     def project(self, w: AttentionWeights, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple,
                 ops: Any, side: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
