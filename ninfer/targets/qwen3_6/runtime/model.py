@@ -52,46 +52,33 @@ SIDE_GATE = True
 class SideGemv:
     """The side stream of the mixers' gate rows (module docstring) and the fork onto it: both GEMVs read
     the same input, so the side one forks before the main one is issued and they start together; the
-    SMs take the main GEMV's blocks first (issued first), the gate's fill its tail and the state step."""
+    SMs take the main GEMV's blocks first (issued first), the gate's fill its tail and the state step.
+    Used for one-row graphs only: at B=8 the 27B's replay was 15.373 ms with it against 15.042 without
+    (bench/NOTES.md pass 11; the M > 1 tiles of the split shapes were not tuned)."""
 
     def __init__(self, device: torch.device) -> None:
         from ninfer.ops.fast import gemv
         self._gemv = gemv
         self.stream = torch.cuda.Stream(device)
-        self._forked = False          # the last `pair` forked onto the stream and was not joined yet
 
     def pair(self, ops, h, w: torch.Tensor, split: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(h @ w[:split].T on the current stream, h @ w[split:].T on the side stream). The caller joins
-        (`join`) before reading the second. One GEMV (its two column ranges) for more than one row, and
-        when the pair could not run side by side (the split-K GEMV's arrival counters are shared by every
-        launch of a device).
-        NOTE: one row only: at B=8 the 27B's replay was 15.373 ms with the side stream against 15.042
-              without (bench/NOTES.md pass 11; the M > 1 tiles of the split shapes were not tuned)."""
-        rows = h.h if isinstance(h, NormedRows) else h
-        m = rows.reshape(-1, rows.shape[-1]).shape[0]
-        if m != 1 or not all(self._gemv.concurrent_ok(n, w.shape[1], m) for n in (split, w.shape[0] - split)):
-            y = ops.linear(h, w)
-            return y[..., :split], y[..., split:]
-        self.stream.wait_stream(torch.cuda.current_stream())
-        self._forked = True
+        """(h @ w[:split].T on the current stream, h @ w[split:].T on the side stream); the caller joins
+        (`join`, or an op's `gate_stream=`) before reading the second. A split-K half keeps the second
+        GEMV on the current stream, after the first (the split-K GEMV's arrival counters are shared by
+        every launch of a device); the fork and join then order nothing."""
+        main = torch.cuda.current_stream()
+        self.stream.wait_stream(main)
         y = ops.linear(h, w[:split])
-        # NOTE: the side output is allocated on the side stream and read on the main one after `join`;
+        beside = all(self._gemv.concurrent_ok(n, w.shape[1], 1) for n in (split, w.shape[0] - split))
+        # NOTE: the side output is allocated on the side stream and read on the main one after the join;
         #       it is not recorded on the main stream: the side stream's next allocation comes after its
         #       next fork, which orders it after everything the main stream issued before (its readers).
-        with torch.cuda.stream(self.stream):
+        with torch.cuda.stream(self.stream if beside else main):
             g = ops.linear(h, w[split:])
         return y, g
 
     def join(self) -> None:
-        """The current stream waits for the last `pair`'s side GEMV (nothing when it did not fork)."""
-        if self.take() is not None:
-            torch.cuda.current_stream().wait_stream(self.stream)
-
-    def take(self) -> "torch.cuda.Stream | None":
-        """The stream the last `pair`'s second product is written on, for a consumer that joins it itself
-        (None when that product came from the current stream); the fork counts as joined from here on."""
-        forked, self._forked = self._forked, False
-        return self.stream if forked else None
+        torch.cuda.current_stream().wait_stream(self.stream)
 
 
 @functools.cache
@@ -159,7 +146,7 @@ class Qwen36Model:
         emb = torch.cat([theta, theta], dim=-1)
         B = input_ids.shape[0]
         fb = ForwardBatch(input_ids, positions, (1,) * B, (), state_entries, block_tables)
-        side = _side_gemv(x.device) if SIDE_GATE and x.is_cuda and self.ops.name == "fast" else None
+        side = _side_gemv(x.device) if SIDE_GATE and B == 1 and x.is_cuda and self.ops.name == "fast" else None
         # NOTE: cu_seqlens is read only by the prefill forms; in decode it is rows (unused).
         return self._layers(x, emb.cos(), emb.sin(), fb, _RowMeta(True, rows, rows, context_lens, src_entries,
                                                                    side=side))
@@ -215,7 +202,7 @@ class Qwen36Model:
             # NOTE: the attention's merge applies the output gate (one launch fewer); the leaf then skips it.
             #       A side-stream gate is joined inside the op, right before the merge reads it.
             o = ops.decode_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens, gate=gate,
-                                           gate_stream=None if side is None else side.take())
+                                           gate_stream=None if side is None else side.stream)
             gate = None
         else:
             # NOTE: host copies of the row bounds: the op loops over rows on the host (no sync).
