@@ -158,7 +158,10 @@ def test_utf8_split_across_tokens_is_never_emitted_in_halves():
 @settings(max_examples=60, deadline=None)
 @given(st.text(max_size=40), st.integers(1, 6))
 def test_streaming_any_text_in_any_chunks(text, chunk):
-    assume("<|" not in text)
+    # NOTE: the text of a special token encodes to that token, which the output skips: such texts are not
+    #       "any text" here (not only the "<|...|>" ones: Hypothesis found "<tts_text_bos>").
+    tok = fe().tokenizer
+    assume(not any(tok.added_tokens[i] in text for i in tok.special_ids))
     ids = enc(text)
     deltas, _, f = drive(plain(), ids, chunk)
     assert f.text == unicodedata.normalize("NFC", text) == fe().tokenizer.decode(ids)
