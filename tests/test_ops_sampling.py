@@ -180,3 +180,104 @@ def test_rows_without_truncation_skip_the_sort_and_draw_the_same(kw):
             ref = (toks, [s.clone() for s in states])
     assert toks == ref[0] and all(torch.equal(a, b) for a, b in zip(states, ref[1]))
     assert _st(1, temperature=[1.0], top_k=[5]).truncates and _st(1, temperature=[1.0], top_p=[0.9]).truncates
+
+
+def _kept_oracle(x: torch.Tensor, top_k: int, top_p: float) -> tuple[set[int], bool]:
+    """Steps 6-7 as the module docstring states them, for one row, in float64: descending values with ties
+    by lowest id, top-k keeps values >= the k-th, top-p the prefix whose mass before each token is below
+    top_p. Also whether some token's mass before lies within 1e-5 of top_p (fp32 may round either way)."""
+    xs = x.double()
+    V = xs.numel()
+    order = sorted(range(V), key=lambda i: (-xs[i].item(), i))
+    kept = order
+    if 0 < top_k < V:
+        kth = xs[order[top_k - 1]].item()
+        kept = [i for i in order if xs[i].item() >= kth]
+    if top_p >= 1.0:
+        return set(kept), False
+    p = torch.softmax(xs[kept], dim=0).tolist()
+    out, before, near = [], 0.0, False
+    for i, pi in zip(kept, p):
+        near |= abs(before - top_p) < 1e-5
+        if before >= top_p and out:
+            break
+        out.append(i)
+        before += pi
+    return set(out), near
+
+
+def _kept(x: torch.Tensor, st: SamplingTensors) -> list[set[int]]:
+    from ninfer.ops.sampling import _truncate
+    y = _truncate(x, st)
+    return [set(torch.nonzero(torch.isfinite(r)).flatten().tolist()) for r in y]
+
+
+_CUT_ROWS = [(20, 0.95), (1, 1.0), (5, 0.5), (20, 1.0), (0, 1.0), (V - 1, 0.9), (3, 1e-3), (49, 0.99)]
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties", "flat", "masked"])
+@pytest.mark.parametrize("seed", range(6))
+def test_top_k_candidates_cut_the_same_tokens_as_the_sorted_row(kind, seed):
+    """Rows whose top-k bounds the cut read only the row's `topk` (st.candidates > 0); the kept tokens are the
+    oracle's (the docstring's rule, ties by lowest id) and the full sort's, also where many values tie at the
+    k-th or at the top-p cut (values rounded like bf16 logits), in a flat row and with -inf entries."""
+    import dataclasses
+
+    g = torch.Generator().manual_seed(100 + seed)
+    B = len(_CUT_ROWS)
+    x = torch.randn(B, V, generator=g) * 2
+    if kind == "ties":
+        x = (x * 2).round() / 2                       # ~17 distinct values: ties at every cut
+    elif kind == "flat":
+        x = torch.zeros(B, V)
+    elif kind == "masked":
+        x[:, torch.randperm(V, generator=g)[:V // 3]] = float("-inf")
+    ks, ps = [k for k, _ in _CUT_ROWS], [p for _, p in _CUT_ROWS]
+    st = _st(B, top_k=ks, top_p=ps)
+    assert st.candidates == max(k for k in ks if k)
+    fast, full = _kept(x, st), _kept(x, dataclasses.replace(st, candidates=0))
+    checked = 0
+    for r in range(B):
+        want, near = _kept_oracle(x[r], ks[r], ps[r])
+        want &= set(torch.nonzero(torch.isfinite(x[r])).flatten().tolist())     # -inf stays out
+        if near:
+            continue
+        assert fast[r] == want, (r, ks[r], ps[r])
+        assert full[r] == want, (r, ks[r], ps[r])
+        checked += 1
+    assert checked >= B - 2
+
+
+def test_top_p_only_rows_sort_the_whole_row():
+    """A row with top-p and no top-k (or a top-k above CANDIDATES) needs the sorted row: st.candidates is 0;
+    rows without any cut do not count."""
+    from ninfer.ops.sampling import CANDIDATES
+
+    assert _st(2, top_k=[20, 0], top_p=[0.95, 1.0]).candidates == 20
+    assert _st(2, top_k=[20, 0], top_p=[0.95, 0.9]).candidates == 0
+    assert _st(2, top_k=[V, 7], top_p=[1.0, 1.0]).candidates == 7       # top_k >= V is no cut
+    assert _st(1, top_k=[V], top_p=[0.9]).candidates == 0
+    assert _st(1).candidates == 0 and not _st(1).truncates
+    big = 4 * CANDIDATES
+    assert SamplingTensors.build(vocab_size=big, device="cpu", temperature=[1.0, 1.0],
+                                 top_k=[CANDIDATES, 3]).candidates == CANDIDATES
+    assert SamplingTensors.build(vocab_size=big, device="cpu", temperature=[1.0, 1.0],
+                                 top_k=[CANDIDATES + 1, 3]).candidates == 0
+
+
+def test_top_k_candidates_draw_the_same_tokens_and_states():
+    """The candidate cut and the full sort give the same draws, token for token, and the same rng states."""
+    import dataclasses
+
+    logits = _logits(3, seed=12)
+    st = _st(3, temperature=[0.7, 1.0, 1.3], top_k=[20, 5, 40], top_p=[0.95, 1.0, 0.8], min_p=[0.0, 0.0, 0.05])
+    assert st.candidates == 40
+    runs = []
+    for tensors in (st, dataclasses.replace(st, candidates=0)):
+        states, toks = [rng_state_from_seed(s) for s in (4, 5, 6)], []
+        for _ in range(30):
+            r = sample(logits, tensors, states)
+            states, toks = r.rng_states, toks + [r.token_ids.tolist()]
+        runs.append((toks, states))
+    assert runs[0][0] == runs[1][0] and all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
+    assert len({t[0] for t in runs[0][0]}) > 1

@@ -48,6 +48,8 @@ def serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--temperature", type=float, default=0.0,
                     help="every request's temperature (default 0: greedy); > 0 draws (unseeded)")
     ap.add_argument("--top-p", type=float, default=1.0, help="every request's top_p")
+    ap.add_argument("--top-k", type=int, default=0,
+                    help="every request's top_k (default 0: off; the Qwen3.6 checkpoints' own default is 20)")
     ap.add_argument("--max-model-len", type=int, default=0, metavar="N",
                     help="the server's --max-model-len (default: prompt + output + 16; a deployment runs at its "
                          "configured limit, e.g. 8192, the engine default)")

@@ -9,7 +9,7 @@ loopback port (`--max-concurrency` = the largest concurrency, `--max-model-len` 
 --max-model-len, at least prompt + output + 16), waits for /health, checks that /v1/models says `synthetic_weights`, sends one warm-up
 request (first-call compiles), then for each concurrency c runs c clients, each sending
 --requests-per-client streaming completions one after another: a fresh random prompt of exactly
---prompt-len token ids (no prefix reuse), temperature 0 (--temperature / --top-p), `max_tokens` = --output-len with
+--prompt-len token ids (no prefix reuse), temperature 0 (--temperature / --top-p / --top-k), `max_tokens` = --output-len with
 `ignore_eos` so every output has the asked length. The clients (`--client http`, the default) post
 the OpenAI request JSON over one shared `httpx.AsyncClient` and read the SSE lines themselves, as
 vLLM's and SGLang's serving benches do with aiohttp. `--client openai` uses the official `openai`
@@ -158,7 +158,7 @@ def _request_row(state: dict, t0: float) -> dict:
 
 
 STREAM_OPTIONS = {"include_usage": True}       # the last chunk carries the usage (output token count)
-SAMPLING = {"temperature": 0.0, "top_p": 1.0}  # every request's (`run` sets them from --temperature / --top-p)
+SAMPLING = {"temperature": 0.0, "top_p": 1.0, "top_k": 0}  # every request's (`run` sets them from --temperature ..)
 
 
 def _body(model: str, prompt: list[int], output_len: int) -> dict:
@@ -190,8 +190,10 @@ async def one_request(client, model: str, prompt: list[int], output_len: int) ->
     """The same through the official `openai` async client (`--client openai`)."""
     state = _stream_state()
     t0 = time.perf_counter()
-    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=output_len, **SAMPLING,
-                                             stream=True, stream_options=STREAM_OPTIONS, extra_body={"ignore_eos": True})
+    openai_sampling = {k: v for k, v in SAMPLING.items() if k != "top_k"}     # top_k is an extension field
+    stream = await client.completions.create(model=model, prompt=prompt, max_tokens=output_len, **openai_sampling,
+                                             stream=True, stream_options=STREAM_OPTIONS,
+                                             extra_body={"ignore_eos": True, "top_k": SAMPLING["top_k"]})
     async for chunk in stream:
         _chunk_record(chunk.model_dump(exclude_none=True), state, time.perf_counter())
     return _request_row(state, t0)
@@ -414,7 +416,7 @@ def run(args: argparse.Namespace) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)     # an outer `timeout` must not leave the server running
     device = args.device or default_device()
-    SAMPLING.update(temperature=args.temperature, top_p=args.top_p)
+    SAMPLING.update(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     env = env_record()
     print(f"env: {env}", flush=True)
     if args.in_process:

@@ -8,10 +8,18 @@ Pipeline per row (fp32), in this order:
   5. x /= temperature
   6. top-k (0 = off): drop tokens whose value is below the k-th largest (ties at the k-th are kept)
   7. top-p (1 = off): keep the smallest prefix of the descending-sorted distribution whose mass
-     reaches top_p (the most likely token is always kept)
+     reaches top_p (the most likely token is always kept). Where equal values straddle the cut, the
+     prefix takes as many of them as it needs, lowest token ids first (so the kept set does not depend
+     on a sort's order among ties).
   8. min-p (0 = off): drop tokens with p < min_p · max p
   9. draw from softmax(x) with the row's generator: argmax(p / Exp(1) noise) (an exact sample of p).
 Steps 5-8 follow HF's warper order (temperature, top-k, top-p, min-p).
+
+Steps 6-7 read the descending values of each row only down to the cut. When every truncating row
+has a top-k of at most CANDIDATES (a host fact of `SamplingTensors.build`; e.g. the model's default
+top_k 20 with top_p 0.95), those are the `topk` of the row; otherwise the whole row is sorted. Both
+give the same kept set (`_nucleus`): the candidates hold every value above the k-th, and the ties at
+the k-th are counted over the whole row.
 
 Log-probs are those of the raw distribution: log_softmax(logits.float()) before any of the above.
 
@@ -32,7 +40,11 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["SamplingTensors", "SampleResult", "rng_state_from_seed", "apply_penalties", "drawing_rows", "sample"]
+__all__ = ["CANDIDATES", "SamplingTensors", "SampleResult", "rng_state_from_seed", "apply_penalties", "drawing_rows", "sample"]
+
+
+# NOTE: the largest top-k whose rows take `topk` candidates instead of the full-vocabulary sort.
+CANDIDATES = 1024
 
 
 def rng_state_from_seed(seed: int, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -75,6 +87,9 @@ class SamplingTensors:
     #       use of the full-vocabulary sort) or by min-p; `sample` skips the work of a step none needs.
     truncates: bool = True
     min_p_any: bool = True
+    # NOTE: the number of descending values per row that top-k / top-p need, when every truncating row
+    #       has 1 <= top_k <= CANDIDATES (their largest top_k); 0: some row needs the whole sorted row.
+    candidates: int = 0
 
     @classmethod
     def build(
@@ -127,7 +142,16 @@ class SamplingTensors:
             output_ids=_pad(output_tokens or empty, vocab_size, device),
             truncates=any(0 < k < vocab_size for k in ks) or any(p < 1.0 for p in ps),
             min_p_any=any(m > 0.0 for m in mins),
+            candidates=_candidates(ks, ps, vocab_size),
         )
+
+
+def _candidates(ks: Sequence[int], ps: Sequence[float], V: int) -> int:
+    """`SamplingTensors.candidates` of rows with top-k values ks and top-p values ps (fp32)."""
+    bounded = [k for k, p in zip(ks, ps) if 0 < k < V or p < 1.0]
+    if not bounded or not all(0 < k <= min(CANDIDATES, V - 1) for k in bounded):
+        return 0
+    return max(bounded)
 
 
 class SampleResult(NamedTuple):
@@ -159,25 +183,53 @@ def apply_penalties(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     return x
 
 
+def _nucleus(x: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Where steps 6-7 cut each row of x [B, V] (fp32): (v [B], n [B] int64) such that the kept tokens are
+    those above v and the n lowest-id tokens equal to v.
+
+    vals [B, C]: the C largest values of each row, descending (C = V: the sorted row). Exact when every row
+    with top_p < 1 has 1 <= top_k <= C, or C = V: the candidates then hold every value above the k-th,
+    and the tie group at the k-th (which can reach past them) is counted over the whole row, its members
+    having equal probability. Rows with top-k off or top_k >= V take no top-k cut."""
+    V, C = x.shape[1], vals.shape[1]
+    has_k = (top_k > 0) & (top_k < V)
+    kth = torch.where(has_k, vals.gather(1, (top_k.clamp(1, C) - 1)[:, None])[:, 0],
+                      torch.full_like(vals[:, 0], float("-inf")))
+    m = vals[:, :1]
+    z = torch.exp(x - m).masked_fill(x < kth[:, None], 0.0).sum(dim=1)          # top-k's normaliser
+    above = vals > kth[:, None]
+    sp = torch.exp(vals - m).masked_fill(~above, 0.0) / z[:, None]
+    mass_before = sp.cumsum(dim=1) - sp
+    active = top_p < 1.0
+    drop = above & (mass_before >= top_p[:, None]) & active[:, None]
+    # a cut above the k-th value: the first dropped candidate j (j >= 1: the top token stays); the kept
+    # members of the group at vals[j - 1] are those of its members before j
+    found = drop.any(dim=1)
+    j = drop.int().argmax(dim=1).clamp_min(1)
+    v_cut = vals.gather(1, (j - 1)[:, None])[:, 0]
+    n_cut = j - (vals > v_cut[:, None]).sum(dim=1)
+    # else the cut is in the group at the k-th: r of its members (r = 0, 1, ..) are kept while the mass
+    # before them, mass(> k-th) + r p_k, is below top_p; all of them without top-p
+    n_tie = (x == kth[:, None]).sum(dim=1)
+    p_k = torch.exp(kth - m[:, 0]) / z
+    r = torch.ceil((top_p - sp.sum(dim=1)) / p_k).clamp_min(0)
+    n_tie_kept = torch.where(active, torch.minimum(r, n_tie.to(r.dtype)).long(), n_tie)
+    v = torch.where(found, v_cut, kth)
+    n = torch.where(found, n_cut, torch.where(has_k, n_tie_kept, torch.full_like(n_tie, V)))
+    return v, n
+
+
 def _truncate(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """Steps 6-8 on temperature-scaled logits x [B, V] (fp32): removed entries become -inf.
-    Without top-k / top-p in any row (st.truncates False) the sort is skipped: it would keep everything;
+    Without top-k / top-p in any row (st.truncates False) the cut is skipped: it would keep everything;
     without min-p, so is that step."""
-    V = x.shape[1]
-    if not st.truncates:
-        if not st.min_p_any:
-            return x
-        p = torch.softmax(x, dim=-1)
-        return x.masked_fill(p < st.min_p[:, None] * p.max(dim=-1, keepdim=True).values, float("-inf"))
-    sorted_x, order = x.sort(dim=-1, descending=True)
-    k = torch.where(st.top_k > 0, st.top_k.clamp(max=V), torch.full_like(st.top_k, V))
-    kth = sorted_x.gather(1, (k - 1)[:, None])
-    x = x.masked_fill(x < kth, float("-inf"))
-    sorted_x = sorted_x.masked_fill(sorted_x < kth, float("-inf"))
-    sp = torch.softmax(sorted_x, dim=-1)
-    mass_before = sp.cumsum(dim=-1) - sp
-    drop_sorted = (mass_before >= st.top_p[:, None]) & (st.top_p[:, None] < 1.0)
-    x = x.masked_fill(torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted), float("-inf"))
+    if st.truncates:
+        vals = x.topk(st.candidates, dim=1).values if st.candidates else x.sort(dim=1, descending=True).values
+        v, n = _nucleus(x, vals, st.top_k, st.top_p)
+        tie = x == v[:, None]
+        keep = (x > v[:, None]) | (tie & (tie.cumsum(dim=1) <= n[:, None]))
+        x = x.masked_fill(~keep, float("-inf"))
     if not st.min_p_any:
         return x
     p = torch.softmax(x, dim=-1)
