@@ -215,9 +215,10 @@ def _kept(x: torch.Tensor, st: SamplingTensors) -> list[set[int]]:
 _CUT_ROWS = [(20, 0.95), (1, 1.0), (5, 0.5), (20, 1.0), (0, 1.0), (V - 1, 0.9), (3, 1e-3), (49, 0.99)]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["normal", "ties", "flat", "masked"])
 @pytest.mark.parametrize("seed", range(6))
-def test_top_k_candidates_cut_the_same_tokens_as_the_sorted_row(kind, seed):
+def test_top_k_candidates_cut_the_same_tokens_as_the_sorted_row(kind, seed, device):
     """Rows whose top-k bounds the cut read only the row's `topk` (st.candidates > 0); the kept tokens are the
     oracle's (the docstring's rule, ties by lowest id) and the full sort's, also where many values tie at the
     k-th or at the top-p cut (values rounded like bf16 logits), in a flat row and with -inf entries."""
@@ -233,9 +234,9 @@ def test_top_k_candidates_cut_the_same_tokens_as_the_sorted_row(kind, seed):
     elif kind == "masked":
         x[:, torch.randperm(V, generator=g)[:V // 3]] = float("-inf")
     ks, ps = [k for k, _ in _CUT_ROWS], [p for _, p in _CUT_ROWS]
-    st = _st(B, top_k=ks, top_p=ps)
+    st = SamplingTensors.build(vocab_size=V, device=device, temperature=[1.0] * B, top_k=ks, top_p=ps)
     assert st.candidates == max(k for k in ks if k)
-    fast, full = _kept(x, st), _kept(x, dataclasses.replace(st, candidates=0))
+    fast, full = _kept(x.to(device), st), _kept(x.to(device), dataclasses.replace(st, candidates=0))
     checked = 0
     for r in range(B):
         want, near = _kept_oracle(x[r], ks[r], ps[r])
