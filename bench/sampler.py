@@ -1,10 +1,12 @@
 """Time of one sampler call (`ninfer.ops.sampling.sample`, drawn rows as the decode loop passes them) over
 the Qwen3.6 vocabulary, per sampling configuration and batch size: the device time (CUDA events via
-do_bench; wall clock on the CPU) and the host time of the call alone (no sync), so a change to the cut
-(top-k / top-p) can be measured without a model.
+do_bench; wall clock on the CPU) and the host time of the call alone (no sync). Each configuration runs
+twice in the same process: as the decode loop calls it now (`Sampler.sample_ids`: the host facts of
+`SamplingTensors.build`, no log-probs) and with every skip off ("full": the sorted row, the penalty
+step, the raw log-softmax), which is what the sampler did before the skips.
 
     configurations: greedy (T 0), T 1 with no cut, top_k 20 + top_p 0.95 (the checkpoints' default: the
-    top-k candidates) and the same through the full sort (candidates = 0), top_p 0.95 alone (full sort)
+    top-k candidates), top_p 0.95 alone (the sorted row)
 
     PYTHONPATH=$PWD python3 bench/sampler.py [--batch 1 8] [--vocab 248320] [--device cuda]
 """
@@ -24,7 +26,6 @@ CONFIGS = {
     "greedy": dict(temperature=0.0),
     "T1": dict(temperature=1.0),
     "top_k20_p0.95": dict(temperature=1.0, top_k=20, top_p=0.95),
-    "top_k20_p0.95_sorted": dict(temperature=1.0, top_k=20, top_p=0.95),
     "top_p0.95": dict(temperature=1.0, top_p=0.95),
 }
 
@@ -41,27 +42,30 @@ def main() -> None:
     for B in args.batch:
         logits = torch.randn(B, args.vocab, device=dev, generator=torch.Generator(dev).manual_seed(0)) * 3
         for name, cfg in CONFIGS.items():
-            st = SamplingTensors.build(vocab_size=args.vocab, device=dev, **{k: [v] * B for k, v in cfg.items()})
-            if name.endswith("_sorted"):
-                st = dataclasses.replace(st, candidates=0)
+            now = SamplingTensors.build(vocab_size=args.vocab, device=dev, **{k: [v] * B for k, v in cfg.items()})
+            full = dataclasses.replace(now, candidates=0, penalized=True)
             states = [rng_state_from_seed(i, dev) for i in range(B)]
             drawn = drawing_rows([cfg["temperature"]] * B)
+            row = [B, name, now.candidates]
+            rec = {"batch": B, "config": name, "candidates": now.candidates}
+            for tag, st, lp in (("now", now, False), ("full", full, True)):
+                def call(st=st, lp=lp):
+                    return sample(logits, st, states, 0, drawn=drawn, logprobs=lp)
 
-            def call():
-                return sample(logits, st, states, 0, drawn=drawn)
-
-            dev_ms = bench_ms(call, device=dev)
-            call()
-            sync(dev)
-            n, t0 = 20, time.perf_counter()
-            for _ in range(n):
+                dev_ms = bench_ms(call, device=dev)
                 call()
-            host_ms = (time.perf_counter() - t0) / n * 1e3
-            sync(dev)
-            rows.append([B, name, st.candidates, f"{dev_ms:.4f}", f"{host_ms:.4f}"])
-            out.append({"batch": B, "config": name, "candidates": st.candidates, "device_ms": dev_ms,
-                        "host_ms": host_ms})
-    print_table(["B", "config", "candidates", "device_ms", "host_ms (no sync; CPU: the call)"], rows)
+                sync(dev)
+                n, t0 = 20, time.perf_counter()
+                for _ in range(n):
+                    call()
+                host_ms = (time.perf_counter() - t0) / n * 1e3
+                sync(dev)
+                row += [f"{dev_ms:.4f}", f"{host_ms:.4f}"]
+                rec.update({f"{tag}_device_ms": dev_ms, f"{tag}_host_ms": host_ms})
+            rows.append(row)
+            out.append(rec)
+    print_table(["B", "config", "candidates", "now device_ms", "now host_ms", "full device_ms", "full host_ms"], rows)
+    print("host_ms: the call without a sync (on the CPU: the call)")
     json_line("sampler", {"device": dev, "vocab": args.vocab, "results": out})
 
 

@@ -282,3 +282,27 @@ def test_top_k_candidates_draw_the_same_tokens_and_states():
         runs.append((toks, states))
     assert runs[0][0] == runs[1][0] and all(torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))
     assert len({t[0] for t in runs[0][0]}) > 1
+
+
+def test_unpenalized_rows_skip_the_penalties_and_logprobs_can_be_skipped():
+    """Without a bias or penalty in any row `build` marks the step unpenalized and steps 1-3 are skipped; the
+    draws and states equal the full path's. logprobs=False returns no log-probs and the same tokens."""
+    import dataclasses
+
+    assert not _st(2).penalized and not _st(1, repetition_penalty=[1.0], presence_penalty=[0.0]).penalized
+    assert _st(2, repetition_penalty=[1.0, 1.1]).penalized and _st(1, frequency_penalty=[0.5]).penalized
+    assert _st(1, presence_penalty=[-0.5]).penalized and _st(1, logit_bias=[[(3, 0.0)]]).penalized
+    logits = _logits(3, seed=13)
+    st = _st(3, temperature=[0.0, 0.9, 1.2], top_k=[0, 10, 0], top_p=[1.0, 0.9, 1.0])
+    runs = []
+    for tensors, lp in ((st, True), (dataclasses.replace(st, penalized=True), True), (st, False)):
+        states, toks = [None, rng_state_from_seed(7), rng_state_from_seed(8)], []
+        for _ in range(15):
+            r = sample(logits, tensors, states, logprobs=lp)
+            assert (r.logprobs is None) == (not lp)
+            states, toks = r.rng_states, toks + [r.token_ids.tolist()]
+        runs.append((toks, states[1:]))
+    for other in runs[1:]:
+        assert other[0] == runs[0][0] and all(torch.equal(a, b) for a, b in zip(other[1], runs[0][1]))
+    with pytest.raises(ValueError, match="num_logprobs"):
+        sample(logits, st, [None] * 3, num_logprobs=2, logprobs=False)

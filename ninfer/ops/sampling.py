@@ -90,6 +90,8 @@ class SamplingTensors:
     # NOTE: the number of descending values per row that top-k / top-p need, when every truncating row
     #       has 1 <= top_k <= CANDIDATES (their largest top_k); 0: some row needs the whole sorted row.
     candidates: int = 0
+    # NOTE: whether any row has a logit bias or a non-neutral penalty; without one, steps 1-3 are skipped.
+    penalized: bool = True
 
     @classmethod
     def build(
@@ -143,6 +145,9 @@ class SamplingTensors:
             truncates=any(0 < k < vocab_size for k in ks) or any(p < 1.0 for p in ps),
             min_p_any=any(m > 0.0 for m in mins),
             candidates=_candidates(ks, ps, vocab_size),
+            penalized=bool(flat) or any(
+                v is not None and any(float(np.float32(x)) != neutral for x in v)
+                for v, neutral in ((repetition_penalty, 1.0), (presence_penalty, 0.0), (frequency_penalty, 0.0))),
         )
 
 
@@ -156,7 +161,7 @@ def _candidates(ks: Sequence[int], ps: Sequence[float], V: int) -> int:
 
 class SampleResult(NamedTuple):
     token_ids: torch.Tensor             # [B] int64
-    logprobs: torch.Tensor              # [B] fp32, raw log-prob of the chosen token
+    logprobs: torch.Tensor | None       # [B] fp32, raw log-prob of the chosen token (None: not asked for)
     top_ids: torch.Tensor               # [B, num_logprobs] int64, raw top-k (descending)
     top_logprobs: torch.Tensor          # [B, num_logprobs] fp32
     rng_states: list[torch.Tensor | None]
@@ -170,7 +175,10 @@ def _counts(ids: torch.Tensor, B: int, V: int, device) -> torch.Tensor:
 
 
 def apply_penalties(logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-    """Steps 1-3 (bias, repetition, frequency/presence) on logits [B, V]; returns fp32 [B, V]."""
+    """Steps 1-3 (bias, repetition, frequency/presence) on logits [B, V]; returns fp32 [B, V] (logits
+    themselves when fp32 and no row is penalized: nothing here or after writes into the result)."""
+    if not st.penalized:
+        return logits.float()
     B, V = logits.shape
     x = logits.float().clone()
     if st.bias_ids.numel():
@@ -247,6 +255,7 @@ def sample(
     rng_states: Sequence[torch.Tensor | None],
     num_logprobs: int = 0,
     drawn: Sequence[int] | None = None,
+    logprobs: bool = True,
 ) -> SampleResult:
     """Pick one token per row.
 
@@ -257,6 +266,7 @@ def sample(
         num_logprobs: 0..20, how many raw top log-probs to return per row.
         drawn: `drawing_rows` of the rows' temperatures when the caller has them on the host: then
             nothing here waits for the device (the tokens stay on it until the caller reads them).
+        logprobs: False skips the raw log-softmax: the result's logprobs are None (num_logprobs must be 0).
     Returns:
         SampleResult (token ids, raw log-probs, raw top-k, advanced rng states).
     """
@@ -264,7 +274,8 @@ def sample(
     if V != st.vocab_size or len(rng_states) != B or st.temperature.shape[0] != B:
         raise ValueError(f"logits {tuple(logits.shape)} do not match {st.temperature.shape[0]} rows of "
                          f"vocabulary {st.vocab_size} with {len(rng_states)} rng states")
-    raw = torch.log_softmax(logits.float(), dim=-1)
+    if num_logprobs and not logprobs:
+        raise ValueError("num_logprobs > 0 needs logprobs=True")
     x = apply_penalties(logits, st)
     greedy = st.temperature <= 0
     tokens = x.argmax(dim=-1)
@@ -284,6 +295,10 @@ def sample(
                 new_states[b] = gen.get_state()
             # NOTE: removed tokens (p = 0) must never win, even against a zero noise draw.
             tokens[b] = torch.where(probs[b] > 0, probs[b] / noise.clamp_min(1e-30), -1.0).argmax()
+    if not logprobs:
+        none = torch.empty(B, 0, device=x.device)
+        return SampleResult(tokens, None, none.long(), none, new_states)
+    raw = torch.log_softmax(logits.float(), dim=-1)
     top_lp, top_ids = raw.topk(num_logprobs, dim=-1) if num_logprobs else (
         raw.new_empty(B, 0), torch.empty(B, 0, dtype=torch.long, device=raw.device))
     return SampleResult(tokens, raw.gather(1, tokens[:, None])[:, 0], top_ids, top_lp, new_states)

@@ -69,7 +69,8 @@ class Sampler:
     def sample_ids(self, logits: torch.Tensor, st: SamplingTensors, ps: Sequence[SamplingParams],
                    rng_states: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
         """Plain rows: `sample`'s token ids, left on the device (no sync), and the advanced rng states."""
-        res = sample(self._sampleable(logits), st, rng_states, 0, drawn=drawing_rows([p.temperature for p in ps]))
+        res = sample(self._sampleable(logits), st, rng_states, 0, drawn=drawing_rows([p.temperature for p in ps]),
+                     logprobs=False)
         return res.token_ids, res.rng_states
 
     def _sampleable(self, logits: torch.Tensor) -> torch.Tensor:
@@ -103,9 +104,10 @@ class Sampler:
             prompt_tokens=[r.prompt if r.params.repetition_penalty != 1.0 else () for r in rows],
             output_tokens=[r.output for r in rows])
         ks = [p.logprobs for p in ps]
+        want = any(k is not None for k in ks)
         res = sample(logits, st, [r.rng_state for r in rows], max((k or 0) for k in ks),
-                     drawn=drawing_rows([p.temperature for p in ps]))
-        lps = _records(res.token_ids, res.logprobs, res.top_ids, res.top_logprobs, ks)
+                     drawn=drawing_rows([p.temperature for p in ps]), logprobs=want)
+        lps = _records(res.token_ids, res.logprobs, res.top_ids, res.top_logprobs, ks) if want else [None] * len(ks)
         return res.token_ids.tolist(), lps, res.rng_states
 
     def logprobs_of(self, logits: torch.Tensor, tokens: Sequence[int], ks: Sequence[int | None]
