@@ -228,12 +228,24 @@ def _nucleus(x: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor, top_p: to
     return v, n
 
 
+def _top_values(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest values of each row of x [B, V] fp32, descending: on CUDA for small k the fast Triton
+    kernels (torch.topk runs one 248k-wide row as one block), else torch.topk."""
+    if x.is_cuda:
+        from ninfer.ops.fast import fast_available
+        if fast_available():
+            from ninfer.ops.fast.sampling import MAX_K, topk_values
+            if k <= MAX_K:
+                return topk_values(x, k)
+    return x.topk(k, dim=1).values
+
+
 def _truncate(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """Steps 6-8 on temperature-scaled logits x [B, V] (fp32): removed entries become -inf.
     Without top-k / top-p in any row (st.truncates False) the cut is skipped: it would keep everything;
     without min-p, so is that step."""
     if st.truncates:
-        vals = x.topk(st.candidates, dim=1).values if st.candidates else x.sort(dim=1, descending=True).values
+        vals = _top_values(x, st.candidates) if st.candidates else x.sort(dim=1, descending=True).values
         v, n = _nucleus(x, vals, st.top_k, st.top_p)
         tie = x == v[:, None]
         keep = (x > v[:, None]) | (tie & (tie.cumsum(dim=1) <= n[:, None]))
@@ -278,23 +290,30 @@ def sample(
         raise ValueError("num_logprobs > 0 needs logprobs=True")
     x = apply_penalties(logits, st)
     greedy = st.temperature <= 0
-    tokens = x.argmax(dim=-1)
     new_states: list[torch.Tensor | None] = list(rng_states)
     if drawn is None:
         drawn = torch.nonzero(~greedy).flatten().tolist()
-    if drawn:
+    if not drawn:
+        tokens = x.argmax(dim=-1)
+    else:
         temp = torch.where(greedy, torch.ones_like(st.temperature), st.temperature)
         probs = torch.softmax(_truncate(x / temp[:, None], st), dim=-1)
+        # NOTE: one noise row per drawn row, each from its own generator (greedy rows: ones, no draw), then
+        #       one batched race: a row's winner is argmax p / Exp(1) over the tokens it keeps.
+        mixed = len(drawn) < B
+        noise = (torch.ones if mixed else torch.empty)(B, V, device=x.device)
         for b in drawn:
             if rng_states[b] is None:
-                noise = torch.empty(V, device=x.device).exponential_()
+                noise[b].exponential_()
             else:
                 gen = torch.Generator(device=x.device)
                 gen.set_state(rng_states[b])
-                noise = torch.empty(V, device=x.device).exponential_(generator=gen)
+                noise[b].exponential_(generator=gen)
                 new_states[b] = gen.get_state()
-            # NOTE: removed tokens (p = 0) must never win, even against a zero noise draw.
-            tokens[b] = torch.where(probs[b] > 0, probs[b] / noise.clamp_min(1e-30), -1.0).argmax()
+        # NOTE: removed tokens (p = 0) must never win, even against a zero noise draw.
+        tokens = torch.where(probs > 0, probs / noise.clamp_min(1e-30), -1.0).argmax(dim=-1)
+        if mixed:
+            tokens = torch.where(greedy, x.argmax(dim=-1), tokens)
     if not logprobs:
         none = torch.empty(B, 0, device=x.device)
         return SampleResult(tokens, None, none.long(), none, new_states)
