@@ -40,7 +40,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["CANDIDATES", "SamplingTensors", "SampleResult", "rng_state_from_seed", "apply_penalties", "drawing_rows", "sample"]
+__all__ = ["CANDIDATES", "SamplingTensors", "cut_rows", "SampleResult", "rng_state_from_seed", "apply_penalties", "drawing_rows", "sample"]
 
 
 # NOTE: the largest top-k whose rows take `topk` candidates instead of the full-vocabulary sort.
@@ -228,28 +228,42 @@ def _nucleus(x: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor, top_p: to
     return v, n
 
 
-def _top_values(x: torch.Tensor, k: int) -> torch.Tensor:
-    """The k largest values of each row of x [B, V] fp32, descending: on CUDA for small k the fast Triton
-    kernels (torch.topk runs one 248k-wide row as one block), else torch.topk."""
-    if x.is_cuda:
-        from ninfer.ops.fast import fast_available
-        if fast_available():
-            from ninfer.ops.fast.sampling import MAX_K, topk_values
-            if k <= MAX_K:
-                return topk_values(x, k)
-    return x.topk(k, dim=1).values
+def cut_rows(x: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Steps 6-7 on x [B, V] fp32 given vals [B, C], each row's C largest values descending (see
+    `_nucleus`): x with the removed tokens at -inf (a new tensor). The oracle of the fast twin in
+    `ninfer.ops.fast.sampling`."""
+    v, n = _nucleus(x, vals, top_k, top_p)
+    tie = x == v[:, None]
+    keep = (x > v[:, None]) | (tie & (tie.cumsum(dim=1) <= n[:, None]))
+    return x.masked_fill(~keep, float("-inf"))
+
+
+def _fast_cut():
+    """ninfer.ops.fast.sampling when CUDA and Triton are usable (the caller checks the device), else None."""
+    from ninfer.ops.fast import fast_available
+    if not fast_available():
+        return None
+    from ninfer.ops.fast import sampling
+    return sampling
 
 
 def _truncate(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """Steps 6-8 on temperature-scaled logits x [B, V] (fp32): removed entries become -inf.
     Without top-k / top-p in any row (st.truncates False) the cut is skipped: it would keep everything;
-    without min-p, so is that step."""
+    without min-p, so is that step. On CUDA the candidates (k <= its MAX_K) and the cut are Triton kernels
+    (`ninfer.ops.fast.sampling`: torch.topk runs a 248k row as one block, and the cut is ~40 small ops)."""
     if st.truncates:
-        vals = _top_values(x, st.candidates) if st.candidates else x.sort(dim=1, descending=True).values
-        v, n = _nucleus(x, vals, st.top_k, st.top_p)
-        tie = x == v[:, None]
-        keep = (x > v[:, None]) | (tie & (tie.cumsum(dim=1) <= n[:, None]))
-        x = x.masked_fill(~keep, float("-inf"))
+        fast = _fast_cut() if x.is_cuda else None
+        if not st.candidates:
+            vals = x.sort(dim=1, descending=True).values
+        elif fast is not None and st.candidates <= fast.MAX_K:
+            vals = fast.topk_values(x, st.candidates)
+        else:
+            vals = x.topk(st.candidates, dim=1).values
+        if fast is not None:
+            x = fast.cut_rows(x, vals, st.top_k, st.top_p)
+        else:
+            x = cut_rows(x, vals, st.top_k, st.top_p)
     if not st.min_p_any:
         return x
     p = torch.softmax(x, dim=-1)
