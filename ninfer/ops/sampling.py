@@ -230,15 +230,14 @@ def _nucleus(x: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor, top_p: to
 
 def cut_rows(x: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     """Steps 6-7 on x [B, V] fp32 given vals [B, C], each row's C largest values descending (see
-    `_nucleus`): x with the removed tokens at -inf (a new tensor). The oracle of the fast twin in
-    `ninfer.ops.fast.sampling`."""
+    `_nucleus`): x with the removed tokens at -inf (a new tensor)."""
     v, n = _nucleus(x, vals, top_k, top_p)
     tie = x == v[:, None]
     keep = (x > v[:, None]) | (tie & (tie.cumsum(dim=1) <= n[:, None]))
     return x.masked_fill(~keep, float("-inf"))
 
 
-def _fast_cut():
+def _fast_topk():
     """ninfer.ops.fast.sampling when CUDA and Triton are usable (the caller checks the device), else None."""
     from ninfer.ops.fast import fast_available
     if not fast_available():
@@ -250,20 +249,17 @@ def _fast_cut():
 def _truncate(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """Steps 6-8 on temperature-scaled logits x [B, V] (fp32): removed entries become -inf.
     Without top-k / top-p in any row (st.truncates False) the cut is skipped: it would keep everything;
-    without min-p, so is that step. On CUDA the candidates (k <= its MAX_K) and the cut are Triton kernels
-    (`ninfer.ops.fast.sampling`: torch.topk runs a 248k row as one block, and the cut is ~40 small ops)."""
+    without min-p, so is that step. On CUDA the top-k candidates (k <= its MAX_K) come from Triton
+    (`ninfer.ops.fast.sampling`: torch.topk runs a 248k row as one block)."""
     if st.truncates:
-        fast = _fast_cut() if x.is_cuda else None
+        fast = _fast_topk() if x.is_cuda and 0 < st.candidates else None
         if not st.candidates:
             vals = x.sort(dim=1, descending=True).values
         elif fast is not None and st.candidates <= fast.MAX_K:
             vals = fast.topk_values(x, st.candidates)
         else:
             vals = x.topk(st.candidates, dim=1).values
-        if fast is not None:
-            x = fast.cut_rows(x, vals, st.top_k, st.top_p)
-        else:
-            x = cut_rows(x, vals, st.top_k, st.top_p)
+        x = cut_rows(x, vals, st.top_k, st.top_p)
     if not st.min_p_any:
         return x
     p = torch.softmax(x, dim=-1)
