@@ -237,28 +237,24 @@ def cut_rows(x: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor, top_p: to
     return x.masked_fill(~keep, float("-inf"))
 
 
-def _fast_topk():
-    """ninfer.ops.fast.sampling when CUDA and Triton are usable (the caller checks the device), else None."""
-    from ninfer.ops.fast import fast_available
-    if not fast_available():
-        return None
-    from ninfer.ops.fast import sampling
-    return sampling
+def _top_values(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest values of each row of x [B, V] fp32, descending: from Triton on CUDA for k up to its
+    MAX_K (`ninfer.ops.fast.sampling`: torch.topk runs a 248k row as one block), else torch.topk."""
+    if x.is_cuda:
+        from ninfer.ops.fast import fast_available
+        if fast_available():
+            from ninfer.ops.fast import sampling as fast
+            if k <= fast.MAX_K:
+                return fast.topk_values(x, k)
+    return x.topk(k, dim=1).values
 
 
 def _truncate(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """Steps 6-8 on temperature-scaled logits x [B, V] (fp32): removed entries become -inf.
     Without top-k / top-p in any row (st.truncates False) the cut is skipped: it would keep everything;
-    without min-p, so is that step. On CUDA the top-k candidates (k <= its MAX_K) come from Triton
-    (`ninfer.ops.fast.sampling`: torch.topk runs a 248k row as one block)."""
+    without min-p, so is that step."""
     if st.truncates:
-        fast = _fast_topk() if x.is_cuda and 0 < st.candidates else None
-        if not st.candidates:
-            vals = x.sort(dim=1, descending=True).values
-        elif fast is not None and st.candidates <= fast.MAX_K:
-            vals = fast.topk_values(x, st.candidates)
-        else:
-            vals = x.topk(st.candidates, dim=1).values
+        vals = _top_values(x, st.candidates) if st.candidates else x.sort(dim=1, descending=True).values
         x = cut_rows(x, vals, st.top_k, st.top_p)
     if not st.min_p_any:
         return x

@@ -185,6 +185,7 @@ for _n, _k, _one in ((10336, 5120, (16, 256, 1, 4, 1, False)), (8192, 5120, (16,
                      (5120, 2048, (8, 512, 1, 4, 1, False, True)), (4096, 2048, (8, 512, 1, 4, 1, False, True))):
     CONFIGS[(_n, _k, 1)] = _one
     USE_TRITON[(_n, _k, 1)] = True
+del _n, _k, _one
 # NOTE: the 35B-A3B's lm_head at one row on 16-row tiles in the decode step: 2.511 -> 2.500 ms (the same
 #       A/B; the per-call sweep had chosen 8-row tiles).
 CONFIGS[(248320, 2048, 1)] = (16, 512, 1, 4, 1, False)

@@ -1,8 +1,8 @@
 """Fast (CUDA, Triton) part of the sampler's cut: the k largest values of each row of a wide [B, V] fp32
 matrix, for small k (`MAX_K`), in two launches and no sync.
 
-(The cut itself stays in torch: a one-program-per-row Triton cut cut its host time from ~1.5 to 0.08
-ms but took 0.25-0.56 ms of GPU time, and served tokens got slower; bench/NOTES.md, session 12.)
+The cut itself stays in torch: a one-program-per-row Triton form of it took the cut's host time from
+~1.5 to 0.08 ms but used 0.25-0.56 ms of GPU time, and served tokens got slower (bench/NOTES.md, session 12).
 
 torch.topk on one 248k-wide row runs as one block and took 64 us on the H200 (bench/NOTES.md, session 12),
 longer than sorting the row. Here
