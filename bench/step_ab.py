@@ -11,7 +11,8 @@ the committed GEMV tables (`load_tuning`, what $NINFER_GEMV_CONFIGS does at impo
     op:NAME=FILE      the OpSet's op NAME replaced by the function NAME in the module file FILE (e.g. an
                       older tree's copy of a fast-op module: before/after of a kernel in one process)
     set:MOD.ATTR=V    module attribute MOD.ATTR set to the int V while the variant's graphs are captured
-                      and run (a fusion switch read at call time, e.g. set:ninfer.ops.fast.gdn_decode.FUSE_NORM=0)
+                      and run (a fusion switch read at call time, e.g. set:ninfer.ops.fast.gdn_decode.FUSE_NORM=0);
+                      for a NamedTuple attribute V is its fields, e.g. set:ninfer.ops.fast.moe.PERSISTENT_CONFIG=1,512,4,8
 
     PYTHONPATH=$PWD python3 bench/step_ab.py --identity qwen3_6-35b-a3b --variants post-mixer-nofold F F+post-mixer-nofold
 
@@ -64,7 +65,10 @@ def applied(spec: str, prog):
                 if not hasattr(mod, attr):
                     raise SystemExit(f"step_ab: {mod_name} has no attribute {attr}")
                 attrs.append((mod, attr, getattr(mod, attr)))
-                setattr(mod, attr, type(attrs[-1][2])(int(value)))
+                orig = attrs[-1][2]
+                # a NamedTuple of ints (e.g. a tile config) takes V as comma-separated fields
+                setattr(mod, attr, type(orig)(*map(int, value.split(","))) if isinstance(orig, tuple)
+                        else type(orig)(int(value)))
             elif item.startswith("op:"):
                 name, path = item[3:].split("=", 1)
                 prog.model.ops = prog.model.ops._replace(**{name: getattr(module_from(path), name)})
