@@ -1,8 +1,9 @@
 """Time of one sampler call (`ninfer.ops.sampling.sample`, drawn rows as the decode loop passes them) over
 the Qwen3.6 vocabulary, per sampling configuration and batch size: the device time (CUDA events via
 do_bench; wall clock on the CPU) and the host time of the call alone (no sync). Each configuration runs
-twice in the same process: as the decode loop calls it now (`Sampler.sample_ids`: the host facts of
-`SamplingTensors.build`, no log-probs) and with every skip off ("full": the sorted row, the penalty
+three times in the same process: as the decode loop calls it now (`Sampler.sample_ids`: the host facts of
+`SamplingTensors.build`, no log-probs; on CUDA the fused cut and race, FUSED_DRAW), the same with the torch
+cut and race ("torch": FUSED_DRAW off), and with every skip off too ("full": the sorted row, the penalty
 step, the raw log-softmax), which is what the sampler did before the skips.
 
     configurations: greedy (T 0), T 1 with no cut, top_k 20 + top_p 0.95 (the checkpoints' default: the
@@ -20,6 +21,7 @@ import torch
 
 from _common import bench_ms, env_record, json_line, print_table
 from ninfer.bench.common import default_device, sync
+from ninfer.ops import sampling as S
 from ninfer.ops.sampling import SamplingTensors, drawing_rows, rng_state_from_seed, sample
 
 CONFIGS = {
@@ -48,7 +50,9 @@ def main() -> None:
             drawn = drawing_rows([cfg["temperature"]] * B)
             row = [B, name, now.candidates]
             rec = {"batch": B, "config": name, "candidates": now.candidates}
-            for tag, st, lp in (("now", now, False), ("full", full, True)):
+            for tag, st, lp, fused in (("now", now, False, True), ("torch", now, False, False), ("full", full, True, False)):
+                S.FUSED_DRAW = fused
+
                 def call(st=st, lp=lp):
                     return sample(logits, st, states, 0, drawn=drawn, logprobs=lp)
 
@@ -64,7 +68,9 @@ def main() -> None:
                 rec.update({f"{tag}_device_ms": dev_ms, f"{tag}_host_ms": host_ms})
             rows.append(row)
             out.append(rec)
-    print_table(["B", "config", "candidates", "now device_ms", "now host_ms", "full device_ms", "full host_ms"], rows)
+            S.FUSED_DRAW = True
+    print_table(["B", "config", "candidates", "now device_ms", "now host_ms", "torch device_ms", "torch host_ms",
+                 "full device_ms", "full host_ms"], rows)
     print("host_ms: the call without a sync (on the CPU: the call)")
     json_line("sampler", {"device": dev, "vocab": args.vocab, "results": out})
 

@@ -44,3 +44,112 @@ def test_topk_values_strided_rows_and_bad_arguments():
     with pytest.raises(ValueError, match="unit stride"):
         topk_values(wide.t(), 3)
 
+
+
+# ------------------------------------------------------------------------------------------------
+# the cut (nucleus) and the race: the torch cut's (v, n) and the torch race's tokens
+# ------------------------------------------------------------------------------------------------
+_ROWS = [(20, 0.95), (1, 1.0), (5, 0.5), (20, 1.0), (0, 1.0), (3, 1e-3), (49, 0.99), (64, 0.9), (0, 1.0), (7, 0.3)]
+
+
+def _rows(kind, V, seed):
+    g = torch.Generator().manual_seed(seed)
+    B = len(_ROWS)
+    x = torch.randn(B, V, generator=g) * 2
+    if kind == "ties":
+        x = (x * 2).round() / 2                       # ~17 distinct values: ties at every cut, across slices
+    elif kind == "flat":
+        x = torch.zeros(B, V)
+    elif kind == "masked":
+        x[:, torch.randperm(V, generator=g)[:V // 3]] = float("-inf")
+    ks = torch.tensor([min(k, V) for k, _ in _ROWS], dtype=torch.long)
+    ps = torch.tensor([p for _, p in _ROWS], dtype=torch.float32)
+    return x, ks, ps
+
+
+@pytest.mark.parametrize("V,block", [(300, 64), (5000, 256), (9000, 4096)] + ([] if INTERPRET else [(248320, 4096)]))
+@pytest.mark.parametrize("kind", ["normal", "ties", "flat", "masked"])
+@pytest.mark.parametrize("seed", range(2))
+def test_nucleus_and_race_equal_the_torch_cut_and_race(V, block, kind, seed, monkeypatch):
+    """`nucleus` gives the torch cut's (v, n) (`ops.sampling._nucleus` on the same candidates) except where a
+    token's mass before it is within fp32 rounding of top_p (the float64 oracle flags those rows), and `race`
+    the torch race's token over the kept set (cut row, softmax, argmax of p / noise), with the row split in
+    many slices (ties at v crossing slices: the id-order count and the rescan of the crossing slice)."""
+    from test_ops_sampling import _kept_oracle
+
+    from ninfer.ops import sampling as S
+    from ninfer.ops.fast import sampling as fast
+
+    monkeypatch.setattr(fast, "BLOCK", block)
+    x, ks, ps = _rows(kind, V, 40 + seed)
+    xd, kd, pd = x.to(DEV), ks.to(DEV), ps.to(DEV)
+    vals = xd.topk(64, dim=1).values
+    v, n = fast.nucleus(xd, vals, kd, pd)
+    want_v, want_n = S._nucleus(xd, vals, kd, pd)
+    differ = [r for r in range(len(_ROWS)) if (v[r].item(), n[r].item()) != (want_v[r].item(), want_n[r].item())]
+    assert all(_kept_oracle(x[r], int(ks[r]), float(ps[r]))[1] for r in differ), differ
+    assert len(differ) <= (5 if kind == "flat" else 2)       # a flat row's masses fall on top_p exactly
+    noise = torch.empty_like(xd).exponential_(generator=gen(7 + seed))
+    probs = torch.softmax(S.cut_rows(xd, vals, kd, pd), dim=-1)
+    want = torch.where(probs > 0, probs / noise.clamp_min(1e-30), -1.0).argmax(dim=-1)
+    got = fast.race(xd, noise, want_v, want_n, vals[:, 0])
+    assert got.dtype == torch.int64 and torch.equal(got, want)
+
+
+def test_race_keeps_only_the_first_ties_in_id_order(monkeypatch):
+    """An all-equal row cut to its 7 lowest ids (n = 7 ties at v) over slices of 4: whatever the noise, the
+    winner is one of ids 0..6, the one with the smallest noise, as in the torch race."""
+    from ninfer.ops.fast import sampling as fast
+
+    monkeypatch.setattr(fast, "BLOCK", 4)
+    V = 50
+    x = torch.zeros(3, V, device=DEV)
+    v = torch.zeros(3, device=DEV)
+    n = torch.tensor([7, 1, 50], dtype=torch.long, device=DEV)
+    for seed in range(20):
+        noise = torch.empty(3, V, device=DEV).exponential_(generator=gen(seed))
+        got = fast.race(x, noise, v, n, x[:, 0]).tolist()
+        assert got[0] == int(noise[0, :7].argmin()) and got[1] == 0 and got[2] == int(noise[2].argmin())
+
+
+def test_nucleus_and_race_bad_arguments():
+    from ninfer.ops.fast import sampling as fast
+
+    x = torch.randn(2, 100, device=DEV)
+    with pytest.raises(ValueError, match="vals must be"):
+        fast.nucleus(x, torch.zeros(2, fast.MAX_CANDIDATES + 1, device=DEV), torch.ones(2, dtype=torch.long,
+                     device=DEV), torch.ones(2, device=DEV))
+    with pytest.raises(ValueError, match="noise must be"):
+        fast.race(x, torch.ones(2, 99, device=DEV), x[:, 0], torch.ones(2, dtype=torch.long, device=DEV), x[:, 0])
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="sample() takes the fused draw on CUDA only")
+@pytest.mark.parametrize("params", [
+    dict(temperature=[0.7, 1.0, 1.3], top_k=[20, 5, 40], top_p=[0.95, 1.0, 0.8]),
+    dict(temperature=[0.8], top_k=[20], top_p=[0.95]),
+    dict(temperature=[0.9, 0.0, 1.1], top_k=[0, 20, 0], top_p=[1.0, 0.9, 1.0]),       # no cut / greedy rows
+    dict(temperature=[1.0, 1.0], top_k=[0, 0], top_p=[1.0, 1.0]),                       # nothing truncates
+])
+def test_sample_fused_draw_equals_the_torch_draw(params, monkeypatch):
+    """`sample` on CUDA draws through `nucleus` + `race` (FUSED_DRAW): the same tokens and rng states, round
+    after round, as with the switch off (the torch cut and race), on 248k-wide rows."""
+    from ninfer.ops import sampling as S
+
+    B = len(params["temperature"])
+    logits = torch.randn(B, 248320, generator=gen(3), device=DEV) * 4
+    st = S.SamplingTensors.build(vocab_size=248320, device=DEV, **params)
+    calls = []
+    from ninfer.ops.fast import sampling as fast
+    race = fast.race
+    monkeypatch.setattr(fast, "race", lambda *a: calls.append(1) or race(*a))
+    runs = []
+    for fused in (True, False):
+        monkeypatch.setattr(S, "FUSED_DRAW", fused)
+        states, toks = [S.rng_state_from_seed(s, DEV) for s in range(B)], []
+        for _ in range(25):
+            r = S.sample(logits, st, states, drawn=S.drawing_rows(params["temperature"]), logprobs=False)
+            states, toks = r.rng_states, toks + [r.token_ids.tolist()]
+        runs.append((toks, states))
+    assert len(calls) == 25
+    assert runs[0][0] == runs[1][0]
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(runs[0][1], runs[1][1]))

@@ -21,6 +21,12 @@ top_k 20 with top_p 0.95), those are the `topk` of the row; otherwise the whole 
 give the same kept set (`_nucleus`): the candidates hold every value above the k-th, and the ties at
 the k-th are counted over the whole row.
 
+On CUDA (`FUSED_DRAW`, `ninfer.ops.fast.sampling`) steps 6-9 run in a few Triton launches instead: the
+cut (v, n) from the candidates (`nucleus`) and the race over the kept tokens without materialising the cut
+row or its softmax (`race`: the largest exp(x - max) / noise, the order of p / noise). Rows with min-p, or a
+truncating row without a candidates bound, keep the torch path. The two agree token for token except
+where fp32 rounding decides (a mass within rounding of top_p, two scores within rounding of each other).
+
 Log-probs are those of the raw distribution: log_softmax(logits.float()) before any of the above.
 
 RNG convention: the caller owns one generator *state* per row (a CPU uint8 tensor from
@@ -33,6 +39,7 @@ States are device-specific (a CPU state is not a CUDA state): seed them for logi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -40,7 +47,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["CANDIDATES", "SamplingTensors", "cut_rows", "SampleResult", "rng_state_from_seed", "apply_penalties", "drawing_rows", "sample"]
+__all__ = ["CANDIDATES", "FUSED_DRAW", "SamplingTensors", "cut_rows", "SampleResult", "rng_state_from_seed", "apply_penalties", "drawing_rows", "sample"]
 
 
 # NOTE: the largest top-k whose rows take `topk` candidates instead of the full-vocabulary sort.
@@ -249,6 +256,25 @@ def _top_values(x: torch.Tensor, k: int) -> torch.Tensor:
     return x.topk(k, dim=1).values
 
 
+# NOTE: read per call: False keeps the torch cut and race on CUDA too (A/B, tests); NINFER_FUSED_DRAW=0 sets it
+#       at import (a served A/B).
+FUSED_DRAW = os.environ.get("NINFER_FUSED_DRAW", "1") != "0"
+
+
+def _fused(x: torch.Tensor, st: SamplingTensors):
+    """`ninfer.ops.fast.sampling` when the draw of x's rows runs there (CUDA; every truncating row bounded
+    by top-k candidates, or no row truncating; no min-p), else None."""
+    if not (FUSED_DRAW and x.is_cuda) or st.min_p_any:
+        return None
+    from ninfer.ops.fast import fast_available
+    if not fast_available():
+        return None
+    from ninfer.ops.fast import sampling as fast
+    if st.truncates and not 0 < st.candidates <= fast.MAX_CANDIDATES:
+        return None
+    return fast
+
+
 def _truncate(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """Steps 6-8 on temperature-scaled logits x [B, V] (fp32): removed entries become -inf.
     Without top-k / top-p in any row (st.truncates False) the cut is skipped: it would keep everything;
@@ -303,7 +329,15 @@ def sample(
         tokens = x.argmax(dim=-1)
     else:
         temp = torch.where(greedy, torch.ones_like(st.temperature), st.temperature)
-        probs = torch.softmax(_truncate(x / temp[:, None], st), dim=-1)
+        xs = x / temp[:, None]
+        fast = _fused(xs, st)
+        if fast is None:
+            probs = torch.softmax(_truncate(xs, st), dim=-1)
+        elif st.truncates:
+            vals = _top_values(xs, st.candidates)
+            cut, top = fast.nucleus(xs, vals, st.top_k, st.top_p), vals[:, 0]
+        else:
+            cut, top = (torch.full_like(st.temperature, float("-inf")), torch.full_like(st.top_k, V)), xs.amax(dim=1)
         # NOTE: one noise row per drawn row, each from its own generator (greedy rows: ones, no draw), then
         #       one batched race: a row's winner is argmax p / Exp(1) over the tokens it keeps.
         mixed = len(drawn) < B
@@ -316,8 +350,11 @@ def sample(
                 gen.set_state(rng_states[b])
                 noise[b].exponential_(generator=gen)
                 new_states[b] = gen.get_state()
-        # NOTE: removed tokens (p = 0) must never win, even against a zero noise draw.
-        tokens = torch.where(probs > 0, probs / noise.clamp_min(1e-30), -1.0).argmax(dim=-1)
+        if fast is None:
+            # NOTE: removed tokens (p = 0) must never win, even against a zero noise draw.
+            tokens = torch.where(probs > 0, probs / noise.clamp_min(1e-30), -1.0).argmax(dim=-1)
+        else:
+            tokens = fast.race(xs, noise, *cut, top)
         if mixed:
             tokens = torch.where(greedy, x.argmax(dim=-1), tokens)
     if not logprobs:

@@ -1,8 +1,23 @@
-"""Fast (CUDA, Triton) part of the sampler's cut: the k largest values of each row of a wide [B, V] fp32
-matrix, for small k (`MAX_K`), in two launches and no sync.
+"""Fast (CUDA, Triton) parts of the sampler (`ninfer.ops.sampling`), no host sync:
 
-The cut itself stays in torch: a one-program-per-row Triton form of it took the cut's host time from
-~1.5 to 0.08 ms but used 0.25-0.56 ms of GPU time, and served tokens got slower (bench/NOTES.md, session 12).
+`topk_values(x, k)`: the k largest values of each row of a wide [B, V] fp32 matrix, for small k (`MAX_K`),
+in two launches.
+
+`nucleus(x, vals, top_k, top_p)`: where steps 6-7 cut each row, (v, n) as `ninfer.ops.sampling._nucleus`
+returns them, from the row's candidates vals [B, C] (C <= MAX_CANDIDATES): one launch over slices of the
+rows (the top-k normaliser and the count of ties at the k-th value, per slice) and one program per row
+for the rest (the cumulative mass over the C candidates and the cut rule, in registers).
+
+`race(x, noise, v, n, m)`: the draw over the kept tokens of (v, n): the first token of the largest
+exp(x - m) / noise (m = each row's largest value), which orders the row as p / noise does (p =
+softmax of the kept tokens: the normaliser is one per row); removed tokens never win. One launch over
+slices (each slice's best kept token above v, its ties at v and their best), one program per row that
+counts the ties at v in id order across the slices (the first n are kept) and rescans the one slice
+where that count crosses n. So the cut row, its softmax and the race over [B, V] are never materialised.
+
+A one-program-per-row Triton form of the cut (the whole row in one program) took the cut's host time
+from ~1.5 to 0.08 ms but used 0.25-0.56 ms of GPU time, and served tokens got slower (bench/NOTES.md,
+session 12); these kernels spread the row over slices.
 
 torch.topk on one 248k-wide row runs as one block and took 64 us on the H200 (bench/NOTES.md, session 12),
 longer than sorting the row. Here
@@ -21,10 +36,11 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAX_K", "topk_values"]
+__all__ = ["MAX_K", "MAX_CANDIDATES", "topk_values", "nucleus", "race"]
 
 MAX_K = 64               # the largest k served here (k rounds per program); above it, torch.topk
-BLOCK = 4096             # the slice of a row per stage-1 program
+BLOCK = 4096             # the slice of a row per stage-1 program (and per nucleus / race slice program)
+MAX_CANDIDATES = 1024    # the widest candidate row `nucleus` takes (ninfer.ops.sampling.CANDIDATES)
 
 
 @triton.jit
@@ -72,3 +88,196 @@ def topk_values(x: torch.Tensor, k: int) -> torch.Tensor:
         _merge_topk_kernel[(B,)](part, out, nb * k, K=k, BN=triton.next_power_of_2(nb * k), num_warps=8)
     return out
 
+
+
+# ------------------------------------------------------------------------------------------------
+# the cut (steps 6-7) from the candidates
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _kth(vals, top_k, b, C, V, stride_v):
+    """The row's k-th largest value (-inf without a top-k cut: k = 0 or k >= V) and its largest."""
+    k = tl.load(top_k + b)
+    has_k = (k > 0) & (k < V)
+    kv = tl.load(vals + b * stride_v + tl.minimum(tl.maximum(k, 1), C) - 1)
+    return tl.where(has_k, kv, float("-inf")), tl.load(vals + b * stride_v), has_k
+
+
+@triton.jit
+def _slice_stats_kernel(x, vals, top_k, zpart, tpart, C, V, stride_x, stride_v, NS, BLOCK: tl.constexpr):
+    """Per (row, slice): Σ exp(x - m) over x >= kth (the top-k normaliser's part) and the count of x == kth."""
+    b = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    offs = s * BLOCK + tl.arange(0, BLOCK)
+    v = tl.load(x + b * stride_x + offs, mask=offs < V, other=float("-inf"))
+    k, mm, _ = _kth(vals, top_k, b, C, V, stride_v)
+    inb = offs < V
+    z = tl.sum(tl.where(inb & (v >= k), tl.exp(v - mm), 0.0), 0)
+    t = tl.sum(tl.where(inb & (v == k), 1, 0), 0)
+    tl.store(zpart + b * NS + s, z)
+    tl.store(tpart + b * NS + s, t)
+
+
+@triton.jit
+def _at(vals, o, i):
+    """vals[i] of a register row (o = its lanes)."""
+    return tl.max(tl.where(o == i, vals, float("-inf")), 0)
+
+
+@triton.jit
+def _nucleus_kernel(vals, zpart, tpart, top_k, top_p, v_out, n_out, C, V, stride_v, NS,
+                    BC: tl.constexpr, BS: tl.constexpr):
+    """`ninfer.ops.sampling._nucleus` for one row, from its C candidates and the slices' parts."""
+    b = tl.program_id(0).to(tl.int64)
+    o = tl.arange(0, BC)
+    mc = o < C
+    vr = tl.load(vals + b * stride_v + o, mask=mc, other=float("-inf"))
+    kth, m, has_k = _kth(vals, top_k, b, C, V, stride_v)
+    p = tl.load(top_p + b)
+    os_ = tl.arange(0, BS)
+    ms = os_ < NS
+    z = tl.sum(tl.load(zpart + b * NS + os_, mask=ms, other=0.0), 0)
+    n_tie = tl.sum(tl.load(tpart + b * NS + os_, mask=ms, other=0), 0).to(tl.int64)
+    above = mc & (vr > kth)
+    # NOTE: IEEE divisions (div_rn; Triton's `/` is approximate on the GPU), as torch divides
+    sp = tl.math.div_rn(tl.where(above, tl.exp(vr - m), 0.0), z + 0.0 * vr)
+    before = tl.cumsum(sp, 0) - sp
+    active = p < 1.0
+    # NOTE: the top-p test as a vector (before >= p, and p < 1 broadcast): a scalar bool in `&` with a vector
+    #       one fails in Triton's interpreter
+    drop = above & (before >= p) & ((sp * 0.0 + p) < 1.0)
+    found = tl.max(drop.to(tl.int32), 0) > 0
+    j = tl.maximum(tl.min(tl.where(drop, o, BC), 0), 1)
+    v_cut = _at(vr, o, j - 1)
+    n_cut = (j - tl.sum((mc & (vr > v_cut)).to(tl.int32), 0)).to(tl.int64)
+    p_k = tl.math.div_rn(tl.exp(kth - m), z)
+    r = tl.maximum(tl.ceil(tl.math.div_rn(p - tl.sum(sp, 0), p_k)), 0.0)
+    kept_ties = tl.minimum(r, n_tie.to(tl.float32)).to(tl.int64)
+    n_tie_kept = tl.where(active, kept_ties, n_tie)
+    tl.store(v_out + b, tl.where(found, v_cut, kth))
+    tl.store(n_out + b, tl.where(found, n_cut, tl.where(has_k, n_tie_kept, V.to(tl.int64))))
+
+
+def nucleus(x: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`ninfer.ops.sampling._nucleus` (same arguments: x [B, V] fp32, vals [B, C] each row's C largest
+    values descending, C <= MAX_CANDIDATES, top_k [B] int64, top_p [B] fp32) -> (v [B] fp32, n [B] int64).
+    Two launches. The normaliser is summed over slices (torch sums the row in another order): a token whose
+    mass before it lies within fp32 rounding of top_p may fall on the other side of the cut."""
+    B, V = x.shape
+    C = vals.shape[1]
+    if not 1 <= C <= MAX_CANDIDATES or vals.shape[0] != B:
+        raise ValueError(f"vals must be [{B}, 1..{MAX_CANDIDATES}], got {tuple(vals.shape)}")
+    if x.dtype != torch.float32 or x.stride(1) != 1 or vals.dtype != torch.float32 or vals.stride(1) != 1:
+        raise ValueError("x and vals must be fp32 with unit stride along the row")
+    ns = triton.cdiv(V, BLOCK)
+    dev = x.device
+    top_k, top_p = top_k.contiguous(), top_p.contiguous()
+    zpart = torch.empty(B, ns, dtype=torch.float32, device=dev)
+    tpart = torch.empty(B, ns, dtype=torch.int32, device=dev)
+    v = torch.empty(B, dtype=torch.float32, device=dev)
+    n = torch.empty(B, dtype=torch.int64, device=dev)
+    if B:
+        _slice_stats_kernel[(B, ns)](x, vals, top_k, zpart, tpart, C, V, x.stride(0), vals.stride(0), ns, BLOCK=BLOCK,
+                                     num_warps=8)
+        _nucleus_kernel[(B,)](vals, zpart, tpart, top_k, top_p, v, n, C, V, vals.stride(0), ns,
+                              BC=triton.next_power_of_2(C), BS=triton.next_power_of_2(ns), num_warps=4)
+    return v, n
+
+
+# ------------------------------------------------------------------------------------------------
+# the race (step 9) over the kept tokens
+# ------------------------------------------------------------------------------------------------
+@triton.jit
+def _first_best(score, idx, BIG: tl.constexpr):
+    """(max score, lowest idx holding it)."""
+    best = tl.max(score, 0)
+    return best, tl.min(tl.where(score == best, idx, BIG), 0)
+
+
+@triton.jit
+def _race_slice_kernel(x, noise, v, m, best_a, idx_a, cnt, best_t, idx_t, V, stride_x, stride_u, stride_m, NS,
+                       BLOCK: tl.constexpr):
+    """Per (row, slice): the best kept token above v (score exp(x - m) / noise, -1 where that is 0), the
+    number of ties at v, and the best of those ties."""
+    b = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    offs = s * BLOCK + tl.arange(0, BLOCK)
+    inb = offs < V
+    xv = tl.load(x + b * stride_x + offs, mask=inb, other=float("-inf"))
+    u = tl.load(noise + b * stride_u + offs, mask=inb, other=1.0)
+    vv = tl.load(v + b)
+    e = tl.exp(xv - tl.load(m + b * stride_m))
+    score = tl.where(e > 0, e / tl.maximum(u, 1e-30), -1.0)
+    a, ia = _first_best(tl.where(inb & (xv > vv), score, -1.0), offs, 2147483647)
+    tie = inb & (xv == vv)
+    t, it = _first_best(tl.where(tie, score, -1.0), offs, 2147483647)
+    o = b * NS + s
+    tl.store(best_a + o, a)
+    tl.store(idx_a + o, ia)
+    tl.store(cnt + o, tl.sum(tie.to(tl.int32), 0))
+    tl.store(best_t + o, t)
+    tl.store(idx_t + o, it)
+
+
+@triton.jit
+def _race_pick_kernel(x, noise, v, m, n, best_a, idx_a, cnt, best_t, idx_t, out, V, stride_x, stride_u, stride_m,
+                      NS, BS: tl.constexpr, BLOCK: tl.constexpr):
+    """Per row: the ties at v are kept in id order up to n; a slice whose ties are all kept offers its best
+    tie, the slice where the count crosses n is rescanned for the best of its first ones; the winner is the
+    best score, the lowest id among equal ones (torch.argmax's rule)."""
+    b = tl.program_id(0).to(tl.int64)
+    os_ = tl.arange(0, BS)
+    ms = os_ < NS
+    o = b * NS + os_
+    a = tl.load(best_a + o, mask=ms, other=-1.0)
+    ia = tl.load(idx_a + o, mask=ms, other=2147483647)
+    c = tl.load(cnt + o, mask=ms, other=0).to(tl.int64)
+    t = tl.load(best_t + o, mask=ms, other=-1.0)
+    it = tl.load(idx_t + o, mask=ms, other=2147483647)
+    nn = tl.load(n + b)
+    before = tl.cumsum(c, 0) - c
+    full = ms & (c > 0) & (before + c <= nn)
+    better = full & ((t > a) | ((t == a) & (it < ia)))
+    a = tl.where(better, t, a)
+    ia = tl.where(better, it, ia)
+    best, idx = _first_best(a, ia, 2147483647)
+    # the slice where the kept ties end inside it (at most one): its first nn - before ties
+    cross = ms & (before < nn) & (before + c > nn)
+    if tl.max(cross.to(tl.int32), 0) > 0:
+        s = tl.min(tl.where(cross, os_, BS), 0)
+        left = nn - tl.sum(tl.where(os_ == s, before, 0), 0)
+        offs = s * BLOCK + tl.arange(0, BLOCK)
+        inb = offs < V
+        xv = tl.load(x + b * stride_x + offs, mask=inb, other=float("-inf"))
+        u = tl.load(noise + b * stride_u + offs, mask=inb, other=1.0)
+        e = tl.exp(xv - tl.load(m + b * stride_m))
+        score = tl.where(e > 0, e / tl.maximum(u, 1e-30), -1.0)
+        tie = inb & (xv == tl.load(v + b))
+        rank = tl.cumsum(tie.to(tl.int64), 0)                    # 1-based among the slice's ties
+        tb, ti = _first_best(tl.where(tie & (rank <= left), score, -1.0), offs, 2147483647)
+        take = (tb > best) | ((tb == best) & (ti < idx))
+        best = tl.where(take, tb, best)
+        idx = tl.where(take, ti, idx)
+    tl.store(out + b, idx.to(tl.int64))
+
+
+def race(x: torch.Tensor, noise: torch.Tensor, v: torch.Tensor, n: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """The drawn token of each row of x [B, V] fp32 over its kept tokens (those > v[b] and the n[b] lowest-id
+    ones == v[b], from `nucleus`): argmax of exp(x - m) / max(noise, 1e-30) over the kept tokens with a
+    nonzero exp (m [B], rows may be strided: the row's largest value, e.g. vals[:, 0]), the lowest id among
+    equal scores. noise [B, V] fp32 (the
+    rows' Exp(1) draws). Returns [B] int64. Two launches."""
+    B, V = x.shape
+    if noise.shape != (B, V) or noise.dtype != torch.float32 or noise.stride(1) != 1 or x.stride(1) != 1:
+        raise ValueError(f"noise must be fp32 [{B}, {V}] with unit stride along V (x too)")
+    ns = triton.cdiv(V, BLOCK)
+    dev = x.device
+    f = torch.empty(2, B, ns, dtype=torch.float32, device=dev)
+    i = torch.empty(3, B, ns, dtype=torch.int32, device=dev)
+    out = torch.empty(B, dtype=torch.int64, device=dev)
+    if B:
+        _race_slice_kernel[(B, ns)](x, noise, v, m, f[0], i[0], i[1], f[1], i[2], V, x.stride(0), noise.stride(0),
+                                    m.stride(0), ns, BLOCK=BLOCK, num_warps=8)
+        _race_pick_kernel[(B,)](x, noise, v, m, n, f[0], i[0], i[1], f[1], i[2], out, V, x.stride(0), noise.stride(0),
+                                m.stride(0), ns, BS=triton.next_power_of_2(ns), BLOCK=BLOCK, num_warps=8)
+    return out
