@@ -23,9 +23,10 @@ the k-th are counted over the whole row.
 
 On CUDA (`FUSED_DRAW`, `ninfer.ops.fast.sampling`) steps 6-9 run in a few Triton launches instead: the
 cut (v, n) from the candidates (`nucleus`) and the race over the kept tokens without materialising the cut
-row or its softmax (`race`: the largest exp(x - max) / noise, the order of p / noise). Rows with min-p, or a
-truncating row without a candidates bound, keep the torch path. The two agree token for token except
-where fp32 rounding decides (a mass within rounding of top_p, two scores within rounding of each other).
+row or its softmax (`race`: the largest exp(x - max) / noise, the order of p / noise). A batch with a min-p
+row, or with a truncating row that has no candidates bound (st.candidates 0), keeps the torch path. The two
+agree token for token except where fp32 rounding decides (a mass within rounding of top_p, two scores
+within rounding of each other).
 
 Log-probs are those of the raw distribution: log_softmax(logits.float()) before any of the above.
 
