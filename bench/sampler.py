@@ -41,6 +41,7 @@ def main() -> None:
     dev = args.device or default_device()
     print(f"env: {env_record()}", flush=True)
     rows, out = [], []
+    fused_default = S.FUSED_DRAW
     for B in args.batch:
         logits = torch.randn(B, args.vocab, device=dev, generator=torch.Generator(dev).manual_seed(0)) * 3
         for name, cfg in CONFIGS.items():
@@ -68,7 +69,7 @@ def main() -> None:
                 rec.update({f"{tag}_device_ms": dev_ms, f"{tag}_host_ms": host_ms})
             rows.append(row)
             out.append(rec)
-            S.FUSED_DRAW = True
+            S.FUSED_DRAW = fused_default
     print_table(["B", "config", "candidates", "now device_ms", "now host_ms", "torch device_ms", "torch host_ms",
                  "full device_ms", "full host_ms"], rows)
     print("host_ms: the call without a sync (on the CPU: the call)")

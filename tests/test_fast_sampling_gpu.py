@@ -113,7 +113,10 @@ def test_race_keeps_only_the_first_ties_in_id_order(monkeypatch):
 
 
 def test_nucleus_and_race_bad_arguments():
+    from ninfer.ops import sampling as S
     from ninfer.ops.fast import sampling as fast
+
+    assert S.CANDIDATES <= fast.MAX_CANDIDATES          # every candidates row `sample` builds fits `nucleus`
 
     x = torch.randn(2, 100, device=DEV)
     with pytest.raises(ValueError, match="vals must be"):

@@ -245,15 +245,23 @@ def cut_rows(x: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor, top_p: to
     return x.masked_fill(~keep, float("-inf"))
 
 
+def _fast(x: torch.Tensor):
+    """`ninfer.ops.fast.sampling` for a CUDA x when the fast kernels can run, else None (imported lazily)."""
+    if not x.is_cuda:
+        return None
+    from ninfer.ops.fast import fast_available
+    if not fast_available():
+        return None
+    from ninfer.ops.fast import sampling as fast
+    return fast
+
+
 def _top_values(x: torch.Tensor, k: int) -> torch.Tensor:
     """The k largest values of each row of x [B, V] fp32, descending: from Triton on CUDA for k up to its
     MAX_K (`ninfer.ops.fast.sampling`: torch.topk runs a 248k row as one block), else torch.topk."""
-    if x.is_cuda:
-        from ninfer.ops.fast import fast_available
-        if fast_available():
-            from ninfer.ops.fast import sampling as fast
-            if k <= fast.MAX_K:
-                return fast.topk_values(x, k)
+    fast = _fast(x)
+    if fast is not None and k <= fast.MAX_K:
+        return fast.topk_values(x, k)
     return x.topk(k, dim=1).values
 
 
@@ -265,15 +273,9 @@ FUSED_DRAW = os.environ.get("NINFER_FUSED_DRAW", "1") != "0"
 def _fused(x: torch.Tensor, st: SamplingTensors):
     """`ninfer.ops.fast.sampling` when the draw of x's rows runs there (CUDA; every truncating row bounded
     by top-k candidates, or no row truncating; no min-p), else None."""
-    if not (FUSED_DRAW and x.is_cuda) or st.min_p_any:
+    if not FUSED_DRAW or st.min_p_any or (st.truncates and not st.candidates):
         return None
-    from ninfer.ops.fast import fast_available
-    if not fast_available():
-        return None
-    from ninfer.ops.fast import sampling as fast
-    if st.truncates and not 0 < st.candidates <= fast.MAX_CANDIDATES:
-        return None
-    return fast
+    return _fast(x)
 
 
 def _truncate(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:

@@ -40,7 +40,7 @@ __all__ = ["MAX_K", "MAX_CANDIDATES", "topk_values", "nucleus", "race"]
 
 MAX_K = 64               # the largest k served here (k rounds per program); above it, torch.topk
 BLOCK = 4096             # the slice of a row per stage-1 program (and per nucleus / race slice program)
-MAX_CANDIDATES = 1024    # the widest candidate row `nucleus` takes (ninfer.ops.sampling.CANDIDATES)
+MAX_CANDIDATES = 1024    # the widest candidate row `nucleus` holds in registers (>= ninfer.ops.sampling.CANDIDATES)
 
 
 @triton.jit
