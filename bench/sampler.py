@@ -7,7 +7,8 @@ cut and race ("torch": FUSED_DRAW off), and with every skip off too ("full": the
 step, the raw log-softmax), which is what the sampler did before the skips.
 
     configurations: greedy (T 0), T 1 with no cut, top_k 20 + top_p 0.95 (the checkpoints' default: the
-    top-k candidates), top_p 0.95 alone (the sorted row)
+    top-k candidates), top_p 0.95 alone (torch: the sorted row; fused: `top_p_cut`), and top_p 0.95 with
+    min_p 0.05 (torch: the sorted row and the min-p softmax)
 
     PYTHONPATH=$PWD python3 bench/sampler.py [--batch 1 8] [--vocab 248320] [--device cuda]
 """
@@ -29,6 +30,7 @@ CONFIGS = {
     "T1": dict(temperature=1.0),
     "top_k20_p0.95": dict(temperature=1.0, top_k=20, top_p=0.95),
     "top_p0.95": dict(temperature=1.0, top_p=0.95),
+    "top_p0.95_min_p0.05": dict(temperature=1.0, top_p=0.95, min_p=0.05),
 }
 
 

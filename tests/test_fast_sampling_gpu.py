@@ -70,7 +70,8 @@ def _rows(kind, V, seed):
 @pytest.mark.parametrize("V,block", [(300, 64), (5000, 256), (9000, 4096)] + ([] if INTERPRET else [(248320, 4096)]))
 @pytest.mark.parametrize("kind", ["normal", "ties", "flat", "masked"])
 @pytest.mark.parametrize("seed", range(2))
-def test_nucleus_and_race_equal_the_torch_cut_and_race(V, block, kind, seed, monkeypatch):
+@pytest.mark.parametrize("C", [64, 49])
+def test_nucleus_and_race_equal_the_torch_cut_and_race(V, block, kind, seed, C, monkeypatch):
     """`nucleus` gives the torch cut's (v, n) (`ops.sampling._nucleus` on the same candidates) except where a
     token's mass before it is within fp32 rounding of top_p (the float64 oracle flags those rows), and `race`
     the torch race's token over the kept set (cut row, softmax, argmax of p / noise), with the row split in
@@ -83,7 +84,7 @@ def test_nucleus_and_race_equal_the_torch_cut_and_race(V, block, kind, seed, mon
     monkeypatch.setattr(fast, "BLOCK", block)
     x, ks, ps = _rows(kind, V, 40 + seed)
     xd, kd, pd = x.to(DEV), ks.to(DEV), ps.to(DEV)
-    vals = xd.topk(64, dim=1).values
+    vals = xd.topk(C, dim=1).values                    # C = 49: candidates short of the kernel's lanes
     v, n = fast.nucleus(xd, vals, kd, pd)
     want_v, want_n = S._nucleus(xd, vals, kd, pd)
     differ = [r for r in range(len(_ROWS)) if (v[r].item(), n[r].item()) != (want_v[r].item(), want_n[r].item())]
@@ -94,6 +95,87 @@ def test_nucleus_and_race_equal_the_torch_cut_and_race(V, block, kind, seed, mon
     want = torch.where(probs > 0, probs / noise.clamp_min(1e-30), -1.0).argmax(dim=-1)
     got = fast.race(xd, noise, want_v, want_n, vals[:, 0])
     assert got.dtype == torch.int64 and torch.equal(got, want)
+
+
+_P_ROWS = [(0, 0.95), (0, 0.5), (0, 1e-3), (20, 0.9), (-1, 0.99), (0, 1.0), (0, 0.9999), (0, 0.0), (0, 0.7)]
+
+
+@pytest.mark.parametrize("V,block", [(300, 64), (5000, 1024)] + ([] if INTERPRET else [(9000, 4096), (248320, 4096)]))
+@pytest.mark.parametrize("kind", ["normal", "ties", "flat", "masked", "wide"])
+@pytest.mark.parametrize("seed", range(2))
+def test_top_p_cut_equals_the_torch_cut_of_the_sorted_row(V, block, kind, seed, monkeypatch):
+    """`top_p_cut` gives, for the rows with top-p and no top-k cut (top_k 0 or >= V), the (v, n) of the
+    torch cut over the sorted row (`ops.sampling._nucleus` with C = V), except where a token's mass before
+    it is within fp32 rounding of top_p (the float64 oracle flags those rows); the other rows keep what
+    v and n held. Ties at the cut cross slices; 'wide' spans many binary exponents (negative, tiny, huge)."""
+    from test_ops_sampling import _kept_oracle
+
+    from ninfer.ops import sampling as S
+    from ninfer.ops.fast import sampling as fast
+
+    monkeypatch.setattr(fast, "BLOCK", block)
+    g = torch.Generator().manual_seed(90 + seed)
+    B = len(_P_ROWS)
+    x = torch.randn(B, V, generator=g) * 2
+    if kind == "ties":
+        x = (x * 2).round() / 2
+    elif kind == "flat":
+        x = torch.zeros(B, V)
+    elif kind == "masked":
+        x[:, torch.randperm(V, generator=g)[:V // 3]] = float("-inf")
+    elif kind == "wide":
+        x = torch.sign(x) * torch.exp(torch.randn(B, V, generator=g) * 4).clamp(max=60.0)
+        x[:, ::7] = 0.0
+        x[:, 1::7] = -0.0
+    ks = torch.tensor([V if k < 0 else k for k, _ in _P_ROWS], dtype=torch.long)
+    ps = torch.tensor([p for _, p in _P_ROWS], dtype=torch.float32)
+    xd, kd, pd = x.to(DEV), ks.to(DEV), ps.to(DEV)
+    srt = xd.sort(dim=1, descending=True).values
+    v = torch.full((B,), 123.0, device=DEV)
+    n = torch.full((B,), 77, dtype=torch.long, device=DEV)
+    fast.top_p_cut(xd, srt[:, 0], kd, pd, v, n)
+    want_v, want_n = S._nucleus(xd, srt, kd, pd)
+    active = [r for r in range(B) if not 0 < int(ks[r]) < V and float(ps[r]) < 1.0]
+    for r in range(B):
+        if r not in active:
+            assert (v[r].item(), n[r].item()) == (123.0, 77), r
+    # NOTE: compared as kept sets: where the mass never reaches top_p the torch cut keeps the row as
+    #       (-inf, V), this one as (its smallest value, all of its ties)
+    got, want = _kept_sets(xd, v, n), _kept_sets(xd, want_v, want_n)
+    differ = [r for r in active if got[r] != want[r]]
+    assert all(_kept_oracle(x[r], int(ks[r]), float(ps[r]))[1] for r in differ), differ
+    assert len(differ) <= (4 if kind == "flat" else 1), differ
+
+
+def _kept_sets(x, v, n):
+    """The kept token ids of each row for a cut (v, n): those > v and the n lowest-id ones == v."""
+    tie = x == v[:, None]
+    keep = (x > v[:, None]) | (tie & (tie.cumsum(dim=1) <= n[:, None]))
+    return [set(torch.nonzero(r).flatten().tolist()) for r in keep.cpu()]
+
+
+@pytest.mark.parametrize("kind", ["normal", "ties"])
+def test_race_with_min_p_equals_the_torch_min_p_draw(kind):
+    """`race` with min_p keeps only tokens with exp(x - max) >= min_p: the torch draw after step 8 (softmax
+    of `_truncate`'s row, p < min_p · max p removed), token for token."""
+    from ninfer.ops import sampling as S
+    from ninfer.ops.fast import sampling as fast
+
+    V = 5000
+    x, _, _ = _rows(kind, V, 7)
+    B = x.shape[0]
+    xd = x.to(DEV)
+    mins = [0.0, 0.05, 0.3, 1.0, 0.01, 0.5, 0.0, 0.2, 0.9, 0.1][:B]
+    st = S.SamplingTensors.build(vocab_size=V, device=DEV, temperature=[1.0] * B, top_k=[20] * B,
+                                 top_p=[0.95] * B, min_p=mins)
+    vals = xd.topk(20, dim=1).values
+    v, n = fast.nucleus(xd, vals, st.top_k, st.top_p)
+    probs = torch.softmax(S._truncate(xd, st), dim=-1)
+    for seed in range(3):
+        noise = torch.empty_like(xd).exponential_(generator=gen(seed))
+        want = torch.where(probs > 0, probs / noise.clamp_min(1e-30), -1.0).argmax(dim=-1)
+        got = fast.race(xd, noise, v, n, vals[:, 0], st.min_p)
+        assert torch.equal(got, want), seed
 
 
 def test_race_keeps_only_the_first_ties_in_id_order(monkeypatch):
@@ -132,10 +214,13 @@ def test_nucleus_and_race_bad_arguments():
     dict(temperature=[0.8], top_k=[20], top_p=[0.95]),
     dict(temperature=[0.9, 0.0, 1.1], top_k=[0, 20, 0], top_p=[1.0, 0.9, 1.0]),       # no cut / greedy rows
     dict(temperature=[1.0, 1.0], top_k=[0, 0], top_p=[1.0, 1.0]),                       # nothing truncates
+    dict(temperature=[0.8], top_p=[0.95]),                                              # top-p alone
+    dict(temperature=[0.7, 1.0, 1.2, 0.9], top_k=[0, 20, 0, 0], top_p=[0.9, 0.95, 1.0, 0.6],
+         min_p=[0.05, 0.0, 0.1, 0.0]),                                                  # top-p alone, min-p
 ])
 def test_sample_fused_draw_equals_the_torch_draw(params, monkeypatch):
-    """`sample` on CUDA draws through `nucleus` + `race` (FUSED_DRAW): the same tokens and rng states, round
-    after round, as with the switch off (the torch cut and race), on 248k-wide rows."""
+    """`sample` on CUDA draws through `nucleus` / `top_p_cut` + `race` (FUSED_DRAW): the same tokens and rng
+    states, round after round, as with the switch off (the torch cut, min-p and race), on 248k-wide rows."""
     from ninfer.ops import sampling as S
 
     B = len(params["temperature"])

@@ -266,6 +266,21 @@ def test_top_p_only_rows_sort_the_whole_row():
                                  top_k=[CANDIDATES + 1, 3]).candidates == 0
 
 
+def test_fused_draw_facts_of_the_rows():
+    """`build`'s facts for the fused draw: top_k_max, the largest top-k cut (0 without one; top_k >= V is no
+    cut), and top_p_only, whether a row cuts by top-p without a top-k cut (the fast `top_p_cut` rows). The
+    dataclass defaults (not built) are the safe ones: top_k_max unknown (-1), top_p_only True."""
+    st = _st(3, top_k=[20, 0, V], top_p=[0.95, 0.9, 1.0])
+    assert (st.top_k_max, st.top_p_only, st.candidates) == (20, True, 0)
+    assert (_st(2, top_k=[20, 0], top_p=[0.95, 1.0]).top_k_max, _st(2, top_k=[20, 0], top_p=[0.95, 1.0]).top_p_only) \
+        == (20, False)
+    assert (_st(1, top_k=[V], top_p=[0.5]).top_k_max, _st(1, top_k=[V], top_p=[0.5]).top_p_only) == (0, True)
+    assert (_st(1).top_k_max, _st(1).top_p_only) == (0, False)
+    assert (_st(2, top_k=[7, 30]).top_k_max, _st(2, top_k=[7, 30]).top_p_only) == (30, False)
+    fields = {f.name: f.default for f in __import__("dataclasses").fields(SamplingTensors)}
+    assert fields["top_k_max"] == -1 and fields["top_p_only"] is True
+
+
 def test_top_k_candidates_draw_the_same_tokens_and_states():
     """The candidate cut and the full sort give the same draws, token for token, and the same rng states."""
     import dataclasses

@@ -22,11 +22,12 @@ give the same kept set (`_nucleus`): the candidates hold every value above the k
 the k-th are counted over the whole row.
 
 On CUDA (`FUSED_DRAW`, `ninfer.ops.fast.sampling`) steps 6-9 run in a few Triton launches instead: the
-cut (v, n) from the candidates (`nucleus`) and the race over the kept tokens without materialising the cut
-row or its softmax (`race`: the largest exp(x - max) / noise, the order of p / noise). A batch with a min-p
-row, or with a truncating row that has no candidates bound (st.candidates 0), keeps the torch path. The two
-agree token for token except where fp32 rounding decides (a mass within rounding of top_p, two scores
-within rounding of each other).
+cut (v, n) from the candidates (`nucleus`) for rows with a top-k cut, from a radix descent over the whole
+row (`top_p_cut`, no sort) for rows that cut by top-p alone, and the race over the kept tokens without
+materialising the cut row or its softmax (`race`: the largest exp(x - max) / noise, the order of p / noise;
+min-p as exp(x - max) >= min_p). Only a batch with a top-k cut above CANDIDATES keeps the torch path. The
+two agree token for token except where fp32 rounding decides (a mass within rounding of top_p, a
+probability within rounding of min_p · max p, two scores within rounding of each other).
 
 Log-probs are those of the raw distribution: log_softmax(logits.float()) before any of the above.
 
@@ -100,6 +101,10 @@ class SamplingTensors:
     candidates: int = 0
     # NOTE: whether any row has a logit bias or a non-neutral penalty; without one, steps 1-3 are skipped.
     penalized: bool = True
+    # NOTE: for the fused draw (`_fused`): the largest top-k of the rows that cut by top-k (0: none; -1: not
+    #       known), and whether some row cuts by top-p without a top-k cut (`top_p_cut` then decides it).
+    top_k_max: int = -1
+    top_p_only: bool = True
 
     @classmethod
     def build(
@@ -153,6 +158,8 @@ class SamplingTensors:
             truncates=any(0 < k < vocab_size for k in ks) or any(p < 1.0 for p in ps),
             min_p_any=any(m > 0.0 for m in mins),
             candidates=_candidates(ks, ps, vocab_size),
+            top_k_max=max([k for k in ks if 0 < k < vocab_size], default=0),
+            top_p_only=any(not 0 < k < vocab_size and p < 1.0 for k, p in zip(ks, ps)),
             penalized=bool(flat) or any(
                 v is not None and any(float(np.float32(x)) != neutral for x in v)
                 for v, neutral in ((repetition_penalty, 1.0), (presence_penalty, 0.0), (frequency_penalty, 0.0))),
@@ -271,11 +278,25 @@ FUSED_DRAW = os.environ.get("NINFER_FUSED_DRAW", "1") != "0"
 
 
 def _fused(x: torch.Tensor, st: SamplingTensors):
-    """`ninfer.ops.fast.sampling` when the draw of x's rows runs there (CUDA; every truncating row bounded
-    by top-k candidates, or no row truncating; no min-p), else None."""
-    if not FUSED_DRAW or st.min_p_any or (st.truncates and not st.candidates):
+    """`ninfer.ops.fast.sampling` when the draw of x's rows runs there (CUDA; no row with a top-k cut above
+    CANDIDATES), else None."""
+    if not FUSED_DRAW or (st.truncates and not 0 <= st.top_k_max <= CANDIDATES):
         return None
     return _fast(x)
+
+
+def _fused_cut(fast, x: torch.Tensor, st: SamplingTensors) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Steps 6-7 of the fused draw on temperature-scaled logits x [B, V]: ((v, n), m), the kept tokens of
+    each row being those > v and the n lowest-id ones == v (`_nucleus`), m the row's largest value."""
+    B, V = x.shape
+    if st.top_k_max > 0:
+        vals = _top_values(x, st.top_k_max)
+        cut, top = fast.nucleus(x, vals, st.top_k, st.top_p), vals[:, 0]
+    else:
+        cut, top = (torch.full_like(st.temperature, float("-inf")), torch.full_like(st.top_k, V)), x.amax(dim=1)
+    if st.top_p_only:
+        fast.top_p_cut(x, top, st.top_k, st.top_p, *cut)              # the rows without a top-k cut, in place
+    return cut, top
 
 
 def _truncate(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
@@ -336,11 +357,8 @@ def sample(
         fast = _fused(xs, st)
         if fast is None:
             probs = torch.softmax(_truncate(xs, st), dim=-1)
-        elif st.truncates:
-            vals = _top_values(xs, st.candidates)
-            cut, top = fast.nucleus(xs, vals, st.top_k, st.top_p), vals[:, 0]
         else:
-            cut, top = (torch.full_like(st.temperature, float("-inf")), torch.full_like(st.top_k, V)), xs.amax(dim=1)
+            cut, top = _fused_cut(fast, xs, st)
         # NOTE: one noise row per drawn row, each from its own generator (greedy rows: ones, no draw), then
         #       one batched race: a row's winner is argmax p / Exp(1) over the tokens it keeps.
         mixed = len(drawn) < B
@@ -357,7 +375,7 @@ def sample(
             # NOTE: removed tokens (p = 0) must never win, even against a zero noise draw.
             tokens = torch.where(probs > 0, probs / noise.clamp_min(1e-30), -1.0).argmax(dim=-1)
         else:
-            tokens = fast.race(xs, noise, *cut, top)
+            tokens = fast.race(xs, noise, *cut, top, st.min_p if st.min_p_any else None)
         if mixed:
             tokens = torch.where(greedy, x.argmax(dim=-1), tokens)
     if not logprobs:

@@ -8,7 +8,12 @@ returns them, from the row's candidates vals [B, C] (C <= MAX_CANDIDATES): one l
 rows (the top-k normaliser and the count of ties at the k-th value, per slice) and one program per row
 for the rest (the cumulative mass over the C candidates and the cut rule, in registers).
 
-`race(x, noise, v, n, m)`: the draw over the kept tokens of (v, n): the first token of the largest
+`top_p_cut(x, m, top_k, top_p, v, n)`: the same (v, n) for the rows that cut by top-p without a top-k cut,
+whose kept prefix can reach far past any candidates, from the whole row without sorting it: PASSES launches
+each fix DIGIT more bits of the cut value's order-preserving key from the masses of the 16 buckets of the
+prefix fixed so far (summed per slice), then one program per row turns the key into v and n.
+
+`race(x, noise, v, n, m, min_p)`: the draw over the kept tokens of (v, n): the first token of the largest
 exp(x - m) / noise (m = each row's largest value), which orders the row as p / noise does (p =
 softmax of the kept tokens: the normaliser is one per row); removed tokens never win. One launch over
 slices (each slice's best kept token above v, its ties at v and their best), one program per row that
@@ -36,7 +41,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAX_K", "MAX_CANDIDATES", "topk_values", "nucleus", "race"]
+__all__ = ["MAX_K", "MAX_CANDIDATES", "topk_values", "nucleus", "top_p_cut", "race"]
 
 MAX_K = 64               # the largest k served here (k rounds per program); above it, torch.topk
 BLOCK = 4096             # the slice of a row per stage-1 program (and per nucleus / race slice program)
@@ -138,8 +143,10 @@ def _nucleus_kernel(vals, zpart, tpart, top_k, top_p, v_out, n_out, C, V, stride
     z = tl.sum(tl.load(zpart + b * NS + os_, mask=ms, other=0.0), 0)
     n_tie = tl.sum(tl.load(tpart + b * NS + os_, mask=ms, other=0), 0).to(tl.int64)
     above = mc & (vr > kth)
-    # NOTE: IEEE divisions (div_rn; Triton's `/` is approximate on the GPU), as torch divides
-    sp = tl.math.div_rn(tl.where(above, tl.exp(vr - m), 0.0), z + 0.0 * vr)
+    # NOTE: IEEE divisions (div_rn; Triton's `/` is approximate on the GPU), as torch divides. z is
+    #       broadcast through the (finite) numerators: 0 * vr would be NaN on the -inf lanes past C.
+    num = tl.where(above, tl.exp(vr - m), 0.0)
+    sp = tl.math.div_rn(num, z + 0.0 * num)
     before = tl.cumsum(sp, 0) - sp
     active = p < 1.0
     # NOTE: the top-p test as a vector (before >= p, and p < 1 broadcast): a scalar bool in `&` with a vector
@@ -185,8 +192,147 @@ def nucleus(x: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor, top_p: tor
 
 
 # ------------------------------------------------------------------------------------------------
+# the top-p cut over the whole row (rows without a top-k cut): a radix descent over the values' keys
+# ------------------------------------------------------------------------------------------------
+DIGIT = 4                # key bits decided per pass (16 buckets)
+PASSES = 32 // DIGIT     # passes to decide a 32-bit key
+
+
+@triton.jit
+def _key(xv):
+    """The order-preserving 32-bit key of fp32 values (as int64; -0.0 is canonicalised to +0.0 by the caller)."""
+    u = xv.to(tl.int32, bitcast=True)
+    return tl.where(u >= 0, u.to(tl.int64) + 2147483648, (~u).to(tl.int64))
+
+
+@triton.jit
+def _unkey(key):
+    """The fp32 value of a key of `_key`."""
+    u = tl.where(key >= 2147483648, key - 2147483648, ~key).to(tl.int32)
+    return u.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _active(top_k, top_p, b, V):
+    """Whether row b cuts by top-p without a top-k cut (the rows `top_p_cut` decides)."""
+    k = tl.load(top_k + b)
+    return ((k <= 0) | (k >= V)) & (tl.load(top_p + b) < 1.0)
+
+
+@triton.jit
+def _descend(hpart, zpart, b, npass, NS, p, PASSES: tl.constexpr, BS: tl.constexpr):
+    """(P, A, T) after `npass` digits of row b: the key prefix that holds the cut, the mass above that
+    prefix's range (Σ exp(x - m) of larger keys) and the target mass p·z. Each pass takes the largest
+    digit whose bucket is not empty and with which the mass reaches T (A + Σ buckets >= digit); where
+    rounding leaves no such digit, the lowest non-empty one (the cut then keeps the whole range, as
+    `_nucleus` keeps the whole row when the mass never reaches top_p). Every program that needs (P, A, T)
+    recomputes them from the passes' parts in the same order, so they agree exactly."""
+    os_ = tl.arange(0, BS)
+    ms = os_ < NS
+    T = p * tl.sum(tl.load(zpart + b * NS + os_, mask=ms, other=0.0), 0)
+    od = tl.arange(0, 16)
+    P = b * 0
+    A = T * 0.0
+    for i in range(npass):
+        hp = hpart + ((b * PASSES + i) * NS + os_[:, None]) * 16 + od[None, :]
+        h = tl.sum(tl.load(hp, mask=ms[:, None], other=0.0), 0)
+        S = tl.cumsum(h, 0, reverse=True)                        # S[d] = mass of the digits >= d
+        full = h > 0
+        reach = full & (A + S >= T)
+        d = tl.where(tl.max(reach.to(tl.int32), 0) > 0, tl.max(tl.where(reach, od, -1), 0),
+                     tl.min(tl.where(full, od, 15), 0))
+        A = A + tl.sum(tl.where(od == d + 1, S, 0.0), 0)          # the mass of the digits above d
+        P = P * 16 + d
+    return P, A, T
+
+
+@triton.jit
+def _mass_slice_kernel(x, m, top_k, top_p, hpart, zpart, V, stride_x, stride_m, NS, npass,
+                       PASSES: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr, BS: tl.constexpr):
+    """Pass `npass` over one (row, slice): the masses Σ exp(x - m) of the slice's values whose key matches
+    the prefix decided so far, per value of the next digit (and, in pass 0, the slice's part of z)."""
+    b = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    if _active(top_k, top_p, b, V):
+        P, A, T = _descend(hpart, zpart, b, npass, NS, tl.load(top_p + b), PASSES, BS)
+        mm = tl.load(m + b * stride_m)
+        shift = 28 - 4 * npass
+        od = tl.arange(0, 16)
+        hist = tl.zeros([16], dtype=tl.float32)
+        z = 0.0
+        for c in tl.static_range(0, BLOCK, SUB):
+            offs = s * BLOCK + c + tl.arange(0, SUB)
+            inb = offs < V
+            xv = tl.load(x + b * stride_x + offs, mask=inb, other=float("-inf")) + 0.0
+            key = _key(xv)
+            e = tl.exp(xv - mm)
+            match = inb & ((key >> (shift + 4)) == P)
+            dig = ((key >> shift) & 15).to(tl.int32)
+            hist += tl.sum(tl.where(match[:, None] & (dig[:, None] == od[None, :]), e[:, None], 0.0), 0)
+            z += tl.sum(tl.where(inb, e, 0.0), 0)
+        tl.store(hpart + ((b * PASSES + npass) * NS + s) * 16 + od, hist)
+        if npass == 0:
+            tl.store(zpart + b * NS + s, z)
+
+
+@triton.jit
+def _mass_cut_kernel(m, top_k, top_p, hpart, zpart, v_out, n_out, V, stride_m, NS,
+                     PASSES: tl.constexpr, BS: tl.constexpr):
+    """The cut of row b from its PASSES digits: v = the value of the key, n = the ties at v that the mass
+    still needs (at least 1), or every tie when v's probability underflows."""
+    b = tl.program_id(0).to(tl.int64)
+    if _active(top_k, top_p, b, V):
+        P, A, T = _descend(hpart, zpart, b, PASSES, NS, tl.load(top_p + b), PASSES, BS)
+        v = _unkey(P)
+        e_v = tl.exp(v - tl.load(m + b * stride_m))
+        r = tl.maximum(tl.ceil(tl.math.div_rn(T - A, tl.where(e_v > 0, e_v, 1.0))), 1.0)
+        tl.store(v_out + b, v)
+        tl.store(n_out + b, tl.where(e_v > 0, tl.minimum(r, V * 1.0).to(tl.int64), V.to(tl.int64)))
+
+
+def top_p_cut(x: torch.Tensor, m: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, v: torch.Tensor,
+              n: torch.Tensor) -> None:
+    """The top-p cut of the rows of x [B, V] fp32 that have no top-k cut (top_k <= 0 or >= V) and top_p < 1,
+    as `ninfer.ops.sampling._nucleus` makes it from the sorted row, written into those rows of v [B] fp32 and
+    n [B] int64 (other rows are left as they are: e.g. `nucleus`'s). m [B] (may be strided): each row's
+    largest value. The kept tokens are then those > v and the n lowest-id ones == v. No sort: PASSES
+    launches each decide DIGIT bits of the cut value's key over slices of the rows (the masses of the
+    prefix's buckets), one more the cut; each needs only the parts of the passes before it. The masses
+    are summed in another order than torch's cumulative sum: a token whose mass before it lies within fp32
+    rounding of top_p may fall on the other side of the cut."""
+    B, V = x.shape
+    if x.dtype != torch.float32 or x.stride(1) != 1:
+        raise ValueError(f"x must be fp32 with unit stride along V, got {x.dtype}, strides {x.stride()}")
+    if v.shape != (B,) or n.shape != (B,) or v.dtype != torch.float32 or n.dtype != torch.int64:
+        raise ValueError(f"v and n must be [{B}] fp32 and int64")
+    ns = triton.cdiv(V, BLOCK)
+    dev = x.device
+    top_k, top_p = top_k.contiguous(), top_p.contiguous()
+    hpart = torch.empty(B, PASSES, ns, 16, dtype=torch.float32, device=dev)
+    zpart = torch.empty(B, ns, dtype=torch.float32, device=dev)
+    bs = triton.next_power_of_2(ns)
+    if B:
+        for i in range(PASSES):
+            _mass_slice_kernel[(B, ns)](x, m, top_k, top_p, hpart, zpart, V, x.stride(0), m.stride(0), ns, i,
+                                        PASSES=PASSES, BLOCK=BLOCK, SUB=min(BLOCK, 1024), BS=bs, num_warps=8)
+        _mass_cut_kernel[(B,)](m, top_k, top_p, hpart, zpart, v, n, V, m.stride(0), ns, PASSES=PASSES, BS=bs,
+                               num_warps=4)
+
+
+# ------------------------------------------------------------------------------------------------
 # the race (step 9) over the kept tokens
 # ------------------------------------------------------------------------------------------------
+@triton.jit
+def _score(xv, u, mm, min_p, b, HAS_MIN_P: tl.constexpr):
+    """The race's score of values xv with noise u: exp(xv - mm) / u, -1 (never wins) where the exp is 0
+    or, with min-p, below min_p[b] (step 8: p < min_p · max p, the normaliser cancelling)."""
+    e = tl.exp(xv - mm)
+    kept = e > 0
+    if HAS_MIN_P:
+        kept = kept & (e >= tl.load(min_p + b))
+    return tl.where(kept, e / tl.maximum(u, 1e-30), -1.0)
+
+
 @triton.jit
 def _first_best(score, idx, BIG: tl.constexpr):
     """(max score, lowest idx holding it)."""
@@ -195,8 +341,8 @@ def _first_best(score, idx, BIG: tl.constexpr):
 
 
 @triton.jit
-def _race_slice_kernel(x, noise, v, m, best_a, idx_a, cnt, best_t, idx_t, V, stride_x, stride_u, stride_m, NS,
-                       BLOCK: tl.constexpr):
+def _race_slice_kernel(x, noise, v, m, min_p, best_a, idx_a, cnt, best_t, idx_t, V, stride_x, stride_u, stride_m,
+                       NS, HAS_MIN_P: tl.constexpr, BLOCK: tl.constexpr):
     """Per (row, slice): the best kept token above v (score exp(x - m) / noise, -1 where that is 0), the
     number of ties at v, and the best of those ties."""
     b = tl.program_id(0).to(tl.int64)
@@ -206,8 +352,7 @@ def _race_slice_kernel(x, noise, v, m, best_a, idx_a, cnt, best_t, idx_t, V, str
     xv = tl.load(x + b * stride_x + offs, mask=inb, other=float("-inf"))
     u = tl.load(noise + b * stride_u + offs, mask=inb, other=1.0)
     vv = tl.load(v + b)
-    e = tl.exp(xv - tl.load(m + b * stride_m))
-    score = tl.where(e > 0, e / tl.maximum(u, 1e-30), -1.0)
+    score = _score(xv, u, tl.load(m + b * stride_m), min_p, b, HAS_MIN_P)
     a, ia = _first_best(tl.where(inb & (xv > vv), score, -1.0), offs, 2147483647)
     tie = inb & (xv == vv)
     t, it = _first_best(tl.where(tie, score, -1.0), offs, 2147483647)
@@ -220,8 +365,8 @@ def _race_slice_kernel(x, noise, v, m, best_a, idx_a, cnt, best_t, idx_t, V, str
 
 
 @triton.jit
-def _race_pick_kernel(x, noise, v, m, n, best_a, idx_a, cnt, best_t, idx_t, out, V, stride_x, stride_u, stride_m,
-                      NS, BS: tl.constexpr, BLOCK: tl.constexpr):
+def _race_pick_kernel(x, noise, v, m, min_p, n, best_a, idx_a, cnt, best_t, idx_t, out, V, stride_x, stride_u,
+                      stride_m, NS, HAS_MIN_P: tl.constexpr, BS: tl.constexpr, BLOCK: tl.constexpr):
     """Per row: the ties at v are kept in id order up to n; a slice whose ties are all kept offers its best
     tie, the slice where the count crosses n is rescanned for the best of its first ones; the winner is the
     best score, the lowest id among equal ones (torch.argmax's rule)."""
@@ -250,8 +395,7 @@ def _race_pick_kernel(x, noise, v, m, n, best_a, idx_a, cnt, best_t, idx_t, out,
         inb = offs < V
         xv = tl.load(x + b * stride_x + offs, mask=inb, other=float("-inf"))
         u = tl.load(noise + b * stride_u + offs, mask=inb, other=1.0)
-        e = tl.exp(xv - tl.load(m + b * stride_m))
-        score = tl.where(e > 0, e / tl.maximum(u, 1e-30), -1.0)
+        score = _score(xv, u, tl.load(m + b * stride_m), min_p, b, HAS_MIN_P)
         tie = inb & (xv == tl.load(v + b))
         rank = tl.cumsum(tie.to(tl.int64), 0)                    # 1-based among the slice's ties
         tb, ti = _first_best(tl.where(tie & (rank <= left), score, -1.0), offs, 2147483647)
@@ -261,12 +405,13 @@ def _race_pick_kernel(x, noise, v, m, n, best_a, idx_a, cnt, best_t, idx_t, out,
     tl.store(out + b, idx.to(tl.int64))
 
 
-def race(x: torch.Tensor, noise: torch.Tensor, v: torch.Tensor, n: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+def race(x: torch.Tensor, noise: torch.Tensor, v: torch.Tensor, n: torch.Tensor, m: torch.Tensor,
+         min_p: torch.Tensor | None = None) -> torch.Tensor:
     """The drawn token of each row of x [B, V] fp32 over its kept tokens (those > v[b] and the n[b] lowest-id
-    ones == v[b], from `nucleus`): argmax of exp(x - m) / max(noise, 1e-30) over the kept tokens with a
-    nonzero exp (m [B], rows may be strided: the row's largest value, e.g. vals[:, 0]), the lowest id among
-    equal scores. noise [B, V] fp32 (the
-    rows' Exp(1) draws). Returns [B] int64. Two launches."""
+    ones == v[b], from `nucleus` / `top_p_cut`): argmax of exp(x - m) / max(noise, 1e-30) over the kept
+    tokens with a nonzero exp (m [B], rows may be strided: the row's largest value, e.g. vals[:, 0]), the
+    lowest id among equal scores. min_p [B] fp32 (optional, step 8): a kept token also needs
+    exp(x - m) >= min_p[b]. noise [B, V] fp32 (the rows' Exp(1) draws). Returns [B] int64. Two launches."""
     B, V = x.shape
     if noise.shape != (B, V) or noise.dtype != torch.float32 or noise.stride(1) != 1 or x.stride(1) != 1:
         raise ValueError(f"noise must be fp32 [{B}, {V}] with unit stride along V (x too)")
@@ -276,8 +421,11 @@ def race(x: torch.Tensor, noise: torch.Tensor, v: torch.Tensor, n: torch.Tensor,
     i = torch.empty(3, B, ns, dtype=torch.int32, device=dev)
     out = torch.empty(B, dtype=torch.int64, device=dev)
     if B:
-        _race_slice_kernel[(B, ns)](x, noise, v, m, f[0], i[0], i[1], f[1], i[2], V, x.stride(0), noise.stride(0),
-                                    m.stride(0), ns, BLOCK=BLOCK, num_warps=8)
-        _race_pick_kernel[(B,)](x, noise, v, m, n, f[0], i[0], i[1], f[1], i[2], out, V, x.stride(0), noise.stride(0),
-                                m.stride(0), ns, BS=triton.next_power_of_2(ns), BLOCK=BLOCK, num_warps=8)
+        mp = v if min_p is None else min_p.contiguous()          # (unused without min-p)
+        _race_slice_kernel[(B, ns)](x, noise, v, m, mp, f[0], i[0], i[1], f[1], i[2], V, x.stride(0),
+                                    noise.stride(0), m.stride(0), ns, HAS_MIN_P=min_p is not None, BLOCK=BLOCK,
+                                    num_warps=8)
+        _race_pick_kernel[(B,)](x, noise, v, m, mp, n, f[0], i[0], i[1], f[1], i[2], out, V, x.stride(0),
+                                noise.stride(0), m.stride(0), ns, HAS_MIN_P=min_p is not None,
+                                BS=triton.next_power_of_2(ns), BLOCK=BLOCK, num_warps=8)
     return out
