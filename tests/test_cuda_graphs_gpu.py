@@ -155,23 +155,29 @@ def test_graph_decode_with_pdl_equals_eager(identity, monkeypatch):
         torch.testing.assert_close(b, c, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("side", [True, False])
+@pytest.mark.parametrize("side", [True, False, "serial"])
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
 def test_graph_decode_side_gate_equals_eager(identity, side, monkeypatch):
     """The mixers' gate rows (GDN z, attention gate) as a second GEMV on a side stream inside the decode
     graph of one row (on by default; B > 1 keeps the one in_proj GEMV), and the switch off: the join
     before each read of the gate orders it after its write, so the graphs give the eager tokens and
-    logits either way, and the B=1 capture asked for the pair at every mixer layer, or at none."""
+    logits either way, and the B=1 capture asked for the pair at every mixer layer, or at none.
+    "serial": the pair with a half that may not run beside another GEMV (`gemv.concurrent_ok` False, as
+    for a split-K half): both on the current stream, the fork and join ordering nothing."""
+    from ninfer.ops.fast import gemv
     from ninfer.targets.qwen3_6.runtime import model as M
     te, le, _, fe = _run(identity, "eager")
-    calls = []
+    calls, beside = [], []
     pair = M.SideGemv.pair
     monkeypatch.setattr(M.SideGemv, "pair", lambda self, *a: calls.append(a[-1]) or pair(self, *a))
-    monkeypatch.setattr(M, "SIDE_GATE", side)
+    monkeypatch.setattr(M, "SIDE_GATE", bool(side))
+    if side == "serial":
+        monkeypatch.setattr(gemv, "concurrent_ok", lambda n, k, m: beside.append(n) and False)
     tg, lg, replays, fg = _run(identity, "graphs")
     # warm-up (2) + capture (1) of the B=1 graph, one fork per mixer layer
     layers = len(DummyWeights(identity).dims.layer_types)
     assert len(calls) == (3 * layers if side else 0)
+    assert len(beside) == (3 * layers if side == "serial" else 0)     # the first half's check stops the all()
     assert replays == sum(steps for _, steps, _ in SCHEDULE) + len(PROMPT_LENS)
     assert tg == te and [t for t, _ in fg] == [t for t, _ in fe]
     for a, b in zip(lg, le):

@@ -144,7 +144,13 @@ def test_top_p_cut_equals_the_torch_cut_of_the_sorted_row(V, block, kind, seed, 
     got, want = _kept_sets(xd, v, n), _kept_sets(xd, want_v, want_n)
     differ = [r for r in active if got[r] != want[r]]
     assert all(_kept_oracle(x[r], int(ks[r]), float(ps[r]))[1] for r in differ), differ
-    assert len(differ) <= (4 if kind == "flat" else 1), differ
+    # NOTE: a rounding difference moves the cut by a few tokens, not by a bucket of the descent
+    assert all(len(got[r] ^ want[r]) <= max(2, len(want[r]) // 100) for r in differ), \
+        [(r, len(got[r]), len(want[r])) for r in differ]
+    # NOTE: on 248k-wide rows the masses near a cut are ~1e-6 - 1e-7 each, within the rounding of a
+    #       248k-term fp32 sum, so any row may differ there (the oracle flags them as near)
+    if V < 10000:
+        assert len(differ) <= (4 if kind == "flat" else 1), differ
 
 
 def _kept_sets(x, v, n):
