@@ -10,7 +10,10 @@ step, the raw log-softmax), which is what the sampler did before the skips.
     top-k candidates), top_p 0.95 alone (torch: the sorted row; fused: `top_p_cut`), and top_p 0.95 with
     min_p 0.05 (torch: the sorted row and the min-p softmax)
 
-    PYTHONPATH=$PWD python3 bench/sampler.py [--batch 1 8] [--vocab 248320] [--device cuda]
+    PYTHONPATH=$PWD python3 bench/sampler.py [--batch 1 8] [--vocab 248320] [--device cuda] [--kernels]
+
+--kernels (CUDA): also the GPU time of a call's kernels alone (torch.profiler, summed over 20 calls), which
+the device time above hides where the call is bound by its host time.
 """
 from __future__ import annotations
 
@@ -34,11 +37,25 @@ CONFIGS = {
 }
 
 
+def kernel_ms(call, dev: str, n: int = 20) -> tuple[float, float]:
+    """(GPU time of the kernels per call in ms, kernels per call): CUDA kernel records of n calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    sync(dev)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(n):
+            call()
+        sync(dev)
+    ks = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return sum(e.time_range.end - e.time_range.start for e in ks) / n / 1e3, len(ks) / n
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--batch", type=int, nargs="+", default=[1, 8])
     ap.add_argument("--vocab", type=int, default=248320)
     ap.add_argument("--device", default="")
+    ap.add_argument("--kernels", action="store_true", help="the kernels' GPU time per call (CUDA, torch.profiler)")
     args = ap.parse_args()
     dev = args.device or default_device()
     print(f"env: {env_record()}", flush=True)
@@ -69,11 +86,15 @@ def main() -> None:
                 sync(dev)
                 row += [f"{dev_ms:.4f}", f"{host_ms:.4f}"]
                 rec.update({f"{tag}_device_ms": dev_ms, f"{tag}_host_ms": host_ms})
+                if args.kernels and tag != "full":
+                    rec[f"{tag}_kernel_ms"], rec[f"{tag}_kernels"] = kernel_ms(call, dev)
+                    row += [f"{rec[f'{tag}_kernel_ms']:.4f}", rec[f"{tag}_kernels"]]
             rows.append(row)
             out.append(rec)
             S.FUSED_DRAW = fused_default
-    print_table(["B", "config", "candidates", "now device_ms", "now host_ms", "torch device_ms", "torch host_ms",
-                 "full device_ms", "full host_ms"], rows)
+    k = ["kernel_ms", "kernels"] if args.kernels else []
+    print_table(["B", "config", "candidates", "now device_ms", "now host_ms", *["now " + c for c in k], "torch device_ms",
+                 "torch host_ms", *["torch " + c for c in k], "full device_ms", "full host_ms"], rows)
     print("host_ms: the call without a sync (on the CPU: the call)")
     json_line("sampler", {"device": dev, "vocab": args.vocab, "results": out})
 

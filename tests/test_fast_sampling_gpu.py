@@ -113,7 +113,7 @@ def test_top_p_cut_equals_the_torch_cut_of_the_sorted_row(V, block, kind, seed, 
     from ninfer.ops import sampling as S
     from ninfer.ops.fast import sampling as fast
 
-    monkeypatch.setattr(fast, "BLOCK", block)
+    monkeypatch.setattr(fast, "MASS_BLOCK", block)
     g = torch.Generator().manual_seed(90 + seed)
     B = len(_P_ROWS)
     x = torch.randn(B, V, generator=g) * 2

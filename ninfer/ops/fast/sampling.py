@@ -196,6 +196,7 @@ def nucleus(x: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor, top_p: tor
 # ------------------------------------------------------------------------------------------------
 DIGIT = 4                # key bits decided per pass (16 buckets)
 PASSES = 32 // DIGIT     # passes to decide a 32-bit key
+MASS_BLOCK = 2048        # the slice of a row per `top_p_cut` program (122 programs per 248k row)
 
 
 @triton.jit
@@ -220,41 +221,53 @@ def _active(top_k, top_p, b, V):
 
 
 @triton.jit
-def _descend(hpart, zpart, b, npass, NS, p, PASSES: tl.constexpr, BS: tl.constexpr):
-    """(P, A, T) after `npass` digits of row b: the key prefix that holds the cut, the mass above that
-    prefix's range (Σ exp(x - m) of larger keys) and the target mass p·z. Each pass takes the largest
-    digit whose bucket is not empty and with which the mass reaches T (A + Σ buckets >= digit); where
-    rounding leaves no such digit, the lowest non-empty one (the cut then keeps the whole range, as
-    `_nucleus` keeps the whole row when the mass never reaches top_p). Every program that needs (P, A, T)
-    recomputes them from the passes' parts in the same order, so they agree exactly."""
+def _step(hpart, b, j, NS, P, A, T, PASSES: tl.constexpr, BS: tl.constexpr):
+    """Digit j of row b's cut from pass j's bucket masses (summed over the slices): the largest digit whose
+    bucket is not empty and with which the mass reaches T (A + Σ buckets >= digit), or, where rounding
+    leaves none, the lowest non-empty one (the cut then keeps the whole range, as `_nucleus` keeps the
+    row when its mass never reaches top_p). Returns the prefix and the mass above its range."""
     os_ = tl.arange(0, BS)
-    ms = os_ < NS
-    T = p * tl.sum(tl.load(zpart + b * NS + os_, mask=ms, other=0.0), 0)
     od = tl.arange(0, 16)
-    P = b * 0
-    A = T * 0.0
-    for i in range(npass):
-        hp = hpart + ((b * PASSES + i) * NS + os_[:, None]) * 16 + od[None, :]
-        h = tl.sum(tl.load(hp, mask=ms[:, None], other=0.0), 0)
-        S = tl.cumsum(h, 0, reverse=True)                        # S[d] = mass of the digits >= d
-        full = h > 0
-        reach = full & (A + S >= T)
-        d = tl.where(tl.max(reach.to(tl.int32), 0) > 0, tl.max(tl.where(reach, od, -1), 0),
-                     tl.min(tl.where(full, od, 15), 0))
-        A = A + tl.sum(tl.where(od == d + 1, S, 0.0), 0)          # the mass of the digits above d
-        P = P * 16 + d
-    return P, A, T
+    hp = hpart + ((b * PASSES + j) * NS + os_[:, None]) * 16 + od[None, :]
+    h = tl.sum(tl.load(hp, mask=(os_ < NS)[:, None], other=0.0), 0)
+    S = tl.cumsum(h, 0, reverse=True)                            # S[d] = mass of the digits >= d
+    full = h > 0
+    reach = full & (A + S >= T)
+    d = tl.where(tl.max(reach.to(tl.int32), 0) > 0, tl.max(tl.where(reach, od, -1), 0),
+                 tl.min(tl.where(full, od, 15), 0))
+    return P * 16 + d, A + tl.sum(tl.where(od == d + 1, S, 0.0), 0)
 
 
 @triton.jit
-def _mass_slice_kernel(x, m, top_k, top_p, hpart, zpart, V, stride_x, stride_m, NS, npass,
+def _mass_slice_kernel(x, m, top_k, top_p, hpart, zpart, state_p, state_a, V, stride_x, stride_m, NS, npass,
                        PASSES: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr, BS: tl.constexpr):
     """Pass `npass` over one (row, slice): the masses Σ exp(x - m) of the slice's values whose key matches
-    the prefix decided so far, per value of the next digit (and, in pass 0, the slice's part of z)."""
+    the prefix of the first npass digits, per value of the next digit (pass 0: also the slice's part of
+    z). Digit npass - 1 is taken here from pass npass - 1's masses (`_step`), by every program of the
+    launch alike, and program 0 stores the prefix, its mass above and (pass 1) the target mass T = p·z in
+    state [B, PASSES + 1] for the passes after it; each launch thus waits on one load of parts, not on a
+    chain of them."""
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     if _active(top_k, top_p, b, V):
-        P, A, T = _descend(hpart, zpart, b, npass, NS, tl.load(top_p + b), PASSES, BS)
+        P = b * 0
+        if npass > 0:
+            sp = state_p + b * (PASSES + 1)
+            sa = state_a + b * (PASSES + 1)
+            if npass == 1:
+                os_ = tl.arange(0, BS)
+                T = tl.load(top_p + b) * tl.sum(tl.load(zpart + b * NS + os_, mask=os_ < NS, other=0.0), 0)
+                A = T * 0.0
+            else:
+                T = tl.load(sa + PASSES)
+                A = tl.load(sa + npass - 1)
+                P = tl.load(sp + npass - 1)
+            P, A = _step(hpart, b, npass - 1, NS, P, A, T, PASSES, BS)
+            if s == 0:
+                tl.store(sp + npass, P)
+                tl.store(sa + npass, A)
+                if npass == 1:
+                    tl.store(sa + PASSES, T)
         mm = tl.load(m + b * stride_m)
         shift = 28 - 4 * npass
         od = tl.arange(0, 16)
@@ -267,8 +280,10 @@ def _mass_slice_kernel(x, m, top_k, top_p, hpart, zpart, V, stride_x, stride_m, 
             key = _key(xv)
             e = tl.exp(xv - mm)
             match = inb & ((key >> (shift + 4)) == P)
-            dig = ((key >> shift) & 15).to(tl.int32)
-            hist += tl.sum(tl.where(match[:, None] & (dig[:, None] == od[None, :]), e[:, None], 0.0), 0)
+            # NOTE: past the first passes most chunks hold no key of the prefix: their buckets are skipped
+            if tl.max(match.to(tl.int32), 0) > 0:
+                dig = ((key >> shift) & 15).to(tl.int32)
+                hist += tl.sum(tl.where(match[:, None] & (dig[:, None] == od[None, :]), e[:, None], 0.0), 0)
             z += tl.sum(tl.where(inb, e, 0.0), 0)
         tl.store(hpart + ((b * PASSES + npass) * NS + s) * 16 + od, hist)
         if npass == 0:
@@ -276,13 +291,16 @@ def _mass_slice_kernel(x, m, top_k, top_p, hpart, zpart, V, stride_x, stride_m, 
 
 
 @triton.jit
-def _mass_cut_kernel(m, top_k, top_p, hpart, zpart, v_out, n_out, V, stride_m, NS,
+def _mass_cut_kernel(m, top_k, top_p, hpart, state_p, state_a, v_out, n_out, V, stride_m, NS,
                      PASSES: tl.constexpr, BS: tl.constexpr):
-    """The cut of row b from its PASSES digits: v = the value of the key, n = the ties at v that the mass
+    """The cut of row b from its last digit: v = the value of the key, n = the ties at v that the mass
     still needs (at least 1), or every tie when v's probability underflows."""
     b = tl.program_id(0).to(tl.int64)
     if _active(top_k, top_p, b, V):
-        P, A, T = _descend(hpart, zpart, b, PASSES, NS, tl.load(top_p + b), PASSES, BS)
+        sa = state_a + b * (PASSES + 1)
+        T = tl.load(sa + PASSES)
+        P, A = _step(hpart, b, PASSES - 1, NS, tl.load(state_p + b * (PASSES + 1) + PASSES - 1),
+                     tl.load(sa + PASSES - 1), T, PASSES, BS)
         v = _unkey(P)
         e_v = tl.exp(v - tl.load(m + b * stride_m))
         r = tl.maximum(tl.ceil(tl.math.div_rn(T - A, tl.where(e_v > 0, e_v, 1.0))), 1.0)
@@ -296,27 +314,30 @@ def top_p_cut(x: torch.Tensor, m: torch.Tensor, top_k: torch.Tensor, top_p: torc
     as `ninfer.ops.sampling._nucleus` makes it from the sorted row, written into those rows of v [B] fp32 and
     n [B] int64 (other rows are left as they are: e.g. `nucleus`'s). m [B] (may be strided): each row's
     largest value. The kept tokens are then those > v and the n lowest-id ones == v. No sort: PASSES
-    launches each decide DIGIT bits of the cut value's key over slices of the rows (the masses of the
-    prefix's buckets), one more the cut; each needs only the parts of the passes before it. The masses
-    are summed in another order than torch's cumulative sum: a token whose mass before it lies within fp32
-    rounding of top_p may fall on the other side of the cut."""
+    launches over MASS_BLOCK-wide slices each fix DIGIT more bits of the cut value's key from the masses
+    of the 16 buckets of the prefix fixed so far, one more the cut. The masses are summed in another order
+    than torch's cumulative sum: a token whose mass before it lies within fp32 rounding of top_p may fall
+    on the other side of the cut."""
     B, V = x.shape
     if x.dtype != torch.float32 or x.stride(1) != 1:
         raise ValueError(f"x must be fp32 with unit stride along V, got {x.dtype}, strides {x.stride()}")
     if v.shape != (B,) or n.shape != (B,) or v.dtype != torch.float32 or n.dtype != torch.int64:
         raise ValueError(f"v and n must be [{B}] fp32 and int64")
-    ns = triton.cdiv(V, BLOCK)
+    ns = triton.cdiv(V, MASS_BLOCK)
     dev = x.device
     top_k, top_p = top_k.contiguous(), top_p.contiguous()
     hpart = torch.empty(B, PASSES, ns, 16, dtype=torch.float32, device=dev)
     zpart = torch.empty(B, ns, dtype=torch.float32, device=dev)
+    state_p = torch.empty(B, PASSES + 1, dtype=torch.int64, device=dev)
+    state_a = torch.empty(B, PASSES + 1, dtype=torch.float32, device=dev)
     bs = triton.next_power_of_2(ns)
     if B:
         for i in range(PASSES):
-            _mass_slice_kernel[(B, ns)](x, m, top_k, top_p, hpart, zpart, V, x.stride(0), m.stride(0), ns, i,
-                                        PASSES=PASSES, BLOCK=BLOCK, SUB=min(BLOCK, 1024), BS=bs, num_warps=8)
-        _mass_cut_kernel[(B,)](m, top_k, top_p, hpart, zpart, v, n, V, m.stride(0), ns, PASSES=PASSES, BS=bs,
-                               num_warps=4)
+            _mass_slice_kernel[(B, ns)](x, m, top_k, top_p, hpart, zpart, state_p, state_a, V, x.stride(0),
+                                        m.stride(0), ns, i, PASSES=PASSES, BLOCK=MASS_BLOCK,
+                                        SUB=min(MASS_BLOCK, 512), BS=bs, num_warps=8)
+        _mass_cut_kernel[(B,)](m, top_k, top_p, hpart, state_p, state_a, v, n, V, m.stride(0), ns, PASSES=PASSES,
+                               BS=bs, num_warps=8)
 
 
 # ------------------------------------------------------------------------------------------------
