@@ -194,7 +194,7 @@ def nucleus(x: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor, top_p: tor
 # ------------------------------------------------------------------------------------------------
 # the top-p cut over the whole row (rows without a top-k cut): a radix descent over the values' keys
 # ------------------------------------------------------------------------------------------------
-DIGIT = 4                # key bits decided per pass (16 buckets)
+DIGIT = 4                # key bits decided per pass (fixed: the kernels hold 16 buckets)
 PASSES = 32 // DIGIT     # passes to decide a 32-bit key
 MASS_BLOCK = 2048        # the slice of a row per `top_p_cut` program (122 programs per 248k row)
 
