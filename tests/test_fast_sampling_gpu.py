@@ -1,4 +1,6 @@
-"""The sampler's fast top-k values (ninfer.ops.fast.sampling) against torch.topk: the same values, exactly."""
+"""The sampler's fast kernels (ninfer.ops.fast.sampling) against torch: the top-k values exactly, the cut
+(`nucleus`, `top_p_cut`) and the race (with min-p) against the torch cut and draw, and `sample`'s fused draw
+against the torch path."""
 from __future__ import annotations
 
 import pytest
@@ -104,10 +106,10 @@ _P_ROWS = [(0, 0.95), (0, 0.5), (0, 1e-3), (20, 0.9), (-1, 0.99), (0, 1.0), (0, 
 @pytest.mark.parametrize("kind", ["normal", "ties", "flat", "masked", "wide"])
 @pytest.mark.parametrize("seed", range(2))
 def test_top_p_cut_equals_the_torch_cut_of_the_sorted_row(V, block, kind, seed, monkeypatch):
-    """`top_p_cut` gives, for the rows with top-p and no top-k cut (top_k 0 or >= V), the (v, n) of the
-    torch cut over the sorted row (`ops.sampling._nucleus` with C = V), except where a token's mass before
-    it is within fp32 rounding of top_p (the float64 oracle flags those rows); the other rows keep what
-    v and n held. Ties at the cut cross slices; 'wide' spans many binary exponents (negative, tiny, huge)."""
+    """`top_p_cut` gives, for the rows with top-p and no top-k cut (top_k 0 or >= V), a (v, n) that keeps the
+    tokens the torch cut over the sorted row keeps (`ops.sampling._nucleus` with C = V), except where a
+    token's mass before it is within fp32 rounding of top_p (the float64 oracle flags those rows, and the
+    sets differ by a few tokens); the other rows keep what v and n held. Ties at the cut cross slices; 'wide' spans many binary exponents (negative, tiny, huge)."""
     from test_ops_sampling import _kept_oracle
 
     from ninfer.ops import sampling as S
