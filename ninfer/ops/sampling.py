@@ -141,6 +141,11 @@ class SamplingTensors:
         ks = [0] * B if top_k is None else [int(k) for k in top_k]
         ps = [1.0] * B if top_p is None else [float(np.float32(p)) for p in top_p]
         mins = [0.0] * B if min_p is None else [float(np.float32(m)) for m in min_p]
+        # NOTE: the cut's host facts from two: the largest top-k cut and whether a row cuts by top-p alone (a
+        #       top-p row either has a top-k cut or cuts by top-p alone); the candidates bound every truncating
+        #       row only without the latter
+        k_max = max([k for k in ks if 0 < k < vocab_size], default=0)
+        p_only = any(not 0 < k < vocab_size and p < 1.0 for k, p in zip(ks, ps))
         return cls(
             vocab_size=vocab_size,
             temperature=f(temperature, 1.0),
@@ -155,23 +160,15 @@ class SamplingTensors:
             bias_values=torch.tensor([b for _, _, b in flat], dtype=torch.float32, device=device),
             prompt_ids=_pad(prompt_tokens or empty, vocab_size, device),
             output_ids=_pad(output_tokens or empty, vocab_size, device),
-            truncates=any(0 < k < vocab_size for k in ks) or any(p < 1.0 for p in ps),
+            truncates=k_max > 0 or p_only,
             min_p_any=any(m > 0.0 for m in mins),
-            candidates=_candidates(ks, ps, vocab_size),
-            top_k_max=max([k for k in ks if 0 < k < vocab_size], default=0),
-            top_p_only=any(not 0 < k < vocab_size and p < 1.0 for k, p in zip(ks, ps)),
+            candidates=k_max if not p_only and k_max <= CANDIDATES else 0,
+            top_k_max=k_max,
+            top_p_only=p_only,
             penalized=bool(flat) or any(
                 v is not None and any(float(np.float32(x)) != neutral for x in v)
                 for v, neutral in ((repetition_penalty, 1.0), (presence_penalty, 0.0), (frequency_penalty, 0.0))),
         )
-
-
-def _candidates(ks: Sequence[int], ps: Sequence[float], V: int) -> int:
-    """`SamplingTensors.candidates` of rows with top-k values ks and top-p values ps (fp32)."""
-    bounded = [k for k, p in zip(ks, ps) if 0 < k < V or p < 1.0]
-    if not bounded or not all(0 < k <= min(CANDIDATES, V - 1) for k in bounded):
-        return 0
-    return max(bounded)
 
 
 class SampleResult(NamedTuple):
@@ -288,7 +285,7 @@ def _fused(x: torch.Tensor, st: SamplingTensors):
 def _fused_cut(fast, x: torch.Tensor, st: SamplingTensors) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
     """Steps 6-7 of the fused draw on temperature-scaled logits x [B, V]: ((v, n), m), the kept tokens of
     each row being those > v and the n lowest-id ones == v (`_nucleus`), m the row's largest value."""
-    B, V = x.shape
+    V = x.shape[1]
     if st.top_k_max > 0:
         vals = _top_values(x, st.top_k_max)
         cut, top = fast.nucleus(x, vals, st.top_k, st.top_p), vals[:, 0]

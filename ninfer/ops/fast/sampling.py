@@ -10,7 +10,7 @@ for the rest (the cumulative mass over the C candidates and the cut rule, in reg
 
 `top_p_cut(x, m, top_k, top_p, v, n)`: the same (v, n) for the rows that cut by top-p without a top-k cut,
 whose kept prefix can reach far past any candidates, from the whole row without sorting it: PASSES launches
-each fix DIGIT more bits of the cut value's order-preserving key from the masses of the 16 buckets of the
+each fix 4 more bits of the cut value's order-preserving key from the masses of the 16 buckets of the
 prefix fixed so far (summed per slice), then one program per row turns the key into v and n.
 
 `race(x, noise, v, n, m, min_p)`: the draw over the kept tokens of (v, n): the first token of the largest
@@ -194,8 +194,7 @@ def nucleus(x: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor, top_p: tor
 # ------------------------------------------------------------------------------------------------
 # the top-p cut over the whole row (rows without a top-k cut): a radix descent over the values' keys
 # ------------------------------------------------------------------------------------------------
-DIGIT = 4                # key bits decided per pass (fixed: the kernels hold 16 buckets)
-PASSES = 32 // DIGIT     # passes to decide a 32-bit key
+PASSES = 8               # 4-bit digits (16 buckets per pass) of a 32-bit key
 MASS_BLOCK = 2048        # the slice of a row per `top_p_cut` program (122 programs per 248k row)
 
 
@@ -240,18 +239,19 @@ def _step(hpart, b, j, NS, P, A, T, PASSES: tl.constexpr, BS: tl.constexpr):
 
 @triton.jit
 def _mass_slice_kernel(x, m, top_k, top_p, hpart, zpart, state_p, state_a, V, stride_x, stride_m, NS, npass,
-                       PASSES: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr, BS: tl.constexpr):
+                       FIRST: tl.constexpr, PASSES: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr,
+                       BS: tl.constexpr):
     """Pass `npass` over one (row, slice): the masses Σ exp(x - m) of the slice's values whose key matches
     the prefix of the first npass digits, per value of the next digit (pass 0: also the slice's part of
     z). Digit npass - 1 is taken here from pass npass - 1's masses (`_step`), by every program of the
     launch alike, and program 0 stores the prefix, its mass above and (pass 1) the target mass T = p·z in
     state [B, PASSES + 1] for the passes after it; each launch thus waits on one load of parts, not on a
-    chain of them."""
+    chain of them. FIRST: npass == 0."""
     b = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     if _active(top_k, top_p, b, V):
         P = b * 0
-        if npass > 0:
+        if not FIRST:
             sp = state_p + b * (PASSES + 1)
             sa = state_a + b * (PASSES + 1)
             if npass == 1:
@@ -284,9 +284,10 @@ def _mass_slice_kernel(x, m, top_k, top_p, hpart, zpart, state_p, state_a, V, st
             if tl.max(match.to(tl.int32), 0) > 0:
                 dig = ((key >> shift) & 15).to(tl.int32)
                 hist += tl.sum(tl.where(match[:, None] & (dig[:, None] == od[None, :]), e[:, None], 0.0), 0)
-            z += tl.sum(tl.where(inb, e, 0.0), 0)
+            if FIRST:
+                z += tl.sum(tl.where(inb, e, 0.0), 0)
         tl.store(hpart + ((b * PASSES + npass) * NS + s) * 16 + od, hist)
-        if npass == 0:
+        if FIRST:
             tl.store(zpart + b * NS + s, z)
 
 
@@ -314,7 +315,7 @@ def top_p_cut(x: torch.Tensor, m: torch.Tensor, top_k: torch.Tensor, top_p: torc
     as `ninfer.ops.sampling._nucleus` makes it from the sorted row, written into those rows of v [B] fp32 and
     n [B] int64 (other rows are left as they are: e.g. `nucleus`'s). m [B] (may be strided): each row's
     largest value. The kept tokens are then those > v and the n lowest-id ones == v. No sort: PASSES
-    launches over MASS_BLOCK-wide slices each fix DIGIT more bits of the cut value's key from the masses
+    launches over MASS_BLOCK-wide slices each fix 4 more bits of the cut value's key from the masses
     of the 16 buckets of the prefix fixed so far, one more the cut. The masses are summed in another order
     than torch's cumulative sum: a token whose mass before it lies within fp32 rounding of top_p may fall
     on the other side of the cut."""
@@ -334,7 +335,7 @@ def top_p_cut(x: torch.Tensor, m: torch.Tensor, top_k: torch.Tensor, top_p: torc
     if B:
         for i in range(PASSES):
             _mass_slice_kernel[(B, ns)](x, m, top_k, top_p, hpart, zpart, state_p, state_a, V, x.stride(0),
-                                        m.stride(0), ns, i, PASSES=PASSES, BLOCK=MASS_BLOCK,
+                                        m.stride(0), ns, i, FIRST=i == 0, PASSES=PASSES, BLOCK=MASS_BLOCK,
                                         SUB=min(MASS_BLOCK, 512), BS=bs, num_warps=8)
         _mass_cut_kernel[(B,)](m, top_k, top_p, hpart, state_p, state_a, v, n, V, m.stride(0), ns, PASSES=PASSES,
                                BS=bs, num_warps=8)
