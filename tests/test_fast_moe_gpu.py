@@ -250,6 +250,46 @@ def test_moe_experts_prefill(shape, with_shared, dtype, T, monkeypatch):
     _check_experts(shape, dtype, T, with_shared, seed=100 + T)
 
 
+@pytest.mark.parametrize("T,E,k,BM", [(1, 16, 4, 64), (65, 16, 4, 64), (300, 256, 8, 64), (2100, 256, 8, 128),
+                                        (129, 5, 3, 64)])
+@pytest.mark.parametrize("skew", [False, True])
+def test_sort_pairs_is_a_stable_sort_with_a_block_table(T, E, k, BM, skew, poisoned):
+    """`sort_pairs` == torch.sort(stable) of the flat ids (order, tokens, weights), starts == the experts'
+    first sorted rows, and the block table names every sorted row exactly once, in blocks of at most BM
+    rows of one expert at the rows `_block_rows` derives; every other block is surplus (E). Skewed: most
+    pairs on three experts (several blocks each), many experts unused."""
+    from ninfer.ops.fast import moe as fm
+    g = gen(11 + T)
+    logits = randn(T, E, g=g)
+    if skew:
+        logits[:, :3] += 20.0
+    ids = torch.topk(logits, k, dim=-1).indices
+    if skew:
+        ids = ids[torch.randperm(T, generator=torch.Generator().manual_seed(T)).to(_DEV)]
+    weights = randn(T, k, dtype=torch.bfloat16, g=g)
+    starts, table, order, tok, w = fm.sort_pairs(ids, weights, E, BM)
+    flat = ids.reshape(-1)
+    want_e, want_order = torch.sort(flat, stable=True)
+    assert torch.equal(order, want_order)
+    assert torch.equal(tok, want_order // k)
+    assert torch.equal(w, weights.reshape(-1)[want_order])
+    want_starts = torch.searchsorted(want_e, torch.arange(E + 1, device=_DEV, dtype=want_e.dtype))
+    assert torch.equal(starts.long(), want_starts)
+    P = T * k
+    assert table.shape == (E + P // BM,)
+    covered = torch.zeros(P, dtype=torch.int64)
+    st, tb = starts.cpu().long(), table.cpu().long()
+    for b, e in enumerate(tb.tolist()):
+        assert 0 <= e <= E
+        if e == E:
+            continue
+        row0 = int(st[e]) + (b - e - int(st[e]) // BM) * BM
+        end = min(row0 + BM, int(st[e + 1]))
+        assert int(st[e]) <= row0 < end, (b, e, row0, end)
+        covered[row0:end] += 1
+    assert torch.equal(covered, torch.ones(P, dtype=torch.int64))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_moe_experts_prefill_chunks_and_skewed_routing(dtype, monkeypatch):
     """Chunked passes equal one pass; experts with many rows (several row blocks) and unused experts."""

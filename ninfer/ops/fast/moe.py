@@ -26,14 +26,19 @@ shared_in GEMM and two expert launches.
 `legacy=True` selects the previous decode kernels (one program per (pair, n-block) for gate|up, a
 serial loop over the k experts for down; separate routing kernel) for bench/moe_decode.py's A/B only.
 
-Prefill (T*k > MAX_PAIRS): a grouped GEMM over the (token, expert) pairs sorted by expert. The sort,
-the per-expert offsets and the block -> expert table are computed on the GPU (torch.sort,
-searchsorted, cumsum) and the grid is an upper bound on the number of row blocks
-(P // BM + min(E, P)); surplus programs exit at once, so there is no host sync either:
+Prefill (T*k > MAX_PAIRS): a grouped GEMM over the (token, expert) pairs sorted by expert. One launch
+(`sort_pairs`: a stable counting sort, one program per expert) writes the sorted pairs, the per-expert
+offsets and the block -> expert table on the GPU; the grid is an upper bound on the number of row
+blocks (E + P // BM); surplus programs exit at once, so there is no host sync either:
 
     a_s[m] = silu(gate_up[e] x[tok_m] | gate) * up     rows m sorted by expert       [P, I] x.dtype
     y[p_m] = w_m · down[e] @ a_s[m]                     scattered back to pair order  [P, H] x.dtype
-    out    = Σ_j y[t·k + j]  (+ shared expert in torch)
+    out    = Σ_j y[t·k + j]  (+ sigmoid(g) · shared)    one combine launch           [T, H] x.dtype
+
+The shared expert's down projection is one cuBLAS GEMM over its SwiGLU'd gate|up rows. With the routing
+that is six launches and a GEMM per MoE layer, where torch's sort / searchsorted / cumsum / index / sum
+and the shared expert's elementwise ops took ~20 (bench/NOTES.md, session 15: the 35B-A3B's 1k prefill is
+host bound).
 
 Each weighted contribution is rounded to x.dtype as in the reference; accumulation is fp32. Token
 batches above PREFILL_CHUNK are processed in chunks (bounds the [P, H] buffer to 256 MiB in bf16).
@@ -48,7 +53,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ninfer.ops.fused import silu_mul_halves
+from ninfer.ops.fast.fused import silu_mul_halves
 from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
@@ -446,22 +451,64 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
 # prefill: grouped GEMM over pairs sorted by expert
 # ------------------------------------------------------------------------------------------------
 @triton.jit
-def _block_rows(block_expert, starts, bstart, E, BM: tl.constexpr):
-    """(expert, first row, end row) of this program's row block; expert == E: surplus program."""
+def _sort_pairs_kernel(ids, weights, starts, block_expert, order, sorted_tok, sorted_w, P, E, NB,
+                       K: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, BT: tl.constexpr):
+    """Program e: expert e's part of a stable counting sort of the P (token, expert) pairs by expert.
+    One pass over ids counts the pairs of lower experts (starts[e]) and of e; a second writes e's pairs,
+    in pair order, at starts[e] + rank (order: pair index, sorted_tok: its token, sorted_w: its weight).
+    Then e's entries of the block table: expert e's row blocks of BM rows are the blocks
+    e + starts[e] // BM + j (j < ceil(count / BM)); they never overlap the next expert's, which start at
+    e + 1 + starts[e + 1] // BM, and the blocks in between (and, for the last expert, up to NB) are set
+    to E (surplus: their programs exit). So the table needs no cumulative sum over the experts."""
+    e = tl.program_id(0)
+    o = tl.arange(0, CH)
+    less = tl.sum(tl.zeros([CH], dtype=tl.int32), 0)
+    cnt = tl.sum(tl.zeros([CH], dtype=tl.int32), 0)
+    for c0 in range(0, P, CH):
+        v = tl.load(ids + c0 + o, mask=c0 + o < P, other=E)
+        less += tl.sum((v < e).to(tl.int32), 0)
+        cnt += tl.sum((v == e).to(tl.int32), 0)
+    tl.store(starts + e, less)
+    if e == E - 1:
+        tl.store(starts + E, less + cnt)
+    if cnt > 0:
+        run = less
+        for c0 in range(0, P, CH):
+            pair = c0 + o
+            v = tl.load(ids + pair, mask=pair < P, other=E)
+            hit = v == e
+            pos = run + tl.cumsum(hit.to(tl.int32), 0) - 1
+            tl.store(order + pos, pair.to(tl.int64), mask=hit)
+            tl.store(sorted_tok + pos, (pair // K).to(tl.int64), mask=hit)
+            tl.store(sorted_w + pos, tl.load(weights + pair, mask=hit, other=0.0), mask=hit)
+            run += tl.sum(hit.to(tl.int32), 0)
+    first = e + less // BM
+    used = first + (cnt + BM - 1) // BM
+    last = (e == E - 1).to(tl.int32)
+    nxt = last * NB + (1 - last) * (e + 1 + (less + cnt) // BM)
+    for b0 in range(first, nxt, BT):
+        ob = b0 + tl.arange(0, BT)
+        tl.store(block_expert + ob, tl.where(ob < used, e, E), mask=ob < nxt)
+
+
+@triton.jit
+def _block_rows(block_expert, starts, E, BM: tl.constexpr):
+    """(expert, first row, end row) of this program's row block (`_sort_pairs_kernel`'s table); expert
+    == E: surplus program."""
     b = tl.program_id(0)
     e = tl.load(block_expert + b)
     e_safe = tl.minimum(e, E - 1)
     start = tl.load(starts + e_safe)
-    row0 = start + (b - tl.load(bstart + e_safe)) * BM
+    row0 = start + (b - e_safe - start // BM) * BM
     end = tl.load(starts + e_safe + 1)
     return e, row0, end
 
 
 @triton.jit
-def _grouped_gate_up_kernel(x, sorted_tok, block_expert, starts, bstart, w, act, E, I, H,
+def _grouped_gate_up_kernel(x, sorted_tok, block_expert, starts, w, act, E, I, H,
                             stride_x, stride_we, stride_wn, stride_act,
                             BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    e, row0, end = _block_rows(block_expert, starts, bstart, E, BM)
+    e, row0, end = _block_rows(block_expert, starts, E, BM)
     if e < E:
         o_m = row0 + tl.arange(0, BM)
         mm = o_m < end
@@ -490,10 +537,10 @@ def _grouped_gate_up_kernel(x, sorted_tok, block_expert, starts, bstart, w, act,
 
 
 @triton.jit
-def _grouped_down_kernel(act, order, sorted_w, block_expert, starts, bstart, w, y, E, H, I,
+def _grouped_down_kernel(act, order, sorted_w, block_expert, starts, w, y, E, H, I,
                          stride_act, stride_we, stride_wn, stride_y,
                          BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
-    e, row0, end = _block_rows(block_expert, starts, bstart, E, BM)
+    e, row0, end = _block_rows(block_expert, starts, E, BM)
     if e < E:
         o_m = row0 + tl.arange(0, BM)
         mm = o_m < end
@@ -516,41 +563,75 @@ def _grouped_down_kernel(act, order, sorted_w, block_expert, starts, bstart, w, 
                  mask=mm[:, None] & mn[None, :])
 
 
+SORT_CHUNK = 1024        # pairs per step of `_sort_pairs_kernel`'s scans
+
+
+def sort_pairs(ids: torch.Tensor, weights: torch.Tensor, E: int, BM: int):
+    """The pairs of a routing sorted by expert for the grouped GEMMs, one launch (`_sort_pairs_kernel`):
+    (starts [E + 1] int32, block_expert [NB] int32, order [P] int64, sorted_tok [P] int64, sorted_w [P]),
+    NB = E + P // BM. order is torch.sort(ids.flatten(), stable=True)'s indices."""
+    T, k = ids.shape
+    P = T * k
+    dev = ids.device
+    NB = E + P // BM
+    starts = torch.empty(E + 1, dtype=torch.int32, device=dev)
+    block_expert = torch.empty(NB, dtype=torch.int32, device=dev)
+    order = torch.empty(P, dtype=torch.int64, device=dev)
+    sorted_tok = torch.empty(P, dtype=torch.int64, device=dev)
+    sorted_w = torch.empty(P, dtype=weights.dtype, device=dev)
+    _sort_pairs_kernel[(E,)](ids, weights, starts, block_expert, order, sorted_tok, sorted_w, P, E, NB,
+                             K=k, BM=BM, CH=SORT_CHUNK, BT=64, num_warps=4)
+    return starts, block_expert, order, sorted_tok, sorted_w
+
+
 def _prefill_routed(x, ids, weights, gate_up, down):
-    """Routed experts only, [T, H] in x.dtype. All bookkeeping on the GPU (no host sync)."""
+    """Routed experts' weighted contributions y [P, H] (pair order) in x.dtype. All bookkeeping on the GPU
+    (no host sync): one sort launch, the two grouped GEMMs."""
     T, H = x.shape
     k = ids.shape[1]
     P, E, I = T * k, down.shape[0], down.shape[-1]
     dev = x.device
-    flat = ids.reshape(P)
-    sorted_e, order = torch.sort(flat, stable=True)
-    # starts[e]: first sorted row of expert e (starts[E] == P); blocks of BM rows never span experts.
-    starts = torch.searchsorted(sorted_e, torch.arange(E + 1, device=dev, dtype=sorted_e.dtype))
     # NOTE: BM=128 once experts average >= 256 rows (8k-token prefill of the 35B: P/E = 256): half the
     #       weight re-reads and larger MMAs; BM=64 wastes less on the partial last block below that.
     BM, warps = (128, 8) if P >= 256 * E else (64, 4)
-    nblk = (starts[1:] - starts[:-1] + BM - 1) // BM
-    bend = torch.cumsum(nblk, 0)
-    bstart = bend - nblk
-    NB = P // BM + min(E, P)                          # >= Σ_e ceil(count_e / BM), known on the host
-    block_expert = torch.searchsorted(bend, torch.arange(NB, device=dev, dtype=bend.dtype), right=True)
-    sorted_tok = order // k
-    sorted_w = weights.reshape(P)[order]
+    starts, block_expert, order, sorted_tok, sorted_w = sort_pairs(ids, weights, E, BM)
+    NB = block_expert.shape[0]
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
 
     act = torch.empty(P, I, dtype=x.dtype, device=dev)
     BN1, BK1 = 64, 64
     _grouped_gate_up_kernel[(NB, triton.cdiv(I, BN1))](
-        x, sorted_tok, block_expert, starts, bstart, gate_up, act, E, I, H,
+        x, sorted_tok, block_expert, starts, gate_up, act, E, I, H,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
         BM=BM, BN=BN1, BK=BK1, PREC=prec, num_warps=warps, num_stages=3)
     y = torch.empty(P, H, dtype=x.dtype, device=dev)
     BN2, BK2 = 128, 64
     _grouped_down_kernel[(NB, triton.cdiv(H, BN2))](
-        act, order, sorted_w, block_expert, starts, bstart, down, y, E, H, I,
+        act, order, sorted_w, block_expert, starts, down, y, E, H, I,
         act.stride(0), down.stride(0), down.stride(1), y.stride(0),
         BM=BM, BN=BN2, BK=BK2, PREC=prec, num_warps=warps, num_stages=3)
-    return y.view(T, k, H).sum(1)                   # NOTE: torch reduces bf16 in fp32, rounds once
+    return y
+
+
+@triton.jit
+def _combine_kernel(y, g, s, out, H, stride_g, stride_s, stride_out, K: tl.constexpr, HAS_SHARED: tl.constexpr,
+                    BH: tl.constexpr):
+    """out[t] = Σ_j y[t·K + j] (fp32, rounded once) [+ sigmoid(g[t]) · s[t], each rounded as a separate
+    op in out's dtype would round it]."""
+    t = tl.program_id(0).to(tl.int64)
+    o = tl.program_id(1) * BH + tl.arange(0, BH)
+    m = o < H
+    dt: tl.constexpr = out.dtype.element_ty
+    acc = tl.zeros([BH], dtype=tl.float32)
+    for j in tl.static_range(K):
+        acc += tl.load(y + (t * K + j) * H + o, mask=m, other=0.0).to(tl.float32)
+    r = acc.to(dt)
+    if HAS_SHARED:
+        gv = tl.load(g + t * stride_g).to(tl.float32)
+        sg = (1.0 / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32)
+        sv = tl.load(s + t * stride_s + o, mask=m, other=0.0).to(tl.float32)
+        r = (r.to(tl.float32) + (sg * sv).to(dt).to(tl.float32)).to(dt)
+    tl.store(out + t * stride_out + o, r, mask=m)
 
 
 def moe_experts(x: torch.Tensor, routing: MoeRouting, gate_up: torch.Tensor, down: torch.Tensor,
@@ -590,11 +671,23 @@ def route_moe_experts(x: torch.Tensor, router_logits: torch.Tensor, top_k: int, 
 
 
 def _prefill(x, ids, weights, gate_up, down, shared):
-    T = x.shape[0]
-    step = max(1, PREFILL_CHUNK)
-    parts = [_prefill_routed(x[s:s + step], ids[s:s + step], weights[s:s + step], gate_up, down)
-             for s in range(0, T, step)]
-    out = parts[0] if len(parts) == 1 else torch.cat(parts)
+    """Grouped GEMMs in PREFILL_CHUNK-token passes; each pass's k contributions per token are summed
+    (and the shared expert's added) by one combine launch into its rows of out."""
+    T, H = x.shape
+    k = ids.shape[1]
+    out = torch.empty(T, H, dtype=x.dtype, device=x.device)
     if shared is not None:
-        out = out + torch.sigmoid(shared.gate) * F.linear(silu_mul_halves(shared.gate_up), shared.down)
+        s_all = F.linear(silu_mul_halves(shared.gate_up), shared.down)
+    step = max(1, PREFILL_CHUNK)
+    BH = min(1024, triton.next_power_of_2(H))
+    for s0 in range(0, T, step):
+        n = min(step, T - s0)
+        y = _prefill_routed(x[s0:s0 + n], ids[s0:s0 + n], weights[s0:s0 + n], gate_up, down)
+        o = out[s0:s0 + n]
+        if shared is not None:
+            g, sv = shared.gate[s0:s0 + n], s_all[s0:s0 + n]
+            args = (g, sv, o, H, g.stride(0), sv.stride(0), o.stride(0))
+        else:
+            args = (o, o, o, H, 0, 0, o.stride(0))
+        _combine_kernel[(n, triton.cdiv(H, BH))](y, *args, K=k, HAS_SHARED=shared is not None, BH=BH, num_warps=4)
     return out
