@@ -22,7 +22,8 @@ import importlib
 import math
 import os
 import threading
-from typing import Any, Callable
+import time
+from typing import Any, Callable, Sequence
 
 from ninfer.runtime.contract.types import Program, SamplingParams
 from ninfer.runtime.engine.causal_score_core import CausalScoreCore
@@ -215,6 +216,39 @@ class Engine:
                          deadline_s=deadline_s, prompt_logprobs=prompt_logprobs, session_id=session_id,
                          context_cache=context_cache) as handle:
             return handle.result(timeout)
+
+    def warm_up(self, lengths: Sequence[int] | None = None, *, timeout: float | None = None
+                ) -> list[tuple[int, float]]:
+        """Serve warmup: one greedy request of 2 output tokens per prompt length, one after another,
+        through `submit` with the context cache off (no checkpoint published or reused, nothing left
+        that a later request could continue). lengths None: the Program's `warmup_prompt_lengths`
+        for this engine's prefill stage size (the lengths whose first prefill compiles kernels or
+        captures graphs; none on the CPU reference ops). Returns (length, seconds) per request; a
+        request's error is raised (EngineRequestError), ending the warmup.
+        The prompts are fixed ordinary token ids (outputs are discarded)."""
+        if self.config.purpose is Purpose.CAUSAL_SCORING:
+            if lengths:
+                raise ValueError("warm_up runs generation requests; this engine is for causal scoring")
+            return []
+        limit = self.max_model_len - 2
+        if lengths is None:
+            program = getattr(self._core, "program", None)
+            hint = getattr(program, "warmup_prompt_lengths", None)
+            capped = (min(n, limit) for n in (hint(self.config.prefill_chunk_tokens) if hint else ()))
+            lengths = sorted({n for n in capped if n >= 1})
+        bad = [n for n in lengths if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= limit]
+        if bad:
+            raise ValueError(f"warmup prompt lengths must be integers in 1..{limit} (max_model_len - 2), "
+                             f"got {bad[0]!r}")
+        vocab = min(int(self.frontend.tokenizer.vocab_size), 10000)    # ordinary ids: no special token
+        done = []
+        for n in lengths:
+            prompt = self.frontend.prepare_tokens([(7919 * i + 11) % vocab for i in range(n)])
+            t0 = time.perf_counter()
+            self.generate(prompt, SamplingParams(temperature=0.0), max_tokens=2, timeout=timeout,
+                          context_cache=False)
+            done.append((n, time.perf_counter() - t0))
+        return done
 
     def metrics(self) -> EngineMetrics:
         return self._core.metrics()

@@ -109,3 +109,30 @@ def test_greedy_parity_through_the_threaded_engine(parts, tiny_artifact_path):
         assert eng.wait_ready(60).ready
         hs = [eng.submit(p, GREEDY, max_tokens=6, output=NO_EOS) for p in prompts]
         assert [h.result(60).token_ids for h in hs] == refs
+
+
+def test_warm_up_runs_its_prompts_and_leaves_nothing_behind(tiny_artifact_path):
+    """`Engine.warm_up`: one request per length through the public path with the context cache off; the
+    engine is then idle with every page and slot free and no checkpoint published (the cache is on).
+    On the CPU reference ops the Program names no lengths, so the default warmup runs nothing; bad
+    lengths are refused before any request."""
+    from ninfer.targets.qwen3_6.runtime.program import warmup_lengths
+    cfg = EngineConfig(max_concurrency=2, queue_size=2, max_model_len=128, page_size=16, prefill_chunk_tokens=64)
+    with Engine(tiny_artifact_path("dense"), cfg) as eng:
+        assert eng.wait_ready(60).ready, eng.availability.reason
+        assert eng.warm_up() == []
+        done = eng.warm_up([1, 17, 64, 126])
+        assert [n for n, _ in done] == [1, 17, 64, 126] and all(s >= 0 for _, s in done)
+        m = eng.metrics()
+        assert (m.pages_free, m.slots_free) == (m.pages_total, m.slots_total)
+        assert m.running == 0 and m.waiting == 0 and m.outstanding_capacity_free == m.outstanding_capacity
+        assert m.num_cache_captures == 0 and m.num_checkpoints_device == 0 and m.num_cache_hits == 0
+        assert sum(m.num_finished.values()) == 4
+        for bad in ([0], [127], [True], [3.0]):
+            with pytest.raises(ValueError, match="warmup prompt lengths"):
+                eng.warm_up(bad)
+    # the fast ops' lengths: every graphed bucket within the stage, and the stage, within max_model_len - 2
+    assert warmup_lengths(8192, 8192, (64, 128, 2048), 2048) == [64, 128, 2048, 8190]
+    assert warmup_lengths(512, 8192, (64, 128, 1024), 2048) == [64, 128, 512]
+    assert warmup_lengths(8192, 300, (64, 128, 1024), 100) == [64, 298]
+    assert warmup_lengths(8192, 2, (64,), 2048) == []

@@ -383,8 +383,10 @@ def bench_identity_in_process(identity: str, args, ceil: dict, device: str, rec:
         avail = engine.wait_ready(args.startup_timeout)
         if not avail.ready:
             raise RuntimeError(f"engine not ready: {avail.reason}")
+        done = engine.warm_up()                  # NOTE: as `ninfer serve` does before /health says ready
         startup_s = time.perf_counter() - t0
-        print(f"[{identity}] engine ready in {startup_s:.1f} s (in process)", flush=True)
+        print(f"[{identity}] engine ready in {startup_s:.1f} s (in process; serve warmup: {len(done)} prompts, "
+              f"{sum(t for _, t in done):.1f} s)", flush=True)
         rec.add(dict(identity=identity, kind="startup", path="engine", startup_s=startup_s,
                      models_synthetic=engine.synthetic))
         t0 = time.perf_counter()

@@ -21,6 +21,9 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drain-timeout-s", type=float, default=30.0,
                    help="on SIGTERM, how long in-flight requests may finish before they are cancelled")
     p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip the serve warmup (a few requests at start, so that the first prompts do not wait "
+                        "for kernel compiles and graph captures; none run on the CPU)")
     add_engine_args(p)
 
 
@@ -57,4 +60,4 @@ def run(args: argparse.Namespace) -> int:
     return serve(lambda: open_engine(path, config), model_name=args.served_model_name or name,
                  host=args.host, port=args.port, api_key=args.api_key or None,
                  max_body_bytes=args.max_body_bytes, drain_timeout_s=args.drain_timeout_s,
-                 log_level=args.log_level, synthetic=config.synthetic)
+                 log_level=args.log_level, synthetic=config.synthetic, warmup=args.warmup)

@@ -58,6 +58,7 @@ class GatewayState:
     created: int = field(default_factory=R.now)
     inflight: set = field(default_factory=set)       # open GenerationHandles (drain cancels them)
     synthetic: bool = False                          # dummy weights: every response says so
+    warming: bool = False                            # the serve warmup runs (health: starting)
 
     @property
     def fingerprint(self) -> str | None:
@@ -87,6 +88,8 @@ class GatewayState:
                 return "failed", False, self.startup_error
             return "starting", False, "the engine is loading the model"
         a = self.engine.availability
+        if a.ready and self.warming:
+            return "starting", False, "warming up (first compiles and graph captures)"
         return a.state.value, a.ready, a.reason or a.state.value
 
     def ready_engine(self):

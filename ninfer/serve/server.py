@@ -2,7 +2,11 @@
 
 Lifecycle:
   start     the socket opens at once; the Engine is built in a background thread, and until it
-            is ready `/health` answers 503 "starting" (or "failed" with the reason).
+            is ready `/health` answers 503 "starting" (or "failed" with the reason). Then the serve
+            warmup (`Engine.warm_up`, on unless warmup=False): a few requests through the public
+            Engine path with the context cache off, so that the first prompts of each length class
+            do not wait for kernel compiles, autotuning or graph captures; `/health` says
+            "starting" (warming up) until it is done.
   SIGTERM   drain: uvicorn stops accepting connections and `Engine.close(drain_timeout_s)` lets
             in-flight requests finish, cancelling what still runs at the timeout (streams end
             with finish_reason "abort"); then the process exits 0. A second SIGINT forces the exit.
@@ -67,9 +71,26 @@ def configure_logging(level: str = "info") -> None:
     logger.propagate = False
 
 
+def warm_up(engine) -> None:
+    """The serve warmup (`Engine.warm_up`); a failure is logged and serving goes on without it (the
+    requests it would have warmed then pay their first-use costs themselves)."""
+    import time
+    t0 = time.perf_counter()
+    try:
+        done = engine.warm_up()
+    except Exception as e:  # noqa: BLE001 - a failed warmup must not stop a working engine from serving
+        log.warning("warm-up failed after %.1f s (serving without it): %s: %s", time.perf_counter() - t0,
+                    type(e).__name__, e)
+        return
+    if done:
+        log.info("warm-up: %d prompts (%s tokens) in %.1f s", len(done), ", ".join(str(n) for n, _ in done),
+                 time.perf_counter() - t0)
+
+
 def serve(engine_factory: Callable[[], object], *, model_name: str, host: str = "127.0.0.1",
           port: int = 8000, api_key: str | None = None, max_body_bytes: int | None = None,
-          drain_timeout_s: float = 30.0, log_level: str = "info", synthetic: bool = False) -> int:
+          drain_timeout_s: float = 30.0, log_level: str = "info", synthetic: bool = False,
+          warmup: bool = True) -> int:
     """Serve until SIGINT/SIGTERM; return the exit code (0 after a drain).
 
     NOTE: a port that cannot be bound ends the process inside uvicorn (`SystemExit(3)`, the error
@@ -90,11 +111,17 @@ def serve(engine_factory: Callable[[], object], *, model_name: str, host: str = 
         if state.draining:                       # a signal arrived while the engine was built
             engine.close(0.0)
             return
-        a = engine.wait_ready()
-        if a.ready:
+        state.warming = warmup
+        try:
+            a = engine.wait_ready()
+            if not a.ready:
+                log.error("engine failed to start: %s", a.reason)
+                return
+            if warmup and not state.draining:
+                warm_up(engine)
             log.info("engine ready: model %s, max_model_len %d", model_name, engine.max_model_len)
-        else:
-            log.error("engine failed to start: %s", a.reason)
+        finally:
+            state.warming = False
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

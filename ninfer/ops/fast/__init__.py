@@ -29,9 +29,16 @@ fla-core needed there).
 from __future__ import annotations
 
 import functools
+import os
 from typing import Callable, NamedTuple
 
 import torch
+
+# NOTE: fla-core's chunk kernels autotune on the first use of each shape key (minutes for the 27B on a
+#       fresh machine), and Triton keeps the picks in its disk cache only when asked to. Asked here, before
+#       fla-core is imported (its autotuners read the switch when they are built), so a restarted server
+#       reuses them; TRITON_CACHE_AUTOTUNING=0 turns it off.
+os.environ.setdefault("TRITON_CACHE_AUTOTUNING", "1")
 
 __all__ = ["OpSet", "reference_ops", "fast_ops", "fast_available", "select_ops"]
 

@@ -265,6 +265,8 @@ class Program(Protocol):
     def abort_pending(self, batch: PendingBatch) -> None: ...
     def release(self, seq: SequenceHandle) -> ResourceResult: ...
     def check_integrity(self) -> None: ...        # raises InvariantError on `free + owned != total`
+    # Optional (read with getattr; absent: no warmup): warmup_prompt_lengths(stage_tokens) -> the prompt
+    # lengths whose first prefill compiles kernels or captures graphs (serve warmup, `Engine.warm_up`).
 
 
 class CheckpointProgram(Program, Protocol):

@@ -176,6 +176,18 @@ class Qwen36Program(CheckpointOps):
     def max_model_len(self) -> int:
         return self.config.max_model_len
 
+    def warmup_prompt_lengths(self, stage_tokens: int) -> list[int]:
+        """The prompt lengths whose first prefill compiles or captures what a later request would
+        otherwise wait for (serve warmup, `Engine.warm_up`): on the fast ops, one prompt per padded
+        length of the graphed chunk GDN forward (its capture, and its kernels' first compile and
+        fla-core's autotuning, happen on first use) and one prefill stage of stage_tokens (the
+        long-prompt variants); each within max_model_len - 2. [] on the reference ops (nothing to
+        compile or capture)."""
+        if self.model.ops.name != "fast" or not self.model.view.embed_tokens.is_cuda:
+            return []
+        from ninfer.ops.fast import gated_delta
+        return warmup_lengths(stage_tokens, self.max_model_len, gated_delta.BUCKETS, gated_delta.GRAPH_MAX_TOKENS)
+
     def capacity(self) -> CapacitySummary:
         p, s = self._ledger.pages, self._ledger.slots
         return CapacitySummary(p.total, p.num_available, s.total, s.num_free, self.config.page_size)
@@ -618,3 +630,13 @@ class Qwen36Program(CheckpointOps):
         self._discard_ahead(*rec.seq_ids)      # the source's rows are the step-ahead's
         self._pending.close(rec)
 
+
+def warmup_lengths(stage_tokens: int, max_model_len: int, buckets, graph_max_tokens: int) -> list[int]:
+    """`Program.warmup_prompt_lengths` on the fast ops: each graphed chunk-GDN length (buckets up to
+    graph_max_tokens) and one full prefill stage, every one at most max_model_len - 2 (prompt + the
+    warmup's 2 output tokens) and at most the stage size. A warmup request runs with the context cache
+    off, so its prompt is one prefill stage of exactly its length."""
+    stage = min(stage_tokens, max_model_len - 2)
+    if stage < 1:
+        return []
+    return sorted({b for b in buckets if b <= min(graph_max_tokens, stage)} | {stage})
