@@ -219,9 +219,10 @@ class Engine:
 
     def warm_up(self, lengths: Sequence[int] | None = None, *, timeout: float | None = None
                 ) -> list[tuple[int, float]]:
-        """Serve warmup: one greedy request of 2 output tokens per prompt length, one after another,
-        through `submit` with the context cache off (no checkpoint published or reused, nothing left
-        that a later request could continue). lengths None: the Program's `warmup_prompt_lengths`
+        """Serve warmup: one greedy request of 2 output tokens per prompt length, then two drawn ones at
+        the shortest length (top-k + top-p; top-p + min-p), one after another, through `submit` with
+        the context cache off (no checkpoint published or reused, nothing left that a later request
+        could continue). lengths None: the Program's `warmup_prompt_lengths`
         for this engine's prefill stage size (the lengths whose first prefill compiles kernels or
         captures graphs; none on the CPU reference ops). Returns (length, seconds) per request; a
         request's error is raised (EngineRequestError), ending the warmup.
@@ -241,12 +242,17 @@ class Engine:
             raise ValueError(f"warmup prompt lengths must be integers in 1..{limit} (max_model_len - 2), "
                              f"got {bad[0]!r}")
         vocab = min(int(self.frontend.tokenizer.vocab_size), 10000)    # ordinary ids: no special token
+        # NOTE: greedy at every length; then, at the shortest, the drawn forms a server meets first (a top-k
+        #       cut with top-p, top-p alone with min-p): the sampler's kernels compile on first use too.
+        drawn = (SamplingParams(temperature=0.8, top_p=0.95, top_k=20, seed=0),
+                 SamplingParams(temperature=0.8, top_p=0.95, min_p=0.05, seed=0))
+        runs = [(n, SamplingParams(temperature=0.0)) for n in lengths]
+        runs += [(min(lengths), sp) for sp in drawn] if lengths else []
         done = []
-        for n in lengths:
+        for n, sp in runs:
             prompt = self.frontend.prepare_tokens([(7919 * i + 11) % vocab for i in range(n)])
             t0 = time.perf_counter()
-            self.generate(prompt, SamplingParams(temperature=0.0), max_tokens=2, timeout=timeout,
-                          context_cache=False)
+            self.generate(prompt, sp, max_tokens=2, timeout=timeout, context_cache=False)
             done.append((n, time.perf_counter() - t0))
         return done
 

@@ -112,7 +112,7 @@ def test_greedy_parity_through_the_threaded_engine(parts, tiny_artifact_path):
 
 
 def test_warm_up_runs_its_prompts_and_leaves_nothing_behind(tiny_artifact_path):
-    """`Engine.warm_up`: one request per length through the public path with the context cache off; the
+    """`Engine.warm_up`: one greedy request per length (then two drawn ones at the shortest) through the public path with the context cache off; the
     engine is then idle with every page and slot free and no checkpoint published (the cache is on).
     On the CPU reference ops the Program names no lengths, so the default warmup runs nothing; bad
     lengths are refused before any request."""
@@ -122,12 +122,12 @@ def test_warm_up_runs_its_prompts_and_leaves_nothing_behind(tiny_artifact_path):
         assert eng.wait_ready(60).ready, eng.availability.reason
         assert eng.warm_up() == []
         done = eng.warm_up([1, 17, 64, 126])
-        assert [n for n, _ in done] == [1, 17, 64, 126] and all(s >= 0 for _, s in done)
+        assert [n for n, _ in done] == [1, 17, 64, 126, 1, 1] and all(s >= 0 for _, s in done)
         m = eng.metrics()
         assert (m.pages_free, m.slots_free) == (m.pages_total, m.slots_total)
         assert m.running == 0 and m.waiting == 0 and m.outstanding_capacity_free == m.outstanding_capacity
         assert m.num_cache_captures == 0 and m.num_checkpoints_device == 0 and m.num_cache_hits == 0
-        assert sum(m.num_finished.values()) == 4
+        assert sum(m.num_finished.values()) == 6
         for bad in ([0], [127], [True], [3.0]):
             with pytest.raises(ValueError, match="warmup prompt lengths"):
                 eng.warm_up(bad)
