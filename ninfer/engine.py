@@ -226,7 +226,9 @@ class Engine:
         for this engine's prefill stage size (the lengths whose first prefill compiles kernels or
         captures graphs; none on the CPU reference ops). Returns (length, seconds) per request; a
         request's error is raised (EngineRequestError), ending the warmup.
-        The prompts are fixed ordinary token ids (outputs are discarded)."""
+        The prompts are fixed ordinary token ids (outputs are discarded). Afterwards the request counters
+        and histograms of `metrics()` are zeroed (gauges stay live): the warmup is not traffic, and its
+        first-use latencies would skew the TTFT histogram. Meant for startup, before other requests."""
         if self.config.purpose is Purpose.CAUSAL_SCORING:
             if lengths:
                 raise ValueError("warm_up runs generation requests; this engine is for causal scoring")
@@ -254,6 +256,8 @@ class Engine:
             t0 = time.perf_counter()
             self.generate(prompt, sp, max_tokens=2, timeout=timeout, context_cache=False)
             done.append((n, time.perf_counter() - t0))
+        if done:
+            self._core.metrics_collector.reset_counts()
         return done
 
     def metrics(self) -> EngineMetrics:

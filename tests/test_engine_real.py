@@ -113,7 +113,8 @@ def test_greedy_parity_through_the_threaded_engine(parts, tiny_artifact_path):
 
 def test_warm_up_runs_its_prompts_and_leaves_nothing_behind(tiny_artifact_path):
     """`Engine.warm_up`: one greedy request per length (then two drawn ones at the shortest) through the public path with the context cache off; the
-    engine is then idle with every page and slot free and no checkpoint published (the cache is on).
+    engine is then idle with every page and slot free, no checkpoint published (the cache is on) and its
+    request counters zeroed.
     On the CPU reference ops the Program names no lengths, so the default warmup runs nothing; bad
     lengths are refused before any request."""
     from ninfer.targets.qwen3_6.runtime.program import warmup_lengths
@@ -127,7 +128,12 @@ def test_warm_up_runs_its_prompts_and_leaves_nothing_behind(tiny_artifact_path):
         assert (m.pages_free, m.slots_free) == (m.pages_total, m.slots_total)
         assert m.running == 0 and m.waiting == 0 and m.outstanding_capacity_free == m.outstanding_capacity
         assert m.num_cache_captures == 0 and m.num_checkpoints_device == 0 and m.num_cache_hits == 0
-        assert sum(m.num_finished.values()) == 6
+        # the warmup's requests are not counted as traffic
+        assert m.num_requests_submitted == 0 and m.num_finished == {} and m.num_prompt_tokens == 0
+        assert m.ttft_s.count == 0 and m.num_prefill_units == 0 and m.num_generation_tokens == 0
+        r = eng.generate(eng.frontend.prepare_tokens([5, 6, 7]), GREEDY, max_tokens=2, output=NO_EOS)
+        m = eng.metrics()
+        assert m.num_requests_submitted == 1 and m.num_generation_tokens == len(r.token_ids) == 2
         for bad in ([0], [127], [True], [3.0]):
             with pytest.raises(ValueError, match="warmup prompt lengths"):
                 eng.warm_up(bad)

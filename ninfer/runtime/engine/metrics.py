@@ -48,6 +48,11 @@ class MetricsCollector:
         self.capacity = CapacitySummary(0, 0, 0, 0, 0)
         self.running = 0
         self.waiting = 0
+        self._zero_counts()
+        self.cache_counts = (0, 0, 0, 0, 0, 0)          # queries, hits, hit tokens, captures, evictions, offloads
+        self.cache_usage = CacheUsage(0, 0, 0, 0)
+
+    def _zero_counts(self) -> None:
         self.num_submitted = 0
         self.rejected: Counter[str] = Counter()
         self.prompt_tokens = 0
@@ -61,8 +66,12 @@ class MetricsCollector:
         self.inter_token = Histogram(LATENCY_BOUNDS)
         self.e2e = Histogram(LATENCY_BOUNDS)
         self.batch_size = Histogram(BATCH_BOUNDS)
-        self.cache_counts = (0, 0, 0, 0, 0, 0)          # queries, hits, hit tokens, captures, evictions, offloads
-        self.cache_usage = CacheUsage(0, 0, 0, 0)
+
+    def reset_counts(self) -> None:
+        """Zero the request counters and histograms (not the gauges nor the context cache's figures):
+        after the serve warmup, whose requests (and their first-use compile latencies) are not traffic."""
+        with self._lock:
+            self._zero_counts()
 
     # ---- recording (worker, except `submitted`/`rejected` from submit threads) ---------------
     def submitted(self) -> None:
