@@ -223,7 +223,7 @@ class Engine:
         the shortest length (top-k + top-p; top-p + min-p), one after another, through `submit` with
         the context cache off (no checkpoint published or reused, nothing left that a later request
         could continue). lengths None: the Program's `warmup_prompt_lengths`
-        for this engine's prefill stage size (the lengths whose first prefill compiles kernels or
+        for this engine's prefill stage size and max_model_len (read once, when the Program attached) (the lengths whose first prefill compiles kernels or
         captures graphs; none on the CPU reference ops). Returns (length, seconds) per request; a
         request's error is raised (EngineRequestError), ending the warmup.
         The prompts are fixed ordinary token ids (outputs are discarded). Afterwards the request counters
@@ -235,10 +235,7 @@ class Engine:
             return []
         limit = self.max_model_len - 2
         if lengths is None:
-            program = getattr(self._core, "program", None)
-            hint = getattr(program, "warmup_prompt_lengths", None)
-            capped = (min(n, limit) for n in (hint(self.config.prefill_chunk_tokens) if hint else ()))
-            lengths = sorted({n for n in capped if n >= 1})
+            lengths = self._core.warmup_lengths
         bad = [n for n in lengths if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= limit]
         if bad:
             raise ValueError(f"warmup prompt lengths must be integers in 1..{limit} (max_model_len - 2), "
@@ -257,7 +254,7 @@ class Engine:
             self.generate(prompt, sp, max_tokens=2, timeout=timeout, context_cache=False)
             done.append((n, time.perf_counter() - t0))
         if done:
-            self._core.metrics_collector.reset_counts()
+            self._core.reset_request_metrics()
         return done
 
     def metrics(self) -> EngineMetrics:

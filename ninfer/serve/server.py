@@ -19,6 +19,7 @@ import logging
 import signal
 import sys
 import threading
+import time
 from typing import Callable
 
 import uvicorn
@@ -74,7 +75,6 @@ def configure_logging(level: str = "info") -> None:
 def warm_up(engine) -> None:
     """The serve warmup (`Engine.warm_up`); a failure is logged and serving goes on without it (the
     requests it would have warmed then pay their first-use costs themselves)."""
-    import time
     t0 = time.perf_counter()
     try:
         done = engine.warm_up()

@@ -265,8 +265,9 @@ class Program(Protocol):
     def abort_pending(self, batch: PendingBatch) -> None: ...
     def release(self, seq: SequenceHandle) -> ResourceResult: ...
     def check_integrity(self) -> None: ...        # raises InvariantError on `free + owned != total`
-    # Optional (read with getattr; absent: no warmup): warmup_prompt_lengths(stage_tokens) -> the prompt
-    # lengths whose first prefill compiles kernels or captures graphs (serve warmup, `Engine.warm_up`).
+    # Optional (read with getattr at attach; absent: no warmup): warmup_prompt_lengths(stage_tokens,
+    # max_model_len) -> the prompt lengths (each <= max_model_len - 2) whose first prefill compiles kernels
+    # or captures graphs (serve warmup, `Engine.warm_up`).
 
 
 class CheckpointProgram(Program, Protocol):

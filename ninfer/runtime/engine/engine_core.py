@@ -82,6 +82,8 @@ class EngineCore:
         self._order = itertools.count(1)
         self.capacity = OutstandingCapacity(max_concurrency + queue_size)
         self.metrics_collector = MetricsCollector(max_concurrency, queue_size, self.capacity.limit)
+        # the serve warmup's prompt lengths (`Engine.warm_up`), a host value read from Program at attach
+        self.warmup_lengths: tuple[int, ...] = ()
         # worker-owned state (set up by attach_program)
         self.program: Program | None = None
         self.scheduler = Scheduler()
@@ -176,6 +178,10 @@ class EngineCore:
     def metrics(self) -> EngineMetrics:
         return self.metrics_collector.snapshot(self._availability, self.capacity.used)
 
+    def reset_request_metrics(self) -> None:
+        """Zero the request counters and histograms (after the serve warmup: its requests are not traffic)."""
+        self.metrics_collector.reset_counts()
+
     def request_close(self, timeout: float) -> None:
         """Stop accepting; let outstanding requests finish until `timeout`, then cancel the rest."""
         with self._cv:
@@ -195,6 +201,9 @@ class EngineCore:
                                   cache=ContextCache(cfg) if cfg is not None and cfg.enabled else None)
         self._cache_on = self.rm.cache is not None
         self.max_model_len = min(self.max_model_len, program.max_model_len)
+        hint = getattr(program, "warmup_prompt_lengths", None)
+        if hint is not None:
+            self.warmup_lengths = tuple(hint(self.prefill_chunk_tokens, self.max_model_len))
         self._publish_gauges()
         with self._cv:
             if self._availability.state is AvailabilityState.STARTING:
