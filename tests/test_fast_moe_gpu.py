@@ -32,8 +32,9 @@ TOL = {torch.float32: 2e-3, torch.bfloat16: 1e-2}
 ROUTED_TOL = {torch.float32: 2e-3, torch.bfloat16: 2.5e-2 if _INTERPRET else 1e-2}
 # (E, k, H, I, Is): odd sizes (masks on every edge) everywhere; the 35B-A3B sizes on the GPU.
 ODD = (16, 4, 96, 40, 24)
+EVEN = (16, 4, 256, 128, 32)       # the prefill GEMMs' tiles divide H and I (both tile sets): unmasked loads
 A3B = (256, 8, 2048, 512, 512)
-SHAPES = [ODD] if _INTERPRET else [ODD, A3B]
+SHAPES = [ODD, EVEN] if _INTERPRET else [ODD, EVEN, A3B]
 TINY = (8, 2, 64, 32, 32)          # qwen3_6-tiny-moe
 WIDE = (256, 8, 64, 32, 32)        # the 35B-A3B routing (top 8 of 256) on small experts
 ROUTED_SHAPES = [ODD, TINY, WIDE] + ([] if _INTERPRET else [A3B])
@@ -253,7 +254,8 @@ def test_moe_experts_prefill(shape, with_shared, dtype, T, monkeypatch):
 @pytest.mark.parametrize("T,E,k,BM", [(1, 16, 4, 64), (65, 16, 4, 64), (300, 256, 8, 64), (2100, 256, 8, 128),
                                         (129, 5, 3, 64)])
 @pytest.mark.parametrize("skew", [False, True])
-def test_sort_pairs_is_a_stable_sort_with_a_block_table(T, E, k, BM, skew, poisoned):
+@pytest.mark.parametrize("chunk,warps", [(4096, 8), (1024, 4)])
+def test_sort_pairs_is_a_stable_sort_with_a_block_table(T, E, k, BM, skew, chunk, warps, poisoned):
     """`sort_pairs` == torch.sort(stable) of the flat ids (order, tokens, weights), starts == the experts'
     first sorted rows, and the block table names every sorted row exactly once, in blocks of at most BM
     rows of one expert at the rows `_block_rows` derives; every other block is surplus (E). Skewed: most
@@ -267,7 +269,7 @@ def test_sort_pairs_is_a_stable_sort_with_a_block_table(T, E, k, BM, skew, poiso
     if skew:
         ids = ids[torch.randperm(T, generator=torch.Generator().manual_seed(T)).to(_DEV)]
     weights = randn(T, k, dtype=torch.bfloat16, g=g)
-    starts, table, order, tok, w = fm.sort_pairs(ids, weights, E, BM)
+    starts, table, order, tok, w = fm.sort_pairs(ids, weights, E, BM, chunk=chunk, warps=warps)
     flat = ids.reshape(-1)
     want_e, want_order = torch.sort(flat, stable=True)
     assert torch.equal(order, want_order)
@@ -351,12 +353,14 @@ def test_moe_graph_capture_has_no_host_sync(T, fused):
 # ------------------------------------------------------------------------------------------------
 # the SparseMoE leaf: fast routing + experts vs the reference op set
 # ------------------------------------------------------------------------------------------------
-def _leaf_weights(shape, dtype, g):
+def _leaf_weights(shape, dtype, g, pad=0):
+    """pad: zero rows after shared_in's parts (model_view pads it to a multiple of 8 rows)."""
     E, k, H, I, Is = shape
     gate_up, down = experts(shape, dtype, g)
     shared_in = torch.cat([randn(2 * Is, H, dtype=dtype, g=g, scale=H ** -0.5),
                            randn(1, H, dtype=dtype, g=g, scale=H ** -0.5),
-                           randn(E, H, dtype=dtype, g=g, scale=3 * H ** -0.5)])
+                           randn(E, H, dtype=dtype, g=g, scale=3 * H ** -0.5),
+                           torch.zeros(pad, H, dtype=dtype, device=_DEV)])
     return {"shared_in.weight": shared_in, "shared_expert.gate_proj.weight": shared_in[:Is],
             "shared_expert.down_proj.weight": randn(H, Is, dtype=dtype, g=g, scale=Is ** -0.5),
             "experts.gate_up_proj": gate_up, "experts.down_proj": down}
@@ -365,7 +369,8 @@ def _leaf_weights(shape, dtype, g):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("N", [1, 5, 200])
-def test_sparse_moe_leaf_fast_vs_reference(shape, dtype, N):
+@pytest.mark.parametrize("pad", [0, 7])
+def test_sparse_moe_leaf_fast_vs_reference(shape, dtype, N, pad):
     import dataclasses
 
     from ninfer.ops.fast import moe as fm
@@ -376,7 +381,7 @@ def test_sparse_moe_leaf_fast_vs_reference(shape, dtype, N):
     if N * k > fm.MAX_PAIRS:
         skip_bf16_dot(dtype)
     g = gen(21)
-    mlp = _leaf_weights(shape, dtype, g)
+    mlp = _leaf_weights(shape, dtype, g, pad)
     h = randn(N, H, dtype=dtype, g=g)
     leaf = SparseMoE(dataclasses.replace(DIMS, num_experts=E, num_experts_per_tok=k))
     ops_ref = reference_ops()
@@ -387,6 +392,6 @@ def test_sparse_moe_leaf_fast_vs_reference(shape, dtype, N):
     want = leaf(mlp, h, ops_ref)
     assert out.dtype == dtype and out.shape == h.shape
     # NOTE: a tie at the k-th probability selects different experts (both correct); compare the rest
-    keep = ~boundary_ties(F.linear(h, mlp["shared_in.weight"])[:, 2 * Is + 1:], k)
+    keep = ~boundary_ties(F.linear(h, mlp["shared_in.weight"])[:, 2 * Is + 1:2 * Is + 1 + E], k)
     assert keep.float().mean() > 0.7
-    assert rel_rms(out[keep], want[keep]) < TOL[dtype]
+    assert rel_rms(out[keep], want[keep]) < ROUTED_TOL[dtype]         # TOL on the GPU (the interpreter's bf16)

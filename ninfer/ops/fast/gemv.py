@@ -77,14 +77,14 @@ class GemvConfig(NamedTuple):
 #       in USE_TRITON when the best config beat cuBLAS by >= 2 %. The M=1 rows of the 27B and 35B-A3B
 #       mixer shapes were swept again on 2026-12-01 with the prefetch tiles (`--shapes ... --m 1`,
 #       bench/NOTES.md pass 5): 5120x6144, 9216x2048 and 2048x4096 changed (the 27B's GEMVs in one
-#       graph: 12.70 -> 12.55 ms). The 35B-A3B's shared_in (1281x2048) at one row is cuBLAS per call but
+#       graph: 12.70 -> 12.55 ms). The 35B-A3B's shared_in (1281x2048, stored as 1288 rows: model_view pads it) at one row is cuBLAS per call but
 #       the Triton GEMV (8x512 prefetch tiles: its first weight block loads during the norm kernel before
 #       it) in the decode step: replay 2.564 -> 2.501 ms (`bench/step_ab.py`, pass 7).
 CONFIGS: dict[tuple[int, int, int], tuple] = {
-    (1281, 2048, 1): (8, 512, 1, 4, 1, False, True),
-    (1281, 2048, 2): (64, 128, 4, 4, 4, True),
-    (1281, 2048, 4): (64, 128, 4, 4, 4, True),
-    (1281, 2048, 8): (64, 128, 4, 4, 4, True),
+    (1288, 2048, 1): (8, 512, 1, 4, 1, False, True),
+    (1288, 2048, 2): (64, 128, 4, 4, 4, True),
+    (1288, 2048, 4): (64, 128, 4, 4, 4, True),
+    (1288, 2048, 8): (64, 128, 4, 4, 4, True),
     (2048, 512, 1): (8, 512, 1, 4, 1, False),
     (2048, 512, 2): (8, 512, 1, 4, 1, False),
     (2048, 512, 4): (64, 128, 1, 4, 4, True),
@@ -131,10 +131,10 @@ CONFIGS: dict[tuple[int, int, int], tuple] = {
     (248320, 5120, 8): (128, 128, 1, 4, 4, True),
 }
 USE_TRITON: dict[tuple[int, int, int], bool] = {
-    (1281, 2048, 1): True,
-    (1281, 2048, 2): True,
-    (1281, 2048, 4): True,
-    (1281, 2048, 8): True,
+    (1288, 2048, 1): True,
+    (1288, 2048, 2): True,
+    (1288, 2048, 4): True,
+    (1288, 2048, 8): True,
     (2048, 512, 1): True,
     (2048, 512, 2): True,
     (2048, 512, 4): True,

@@ -58,7 +58,8 @@ from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
 __all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DECODE_CONFIG", "DECODE_CONFIG_MANY",
-           "decode_config", "MAX_PAIRS", "PREFILL_CHUNK"]
+           "decode_config", "MAX_PAIRS", "PREFILL_CHUNK", "PrefillTiles",
+           "prefill_tiles"]
 
 MAX_PAIRS = 128          # (token, expert) pairs up to which the grouped GEMV (decode) path runs
 PREFILL_CHUNK = 8192     # tokens per grouped-GEMM pass
@@ -507,7 +508,10 @@ def _block_rows(block_expert, starts, E, BM: tl.constexpr):
 @triton.jit
 def _grouped_gate_up_kernel(x, sorted_tok, block_expert, starts, w, act, E, I, H,
                             stride_x, stride_we, stride_wn, stride_act,
-                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+                            BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+                            EVEN: tl.constexpr):
+    # EVEN: H % BK == 0 and I % BN == 0, so only the row mask is left (no per-element K mask on the
+    #       contiguous dimension: the tiles load as vectors)
     e, row0, end = _block_rows(block_expert, starts, E, BM)
     if e < E:
         o_m = row0 + tl.arange(0, BM)
@@ -522,10 +526,15 @@ def _grouped_gate_up_kernel(x, sorted_tok, block_expert, starts, w, act, E, I, H
         accg = tl.zeros([BM, BN], dtype=tl.float32)
         accu = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(0, H, BK):
-            mk = o_k < H - k0
-            a = tl.load(xp, mask=mm[:, None] & mk[None, :], other=0.0)
-            bg = tl.load(wg, mask=mk[:, None] & mn[None, :], other=0.0)
-            bu = tl.load(wu, mask=mk[:, None] & mn[None, :], other=0.0)
+            if EVEN:
+                a = tl.load(xp, mask=mm[:, None], other=0.0)
+                bg = tl.load(wg)
+                bu = tl.load(wu)
+            else:
+                mk = o_k < H - k0
+                a = tl.load(xp, mask=mm[:, None] & mk[None, :], other=0.0)
+                bg = tl.load(wg, mask=mk[:, None] & mn[None, :], other=0.0)
+                bu = tl.load(wu, mask=mk[:, None] & mn[None, :], other=0.0)
             accg = tl.dot(a, bg, accg, input_precision=PREC)
             accu = tl.dot(a, bu, accu, input_precision=PREC)
             xp += BK
@@ -539,7 +548,9 @@ def _grouped_gate_up_kernel(x, sorted_tok, block_expert, starts, w, act, E, I, H
 @triton.jit
 def _grouped_down_kernel(act, order, sorted_w, block_expert, starts, w, y, E, H, I,
                          stride_act, stride_we, stride_wn, stride_y,
-                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr):
+                         BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+                         EVEN: tl.constexpr):
+    # EVEN: I % BK == 0 and H % BN == 0 (as in `_grouped_gate_up_kernel`)
     e, row0, end = _block_rows(block_expert, starts, E, BM)
     if e < E:
         o_m = row0 + tl.arange(0, BM)
@@ -551,9 +562,13 @@ def _grouped_down_kernel(act, order, sorted_w, block_expert, starts, w, y, E, H,
         wp = w + e.to(tl.int64) * stride_we + o_n[None, :].to(tl.int64) * stride_wn + o_k[:, None]
         acc = tl.zeros([BM, BN], dtype=tl.float32)
         for k0 in range(0, I, BK):
-            mk = o_k < I - k0
-            a = tl.load(ap, mask=mm[:, None] & mk[None, :], other=0.0)
-            b = tl.load(wp, mask=mk[:, None] & mn[None, :], other=0.0)
+            if EVEN:
+                a = tl.load(ap, mask=mm[:, None], other=0.0)
+                b = tl.load(wp)
+            else:
+                mk = o_k < I - k0
+                a = tl.load(ap, mask=mm[:, None] & mk[None, :], other=0.0)
+                b = tl.load(wp, mask=mk[:, None] & mn[None, :], other=0.0)
             acc = tl.dot(a, b, acc, input_precision=PREC)
             ap += BK
             wp += BK
@@ -563,13 +578,44 @@ def _grouped_down_kernel(act, order, sorted_w, block_expert, starts, w, y, E, H,
                  mask=mm[:, None] & mn[None, :])
 
 
-SORT_CHUNK = 1024        # pairs per step of `_sort_pairs_kernel`'s scans
+class PrefillTiles(NamedTuple):
+    """Tiles of the prefill grouped GEMMs: BM rows of sorted pairs per block (also the sort's block
+    table), gate|up (BN1 columns of each half, BK1) and down (BN2, BK2), warps and stages per kernel,
+    and the sort's chunk (pairs per scan step) and warps."""
+    BM: int
+    BN1: int
+    BK1: int
+    warps1: int
+    stages1: int
+    BN2: int
+    BK2: int
+    warps2: int
+    stages2: int
+    sort_chunk: int = 4096
+    sort_warps: int = 8
 
 
-def sort_pairs(ids: torch.Tensor, weights: torch.Tensor, E: int, BM: int):
+# NOTE: BM=128 once experts average >= 256 rows (8k-token prefill of the 35B: P/E = 256): half the
+#       weight re-reads and larger MMAs; BM=64 wastes less on the partial last block below that.
+#       Swept with bench/moe_prefill.py on the H200 (bench/NOTES.md, session 16), 35B-A3B sizes:
+#       T=8192: gate|up 128-column halves with 4 stages 0.707 ms (was 0.742 with 64), down 256 columns
+#       0.462 ms (0.506 with 128), the sort's 4096-pair chunks on 8 warps 109 us (152 with 1024 on 4).
+#       T=1024 (weight-read bound: gate|up at 0.88 of the byte floor): the tiles were already the best
+#       within 1 %, the sort 18 us (22).
+PREFILL_TILES_SMALL = PrefillTiles(64, 64, 64, 4, 3, 128, 64, 4, 3)
+PREFILL_TILES_LARGE = PrefillTiles(128, 128, 64, 8, 4, 256, 64, 8, 3)
+
+
+def prefill_tiles(P: int, E: int) -> PrefillTiles:
+    """The grouped GEMMs' tiles for P pairs over E experts."""
+    return PREFILL_TILES_LARGE if P >= 256 * E else PREFILL_TILES_SMALL
+
+
+def sort_pairs(ids: torch.Tensor, weights: torch.Tensor, E: int, BM: int, *, chunk: int = 4096, warps: int = 8):
     """The pairs of a routing sorted by expert for the grouped GEMMs, one launch (`_sort_pairs_kernel`):
     (starts [E + 1] int32, block_expert [NB] int32, order [P] int64, sorted_tok [P] int64, sorted_w [P]),
-    NB = E + P // BM. order is torch.sort(ids.flatten(), stable=True)'s indices."""
+    NB = E + P // BM. order is torch.sort(ids.flatten(), stable=True)'s indices. chunk: pairs per scan
+    step (a power of 2)."""
     T, k = ids.shape
     P = T * k
     dev = ids.device
@@ -580,36 +626,48 @@ def sort_pairs(ids: torch.Tensor, weights: torch.Tensor, E: int, BM: int):
     sorted_tok = torch.empty(P, dtype=torch.int64, device=dev)
     sorted_w = torch.empty(P, dtype=weights.dtype, device=dev)
     _sort_pairs_kernel[(E,)](ids, weights, starts, block_expert, order, sorted_tok, sorted_w, P, E, NB,
-                             K=k, BM=BM, CH=SORT_CHUNK, BT=64, num_warps=4)
+                             K=k, BM=BM, CH=chunk, BT=64, num_warps=warps)
     return starts, block_expert, order, sorted_tok, sorted_w
 
 
-def _prefill_routed(x, ids, weights, gate_up, down):
-    """Routed experts' weighted contributions y [P, H] (pair order) in x.dtype. All bookkeeping on the GPU
-    (no host sync): one sort launch, the two grouped GEMMs."""
-    T, H = x.shape
-    k = ids.shape[1]
-    P, E, I = T * k, down.shape[0], down.shape[-1]
-    dev = x.device
-    # NOTE: BM=128 once experts average >= 256 rows (8k-token prefill of the 35B: P/E = 256): half the
-    #       weight re-reads and larger MMAs; BM=64 wastes less on the partial last block below that.
-    BM, warps = (128, 8) if P >= 256 * E else (64, 4)
-    starts, block_expert, order, sorted_tok, sorted_w = sort_pairs(ids, weights, E, BM)
-    NB = block_expert.shape[0]
-    prec = "ieee" if x.dtype == torch.float32 else "tf32"
+def _prec(x: torch.Tensor) -> str:
+    return "ieee" if x.dtype == torch.float32 else "tf32"
 
-    act = torch.empty(P, I, dtype=x.dtype, device=dev)
-    BN1, BK1 = 64, 64
-    _grouped_gate_up_kernel[(NB, triton.cdiv(I, BN1))](
+
+def _prefill_routed(x, ids, weights, gate_up, down, tiles: PrefillTiles | None = None):
+    """Routed experts' weighted contributions y [P, H] (pair order) in x.dtype. All bookkeeping on the GPU
+    (no host sync): one sort launch, the two grouped GEMMs. tiles: `prefill_tiles(P, E)` unless given
+    (bench/moe_prefill.py sweeps them)."""
+    E = down.shape[0]
+    c = tiles or prefill_tiles(ids.numel(), E)
+    starts, block_expert, order, sorted_tok, sorted_w = sort_pairs(ids, weights, E, c.BM, chunk=c.sort_chunk,
+                                                                   warps=c.sort_warps)
+    act = grouped_gate_up(x, sorted_tok, block_expert, starts, gate_up, c)
+    return grouped_down(act, order, sorted_w, block_expert, starts, down, c)
+
+
+def grouped_gate_up(x, sorted_tok, block_expert, starts, gate_up, c: PrefillTiles) -> torch.Tensor:
+    """act [P, I] = silu(gate) * up of each sorted pair's token through its expert (`sort_pairs`' outputs)."""
+    E, I2, H = gate_up.shape
+    I = I2 // 2
+    act = torch.empty(sorted_tok.shape[0], I, dtype=x.dtype, device=x.device)
+    _grouped_gate_up_kernel[(block_expert.shape[0], triton.cdiv(I, c.BN1))](
         x, sorted_tok, block_expert, starts, gate_up, act, E, I, H,
         x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
-        BM=BM, BN=BN1, BK=BK1, PREC=prec, num_warps=warps, num_stages=3)
-    y = torch.empty(P, H, dtype=x.dtype, device=dev)
-    BN2, BK2 = 128, 64
-    _grouped_down_kernel[(NB, triton.cdiv(H, BN2))](
+        BM=c.BM, BN=c.BN1, BK=c.BK1, PREC=_prec(x), EVEN=H % c.BK1 == 0 and I % c.BN1 == 0,
+        num_warps=c.warps1, num_stages=c.stages1)
+    return act
+
+
+def grouped_down(act, order, sorted_w, block_expert, starts, down, c: PrefillTiles) -> torch.Tensor:
+    """y [P, H] in pair order: each sorted pair's weight x its expert's down projection of act."""
+    E, H, I = down.shape
+    y = torch.empty(act.shape[0], H, dtype=act.dtype, device=act.device)
+    _grouped_down_kernel[(block_expert.shape[0], triton.cdiv(H, c.BN2))](
         act, order, sorted_w, block_expert, starts, down, y, E, H, I,
         act.stride(0), down.stride(0), down.stride(1), y.stride(0),
-        BM=BM, BN=BN2, BK=BK2, PREC=prec, num_warps=warps, num_stages=3)
+        BM=c.BM, BN=c.BN2, BK=c.BK2, PREC=_prec(act), EVEN=I % c.BK2 == 0 and H % c.BN2 == 0,
+        num_warps=c.warps2, num_stages=c.stages2)
     return y
 
 

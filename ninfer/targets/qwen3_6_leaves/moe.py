@@ -23,12 +23,13 @@ class SparseMoE:
     def __call__(self, mlp: Mapping[str, torch.Tensor], h: torch.Tensor, ops: Any) -> torch.Tensor:
         """h [N, H] -> [N, H]: the math of `ninfer.ops.moe.sparse_moe_block`, with one GEMM for
         everything that reads h: [shared gate | shared up | shared gate scalar | router] rows
-        (`shared_in.weight`, fused by model_view)."""
+        (`shared_in.weight`, fused by model_view, maybe with zero rows after them)."""
         shape = h.shape
         x2 = h.reshape(-1, shape[-1])
         Is = mlp["shared_expert.gate_proj.weight"].shape[0]
         y = ops.linear(x2, mlp["shared_in.weight"])
         shared = SharedExpert(y[:, :2 * Is], y[:, 2 * Is:2 * Is + 1], mlp["shared_expert.down_proj.weight"])
-        out = ops.route_moe_experts(x2, y[:, 2 * Is + 1:], self.top_k, mlp["experts.gate_up_proj"],
+        E = mlp["experts.down_proj"].shape[0]       # the fused rows may end in zero padding (model_view)
+        out = ops.route_moe_experts(x2, y[:, 2 * Is + 1:2 * Is + 1 + E], self.top_k, mlp["experts.gate_up_proj"],
                                     mlp["experts.down_proj"], shared=shared)
         return out.reshape(shape)

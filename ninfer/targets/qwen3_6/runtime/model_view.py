@@ -89,9 +89,23 @@ MLP_FUSED = {
 }
 
 
-def fuse_rows(t: dict[str, torch.Tensor], names: tuple[str, ...]) -> torch.Tensor:
-    """Concatenate t[names] along rows into one tensor and replace each t[name] by its row view."""
-    fused = torch.cat([t[n] for n in names], dim=0)
+# NOTE: shared_in gets zero rows after its parts up to a multiple of 8, so its GEMM's output rows are
+#       16-byte aligned: cuBLAS ran the 35B-A3B's 1281-row shared_in on a slow kernel for unaligned
+#       operands in prefill (bench/NOTES.md, session 16). Its user (the SparseMoE leaf) slices the parts
+#       by offset and length. The other groups are not padded: their last part runs to the end of the
+#       matrix (`main_and_gate`, `silu_mul_halves`), and at the real sizes their row counts are
+#       multiples of 8 already.
+ROW_MULTIPLE = {"shared_in.weight": 8}
+
+
+def fuse_rows(t: dict[str, torch.Tensor], names: tuple[str, ...], multiple: int = 1) -> torch.Tensor:
+    """Concatenate t[names] along rows into one tensor, with zero rows after them up to a multiple of
+    `multiple` rows, and replace each t[name] by its row view."""
+    parts = [t[n] for n in names]
+    pad = -sum(p.shape[0] for p in parts) % multiple
+    if pad:
+        parts.append(parts[0].new_zeros((pad,) + tuple(parts[0].shape[1:])))
+    fused = torch.cat(parts, dim=0)
     r = 0
     for n in names:
         rows = t[n].shape[0]
@@ -134,7 +148,7 @@ def load_model_view(dims: Qwen36Dims, weights: Any, device: torch.device | str, 
         m = p + "mlp."
         for fname, parts in MLP_FUSED.items():
             if all(m + n in t for n in parts):
-                t[m + fname] = fuse_rows(t, tuple(m + n for n in parts))
+                t[m + fname] = fuse_rows(t, tuple(m + n for n in parts), ROW_MULTIPLE.get(fname, 1))
         mlp = {k[len(m):]: v for k, v in t.items() if k.startswith(m)}
         layers.append(LayerView(i, kind, t[p + "input_layernorm.weight"], t[p + "post_attention_layernorm.weight"],
                                 mixer, mlp))
