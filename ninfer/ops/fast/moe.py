@@ -602,13 +602,18 @@ class PrefillTiles(NamedTuple):
 #       0.462 ms (0.506 with 128), the sort's 4096-pair chunks on 8 warps 109 us (152 with 1024 on 4).
 #       T=1024 (weight-read bound: gate|up at 0.88 of the byte floor): the tiles were already the best
 #       within 1 %, the sort 18 us (22).
+#       fp32 inputs (the fp32 Program of the parity tests) keep the narrower large tiles: the wide ones'
+#       fp32 stages exceed the shared memory.
 PREFILL_TILES_SMALL = PrefillTiles(64, 64, 64, 4, 3, 128, 64, 4, 3)
 PREFILL_TILES_LARGE = PrefillTiles(128, 128, 64, 8, 4, 256, 64, 8, 3)
+PREFILL_TILES_LARGE_FP32 = PrefillTiles(128, 64, 64, 8, 3, 128, 64, 8, 3)
 
 
-def prefill_tiles(P: int, E: int) -> PrefillTiles:
-    """The grouped GEMMs' tiles for P pairs over E experts."""
-    return PREFILL_TILES_LARGE if P >= 256 * E else PREFILL_TILES_SMALL
+def prefill_tiles(P: int, E: int, dtype: torch.dtype = torch.bfloat16) -> PrefillTiles:
+    """The grouped GEMMs' tiles for P pairs over E experts with inputs of `dtype`."""
+    if P < 256 * E:
+        return PREFILL_TILES_SMALL
+    return PREFILL_TILES_LARGE_FP32 if dtype == torch.float32 else PREFILL_TILES_LARGE
 
 
 def sort_pairs(ids: torch.Tensor, weights: torch.Tensor, E: int, BM: int, *, chunk: int = 4096, warps: int = 8):
@@ -639,7 +644,7 @@ def _prefill_routed(x, ids, weights, gate_up, down, tiles: PrefillTiles | None =
     (no host sync): one sort launch, the two grouped GEMMs. tiles: `prefill_tiles(P, E)` unless given
     (bench/moe_prefill.py sweeps them)."""
     E = down.shape[0]
-    c = tiles or prefill_tiles(ids.numel(), E)
+    c = tiles or prefill_tiles(ids.numel(), E, x.dtype)
     starts, block_expert, order, sorted_tok, sorted_w = sort_pairs(ids, weights, E, c.BM, chunk=c.sort_chunk,
                                                                    warps=c.sort_warps)
     act = grouped_gate_up(x, sorted_tok, block_expert, starts, gate_up, c)
