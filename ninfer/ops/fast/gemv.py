@@ -77,9 +77,10 @@ class GemvConfig(NamedTuple):
 #       in USE_TRITON when the best config beat cuBLAS by >= 2 %. The M=1 rows of the 27B and 35B-A3B
 #       mixer shapes were swept again on 2026-12-01 with the prefetch tiles (`--shapes ... --m 1`,
 #       bench/NOTES.md pass 5): 5120x6144, 9216x2048 and 2048x4096 changed (the 27B's GEMVs in one
-#       graph: 12.70 -> 12.55 ms). The 35B-A3B's shared_in (1281x2048, stored as 1288 rows: model_view pads it) at one row is cuBLAS per call but
-#       the Triton GEMV (8x512 prefetch tiles: its first weight block loads during the norm kernel before
-#       it) in the decode step: replay 2.564 -> 2.501 ms (`bench/step_ab.py`, pass 7).
+#       graph: 12.70 -> 12.55 ms). The 35B-A3B's shared_in (1281 x 2048, stored as 1288 rows: model_view
+#       pads it; keys renamed in session 16, same tiles) at one row is cuBLAS per call but the Triton
+#       GEMV (8x512 prefetch tiles: its first weight block loads during the norm kernel before it) in the
+#       decode step: replay 2.564 -> 2.501 ms (`bench/step_ab.py`, pass 7).
 CONFIGS: dict[tuple[int, int, int], tuple] = {
     (1288, 2048, 1): (8, 512, 1, 4, 1, False, True),
     (1288, 2048, 2): (64, 128, 4, 4, 4, True),

@@ -58,8 +58,7 @@ from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
 __all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DECODE_CONFIG", "DECODE_CONFIG_MANY",
-           "decode_config", "MAX_PAIRS", "PREFILL_CHUNK", "PrefillTiles",
-           "prefill_tiles"]
+           "decode_config", "MAX_PAIRS", "PREFILL_CHUNK", "PrefillTiles", "prefill_tiles"]
 
 MAX_PAIRS = 128          # (token, expert) pairs up to which the grouped GEMV (decode) path runs
 PREFILL_CHUNK = 8192     # tokens per grouped-GEMM pass
@@ -641,8 +640,8 @@ def _prec(x: torch.Tensor) -> str:
 
 def _prefill_routed(x, ids, weights, gate_up, down, tiles: PrefillTiles | None = None):
     """Routed experts' weighted contributions y [P, H] (pair order) in x.dtype. All bookkeeping on the GPU
-    (no host sync): one sort launch, the two grouped GEMMs. tiles: `prefill_tiles(P, E)` unless given
-    (bench/moe_prefill.py sweeps them)."""
+    (no host sync): one sort launch, the two grouped GEMMs. tiles: `prefill_tiles(P, E, x.dtype)` unless
+    given (bench/moe_prefill.py sweeps them)."""
     E = down.shape[0]
     c = tiles or prefill_tiles(ids.numel(), E, x.dtype)
     starts, block_expert, order, sorted_tok, sorted_w = sort_pairs(ids, weights, E, c.BM, chunk=c.sort_chunk,
