@@ -41,6 +41,25 @@ def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30))
 
 
+def _sweep(name, cands, tiles_of, run, routed, ref, flops, floor_ms, BM, rec) -> None:
+    """Time run(tiles) for each (BN, BK, warps, stages) candidate; gate: routed(run(tiles)) against ref.
+    Prints one table; appends one record per candidate that compiled."""
+    rows = []
+    for bn, bk, wp, st in cands:
+        c = tiles_of(bn, bk, wp, st)
+        try:
+            err = rel_rms(routed(run(c)), ref)
+            ms = bench_ms(lambda: run(c), 25, 150)
+        except Exception as e:  # noqa: BLE001 - a config that does not compile (shared memory) is a row
+            rows.append([BM, bn, bk, wp, st, "-", "-", "-", f"{type(e).__name__}"])
+            continue
+        ok = err < 1e-2
+        rows.append([BM, bn, bk, wp, st, f"{ms:.3f}", f"{flops / ms / 1e9:.0f}", f"{floor_ms / ms:.2f}",
+                     f"{err:.1e}" + ("" if ok else " FAIL")])
+        rec.append(dict(BM=BM, BN=bn, BK=bk, warps=wp, stages=st, ms=ms, err=err, ok=ok))
+    print_table(["BM", "BN", "BK", "warps", "stages", f"{name} ms", "TFLOP/s", "floor/ms", "rel err"], rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--identity", default="qwen3_6-35b-a3b")
@@ -88,37 +107,16 @@ def main() -> int:
             srt = fm.sort_pairs(ids, w, E, BM, chunk=base.sort_chunk, warps=base.sort_warps)
             starts, table, order, tok, sw = srt
             cands = GATE_UP[BM][:2] if args.quick else GATE_UP[BM]
-            rows = []
-            for bn, bk, wp, st in cands:
-                c = tiles0._replace(BN1=bn, BK1=bk, warps1=wp, stages1=st)
-                try:
-                    act = fm.grouped_gate_up(x, tok, table, starts, gate_up, c)
-                    err = rel_rms(fm.grouped_down(act, order, sw, table, starts, down, base._replace(BM=BM)), ref)
-                    ms = bench_ms(lambda: fm.grouped_gate_up(x, tok, table, starts, gate_up, c), 25, 150)
-                except Exception as e:  # noqa: BLE001 - a config that does not compile (shared memory) is a row
-                    rows.append([BM, bn, bk, wp, st, "-", "-", "-", f"{type(e).__name__}"])
-                    continue
-                ok = err < 1e-2
-                rows.append([BM, bn, bk, wp, st, f"{ms:.3f}", f"{gu_flops / ms / 1e9:.0f}", f"{gu_floor / ms:.2f}",
-                             f"{err:.1e}" + ("" if ok else " FAIL")])
-                rec["gate_up"].append(dict(BM=BM, BN=bn, BK=bk, warps=wp, stages=st, ms=ms, err=err, ok=ok))
-            print_table(["BM", "BN", "BK", "warps", "stages", "gate|up ms", "TFLOP/s", "floor/ms", "rel err"], rows)
+            down0 = base._replace(BM=BM)
+            _sweep("gate|up", cands, lambda bn, bk, wp, st: tiles0._replace(BN1=bn, BK1=bk, warps1=wp, stages1=st),
+                   lambda c: fm.grouped_gate_up(x, tok, table, starts, gate_up, c),
+                   lambda act: fm.grouped_down(act, order, sw, table, starts, down, down0), ref,
+                   gu_flops, gu_floor, BM, rec["gate_up"])
             act = fm.grouped_gate_up(x, tok, table, starts, gate_up, base._replace(BM=BM))
             cands = DOWN[BM][:2] if args.quick else DOWN[BM]
-            rows = []
-            for bn, bk, wp, st in cands:
-                c = tiles0._replace(BN2=bn, BK2=bk, warps2=wp, stages2=st)
-                try:
-                    err = rel_rms(fm.grouped_down(act, order, sw, table, starts, down, c), ref)
-                    ms = bench_ms(lambda: fm.grouped_down(act, order, sw, table, starts, down, c), 25, 150)
-                except Exception as e:  # noqa: BLE001
-                    rows.append([BM, bn, bk, wp, st, "-", "-", "-", f"{type(e).__name__}"])
-                    continue
-                ok = err < 1e-2
-                rows.append([BM, bn, bk, wp, st, f"{ms:.3f}", f"{dn_flops / ms / 1e9:.0f}", f"{dn_floor / ms:.2f}",
-                             f"{err:.1e}" + ("" if ok else " FAIL")])
-                rec["down"].append(dict(BM=BM, BN=bn, BK=bk, warps=wp, stages=st, ms=ms, err=err, ok=ok))
-            print_table(["BM", "BN", "BK", "warps", "stages", "down ms", "TFLOP/s", "floor/ms", "rel err"], rows)
+            _sweep("down", cands, lambda bn, bk, wp, st: tiles0._replace(BN2=bn, BK2=bk, warps2=wp, stages2=st),
+                   lambda c: fm.grouped_down(act, order, sw, table, starts, down, c), lambda y: y, ref,
+                   dn_flops, dn_floor, BM, rec["down"])
             rows = []
             for ch, wp in (SORT[:2] if args.quick else SORT):
                 got = fm.sort_pairs(ids, w, E, BM, chunk=ch, warps=wp)
