@@ -89,3 +89,27 @@ def test_bench_serve_in_process_cpu(capsys):
 def test_bench_unknown_identity(capsys):
     assert main(["bench", "decode", "--identity", "nope"]) == 2
     assert "unknown model identity 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["prefill", "--lengths", "1024", "0"], "argument --lengths: must be an integer >= 1, got 0"),
+    (["prefill", "--chunk", "70000"], "argument --chunk: must be an integer in 0..65536, got 70000"),
+    (["prefill", "--reps", "0"], "argument --reps: must be an integer >= 1, got 0"),
+    (["decode", "--batches", "1", "9"], "argument --batches: must be an integer in 1..8, got 9"),
+    (["decode", "--ctx", "-5"], "argument --ctx: must be an integer >= 1, got -5"),
+    (["decode", "--ctx", "1k"], "argument --ctx: must be an integer >= 1, got '1k'"),
+    (["decode", "--step-timeout", "-1"], "argument --step-timeout: must be a number >= 0, got -1"),
+    (["serve", "--concurrency", "0"], "argument --concurrency: must be an integer in 1..8, got 0"),
+    (["serve", "--prompt-len", "0"], "argument --prompt-len: must be an integer >= 1, got 0"),
+    (["serve", "--top-p", "0"], "argument --top-p: must be a number > 0 and <= 1, got 0"),
+    (["serve", "--top-p", "1.5"], "argument --top-p: must be a number > 0 and <= 1, got 1.5"),
+    (["serve", "--temperature", "nan"], "argument --temperature: must be a number >= 0, got nan"),
+    (["serve", "--startup-timeout", "0"], "argument --startup-timeout: must be a number > 0, got 0"),
+])
+def test_bench_rejects_bad_numbers_before_running(capsys, argv, message):
+    """A bad number is a usage error naming the flag (exit 2, one line), before any model is built."""
+    with pytest.raises(SystemExit) as e:
+        main(["bench", *argv, "--identity", "qwen3_6-tiny-dense", "--device", "cpu"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("error:") == 1

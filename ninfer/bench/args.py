@@ -2,6 +2,41 @@
 from __future__ import annotations
 
 import argparse
+import math
+from typing import Callable
+
+
+def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer in lo..hi (hi None: no upper bound); the error names the range."""
+    want = f"an integer in {lo}..{hi}" if hi is not None else f"an integer >= {lo}"
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}") from None
+        if v < lo or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"must be {want}, got {v}")
+        return v
+    return parse
+
+
+def float_in(lo: float, hi: float | None = None, *, lo_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number >= lo (> lo when lo_open) and <= hi."""
+    want = (f"a number {'>' if lo_open else '>='} {lo:g}" + (f" and <= {hi:g}" if hi is not None else ""))
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text!r}") from None
+        if not math.isfinite(v) or v < lo or (lo_open and v == lo) or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"must be {want}, got {text}")
+        return v
+    return parse
+
+
+MAX_BATCH = 8            # the engine's max_concurrency limit (EngineConfig: 1..8)
 
 
 def add_common_args(ap, default_identities: list[str]) -> None:
@@ -9,51 +44,54 @@ def add_common_args(ap, default_identities: list[str]) -> None:
                     help=f"registered identities, synthetic weights (default: {' '.join(default_identities)})")
     ap.add_argument("--device", default=None, help="cuda | cpu (default: cuda when available)")
     ap.add_argument("--out", default=None, metavar="DIR", help="also write <DIR>/<bench>.json (rewritten as it goes)")
-    ap.add_argument("--step-timeout", type=float, default=0.0, metavar="S",
+    ap.add_argument("--step-timeout", type=float_in(0.0), default=0.0, metavar="S",
                     help="give up a step (one identity / length / concurrency) after S seconds (0 = none)")
 
 
 def decode_args(ap: argparse.ArgumentParser) -> None:
     add_common_args(ap, ["qwen3_6-27b", "qwen3_6-35b-a3b"])
-    ap.add_argument("--ctx", nargs="+", type=int, default=[1024, 8192], help="context lengths")
-    ap.add_argument("--max-model-len", type=int, default=0, metavar="N",
+    ap.add_argument("--ctx", nargs="+", type=int_in(1), default=[1024, 8192], help="context lengths")
+    ap.add_argument("--max-model-len", type=int_in(0), default=0, metavar="N",
                     help="the Program's max_model_len, i.e. the decode block-table width (default: largest ctx + 64; "
                          "a server runs at its configured limit, e.g. 8192 or 32768)")
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--reps", type=int_in(1), default=10)
     ap.add_argument("--no-ref", action="store_true", help="skip the reference-ops comparison at the smallest ctx")
-    ap.add_argument("--batches", nargs="+", type=int, default=list(range(1, 9)))
+    ap.add_argument("--batches", nargs="+", type=int_in(1, MAX_BATCH), default=list(range(1, 9)))
     ap.add_argument("--prefill-ref-gdn", action="store_true",
                     help="prefill with the PyTorch chunk delta rule (skips fla's first-call compile)")
     ap.add_argument("--host-overhead", action="store_true", help="tiny dense on the GPU: host time per round")
     ap.add_argument("--hf-baseline", dest="hf_baseline", action="store_true", default=None,
                     help="also time Hugging Face transformers on the same dims (default: on for CUDA runs)")
     ap.add_argument("--no-hf-baseline", dest="hf_baseline", action="store_false")
-    ap.add_argument("--hf-batches", nargs="+", type=int, default=[1, 8], help="batches of the HF baseline")
+    ap.add_argument("--hf-batches", nargs="+", type=int_in(1), default=[1, 8], help="batches of the HF baseline")
 
 
 def prefill_args(ap: argparse.ArgumentParser) -> None:
     add_common_args(ap, ["qwen3_6-27b", "qwen3_6-35b-a3b"])
-    ap.add_argument("--lengths", nargs="+", type=int, default=[1024, 8192, 32768], help="prompt lengths")
-    ap.add_argument("--reps", type=int, default=3, help="repetitions per length <= 8192 (first one reported apart)")
-    ap.add_argument("--long-reps", type=int, default=1, help="repetitions per length > 8192")
-    ap.add_argument("--chunk", type=int, default=0, help="prefill stage size in tokens (0 = the whole prompt at once)")
+    ap.add_argument("--lengths", nargs="+", type=int_in(1), default=[1024, 8192, 32768], help="prompt lengths")
+    ap.add_argument("--reps", type=int_in(1), default=3,
+                    help="repetitions per length <= 8192 (first one reported apart)")
+    ap.add_argument("--long-reps", type=int_in(1), default=1, help="repetitions per length > 8192")
+    ap.add_argument("--chunk", type=int_in(0, 65536), default=0,
+                    help="prefill stage size in tokens (0 = the whole prompt at once)")
 
 
 def serve_args(ap: argparse.ArgumentParser) -> None:
     add_common_args(ap, ["qwen3_6-27b", "qwen3_6-35b-a3b"])
-    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8])
-    ap.add_argument("--prompt-len", type=int, default=1024)
-    ap.add_argument("--output-len", type=int, default=128)
-    ap.add_argument("--requests-per-client", type=int, default=2)
-    ap.add_argument("--temperature", type=float, default=0.0,
+    ap.add_argument("--concurrency", nargs="+", type=int_in(1, MAX_BATCH), default=[1, 2, 4, 8])
+    ap.add_argument("--prompt-len", type=int_in(1), default=1024)
+    ap.add_argument("--output-len", type=int_in(1), default=128)
+    ap.add_argument("--requests-per-client", type=int_in(1), default=2)
+    ap.add_argument("--temperature", type=float_in(0.0), default=0.0,
                     help="every request's temperature (default 0: greedy); > 0 draws (unseeded)")
-    ap.add_argument("--top-p", type=float, default=1.0, help="every request's top_p")
-    ap.add_argument("--top-k", type=int, default=0,
+    ap.add_argument("--top-p", type=float_in(0.0, 1.0, lo_open=True), default=1.0, help="every request's top_p")
+    ap.add_argument("--top-k", type=int_in(0), default=0,
                     help="every request's top_k (default 0: off; the Qwen3.6 checkpoints' own default is 20)")
-    ap.add_argument("--max-model-len", type=int, default=0, metavar="N",
+    ap.add_argument("--max-model-len", type=int_in(0), default=0, metavar="N",
                     help="the server's --max-model-len (default: prompt + output + 16; a deployment runs at its "
                          "configured limit, e.g. 8192, the engine default)")
-    ap.add_argument("--startup-timeout", type=float, default=300.0, help="seconds to wait for the server's /health")
+    ap.add_argument("--startup-timeout", type=float_in(0.0, lo_open=True), default=300.0,
+                    help="seconds to wait for the server's /health")
     ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                     help="extra `ninfer serve` argument (repeatable, e.g. --server-arg=--enforce-eager)")
     ap.add_argument("--client", choices=["http", "openai"], default="http",
