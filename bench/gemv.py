@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ninfer.targets.qwen3_6.dims import Qwen36Dims  # noqa: E402
-from ninfer.targets.qwen3_6.runtime.model_view import ROW_MULTIPLE  # noqa: E402
+from ninfer.targets.qwen3_6.runtime.model_view import stored_rows  # noqa: E402
 
 TOL = 1e-2
 DEVICE = "cuda"
@@ -55,8 +55,7 @@ def decode_gemms(dims: Qwen36Dims) -> list[tuple[str, int, int, int]]:
            ("attn.o_proj", H, qdim, n_att)]
     if dims.is_moe:
         Is = dims.shared_expert_intermediate_size
-        rows = 2 * Is + 1 + dims.num_experts
-        rows += -rows % ROW_MULTIPLE["shared_in.weight"]           # as model_view stores it (zero rows after)
+        rows = stored_rows("shared_in.weight", 2 * Is + 1 + dims.num_experts)     # as model_view stores it
         out += [("moe.shared_in", rows, H, n_all), ("moe.shared_down", H, Is, n_all)]
     else:
         out += [("mlp.gate_up", 2 * dims.intermediate_size, H, n_all), ("mlp.down", H, dims.intermediate_size, n_all)]

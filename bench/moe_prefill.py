@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from ninfer.bench.common import bench_ms, env_record, json_line, print_table  # noqa: E402
+from ninfer.bench.common import bench_ms, env_record, json_line, measure_ceilings, print_table  # noqa: E402
 
 # (BN, BK, warps, stages) candidates of each grouped GEMM, per BM
 GATE_UP = {64: [(64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 8, 3), (128, 64, 4, 3), (128, 64, 8, 3), (64, 128, 4, 3),
@@ -69,7 +69,6 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("moe_prefill: no CUDA device; nothing measured")
         return 0
-    from ninfer.bench.common import measure_ceilings
     from ninfer.ops.fast import moe as fm
     from ninfer.targets.registry import lookup
 

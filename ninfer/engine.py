@@ -222,9 +222,10 @@ class Engine:
         """Serve warmup: one greedy request of 2 output tokens per prompt length, then two drawn ones at
         the shortest length (top-k + top-p; top-p + min-p), one after another, through `submit` with
         the context cache off (no checkpoint published or reused, nothing left that a later request
-        could continue). lengths None: the Program's `warmup_prompt_lengths`
-        for this engine's prefill stage size and max_model_len (read once, when the Program attached) (the lengths whose first prefill compiles kernels or
-        captures graphs; none on the CPU reference ops). Returns (length, seconds) per request; a
+        could continue). lengths None: the Program's `warmup_prompt_lengths` for this engine's prefill
+        stage size and max_model_len, read once when the Program attached (the lengths whose first
+        prefill compiles kernels or captures graphs; none on the CPU reference ops). Returns (length,
+        seconds) per request; a
         request's error is raised (EngineRequestError), ending the warmup.
         The prompts are fixed ordinary token ids (outputs are discarded). Afterwards the request counters
         and histograms of `metrics()` are zeroed (gauges stay live): the warmup is not traffic, and its

@@ -11,6 +11,8 @@ from ninfer.runtime.contract.types import SamplingParams, TokenLogprob
 from ninfer.targets.qwen3_6.frontend.types import (FinishReason, OutputDelta, OutputOptions,
                                                    PreparedPrompt, ToolCall, ToolCallDelta)
 
+MAX_CONCURRENCY = 8        # active requests at once: EngineConfig.max_concurrency is in 1..MAX_CONCURRENCY
+
 __all__ = ["EngineConfig", "SamplingParams", "TokenLogprob", "FinishReason", "OutputOptions",
            "PreparedPrompt", "ToolCall", "ToolCallDelta", "OutputDelta", "Availability",
            "AvailabilityState", "GenerationStart", "GenerationDelta", "GenerationResult",
@@ -68,8 +70,8 @@ class EngineConfig:
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         if self.dtype not in ("auto", "bf16", "bfloat16", "fp32", "float32"):
             raise ValueError(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
-        if not (1 <= self.max_concurrency <= 8):
-            raise ValueError(f"max_concurrency must be in 1..8, got {self.max_concurrency}")
+        if not (1 <= self.max_concurrency <= MAX_CONCURRENCY):
+            raise ValueError(f"max_concurrency must be in 1..{MAX_CONCURRENCY}, got {self.max_concurrency}")
         if not (0 <= self.queue_size <= 4096):
             raise ValueError(f"queue_size must be in 0..4096, got {self.queue_size}")
         if not (self.request_timeout_s > 0):

@@ -5,6 +5,8 @@ import argparse
 import math
 from typing import Callable
 
+from ninfer.types import MAX_CONCURRENCY as MAX_BATCH       # no torch import (see the module docstring)
+
 
 def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
     """An argparse type: an integer in lo..hi (hi None: no upper bound); the error names the range."""
@@ -34,9 +36,6 @@ def float_in(lo: float, hi: float | None = None, *, lo_open: bool = False) -> Ca
             raise argparse.ArgumentTypeError(f"must be {want}, got {text}")
         return v
     return parse
-
-
-MAX_BATCH = 8            # the engine's max_concurrency limit (EngineConfig: 1..8)
 
 
 def add_common_args(ap, default_identities: list[str]) -> None:

@@ -153,7 +153,8 @@ def print_ceilings(c: dict) -> None:
     print(f"ceilings (this run): copy {c['copy_TBps']:.3g} TB/s (doc {DOC_COPY_TBS}), "
           f"GEMV 52kx5120 {gemv} TB/s (doc {DOC_GEMV_TBS}), "
           f"matmul 8192^3 {c['matmul_8192_TFLOPs']:.4g} TFLOP/s (doc {DOC_MATMUL_TFLOPS:.0f})"
-          + (f", sustained {c['matmul_sustained_TFLOPs']:.4g}" if c.get("matmul_sustained_TFLOPs") else ""), flush=True)
+          + (f", sustained {c['matmul_sustained_TFLOPs']:.4g}" if c.get("matmul_sustained_TFLOPs") else ""),
+          flush=True)
 
 
 def print_table(headers: list[str], rows: list[list]) -> None:

@@ -19,6 +19,7 @@ class SparseMoE:
         if not dims.is_moe:
             raise ValueError("SparseMoE needs MoE dimensions (num_experts > 0)")
         self.top_k = dims.num_experts_per_tok
+        self.num_experts = dims.num_experts     # the router's columns (shared_in may end in zero rows)
 
     def __call__(self, mlp: Mapping[str, torch.Tensor], h: torch.Tensor, ops: Any) -> torch.Tensor:
         """h [N, H] -> [N, H]: the math of `ninfer.ops.moe.sparse_moe_block`, with one GEMM for
@@ -29,7 +30,7 @@ class SparseMoE:
         Is = mlp["shared_expert.gate_proj.weight"].shape[0]
         y = ops.linear(x2, mlp["shared_in.weight"])
         shared = SharedExpert(y[:, :2 * Is], y[:, 2 * Is:2 * Is + 1], mlp["shared_expert.down_proj.weight"])
-        E = mlp["experts.down_proj"].shape[0]       # the fused rows may end in zero padding (model_view)
-        out = ops.route_moe_experts(x2, y[:, 2 * Is + 1:2 * Is + 1 + E], self.top_k, mlp["experts.gate_up_proj"],
+        r0 = 2 * Is + 1
+        out = ops.route_moe_experts(x2, y[:, r0:r0 + self.num_experts], self.top_k, mlp["experts.gate_up_proj"],
                                     mlp["experts.down_proj"], shared=shared)
         return out.reshape(shape)

@@ -98,11 +98,17 @@ MLP_FUSED = {
 ROW_MULTIPLE = {"shared_in.weight": 8}
 
 
-def fuse_rows(t: dict[str, torch.Tensor], names: tuple[str, ...], multiple: int = 1) -> torch.Tensor:
-    """Concatenate t[names] along rows into one tensor, with zero rows after them up to a multiple of
-    `multiple` rows, and replace each t[name] by its row view."""
+def stored_rows(fused_name: str, rows: int) -> int:
+    """The row count a fused matrix of `rows` part rows is stored with (ROW_MULTIPLE)."""
+    return rows + -rows % ROW_MULTIPLE.get(fused_name, 1)
+
+
+def fuse_rows(t: dict[str, torch.Tensor], names: tuple[str, ...], fused_name: str = "") -> torch.Tensor:
+    """Concatenate t[names] along rows into one tensor, with zero rows after them up to
+    `stored_rows(fused_name, ...)`, and replace each t[name] by its row view."""
     parts = [t[n] for n in names]
-    pad = -sum(p.shape[0] for p in parts) % multiple
+    rows = sum(p.shape[0] for p in parts)
+    pad = stored_rows(fused_name, rows) - rows
     if pad:
         parts.append(parts[0].new_zeros((pad,) + tuple(parts[0].shape[1:])))
     fused = torch.cat(parts, dim=0)
@@ -148,7 +154,7 @@ def load_model_view(dims: Qwen36Dims, weights: Any, device: torch.device | str, 
         m = p + "mlp."
         for fname, parts in MLP_FUSED.items():
             if all(m + n in t for n in parts):
-                t[m + fname] = fuse_rows(t, tuple(m + n for n in parts), ROW_MULTIPLE.get(fname, 1))
+                t[m + fname] = fuse_rows(t, tuple(m + n for n in parts), fname)
         mlp = {k[len(m):]: v for k, v in t.items() if k.startswith(m)}
         layers.append(LayerView(i, kind, t[p + "input_layernorm.weight"], t[p + "post_attention_layernorm.weight"],
                                 mixer, mlp))

@@ -181,13 +181,13 @@ class Qwen36Program(CheckpointOps):
         otherwise wait for (serve warmup, `Engine.warm_up`): on the fast ops, one prompt per padded
         length of the graphed chunk GDN forward (its capture, and its kernels' first compile and
         fla-core's autotuning, happen on first use) and one prefill stage of stage_tokens (the
-        long-prompt variants); each within max_model_len - 2 (the caller's limit, at most this
-        Program's). [] on the reference ops (nothing to compile or capture)."""
+        long-prompt variants); each within max_model_len - 2 (the caller's limit: EngineCore passes
+        its own, already capped at this Program's). [] on the reference ops (nothing to compile or
+        capture)."""
         if self.model.ops.name != "fast" or not self.model.view.embed_tokens.is_cuda:
             return []
         from ninfer.ops.fast import gated_delta
-        return warmup_lengths(stage_tokens, min(max_model_len, self.max_model_len), gated_delta.BUCKETS,
-                              gated_delta.GRAPH_MAX_TOKENS)
+        return warmup_lengths(stage_tokens, max_model_len, gated_delta.BUCKETS, gated_delta.GRAPH_MAX_TOKENS)
 
     def capacity(self) -> CapacitySummary:
         p, s = self._ledger.pages, self._ledger.slots
