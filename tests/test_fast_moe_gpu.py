@@ -243,7 +243,7 @@ def test_route_moe_experts_tilings(config, shape, dtype, poisoned):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("with_shared", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("T", [1, 65, 500, 2048] if not _INTERPRET else [1, 65, 1100])   # 1100, 2048: BM=128
+@pytest.mark.parametrize("T", [1, 65, 500, 2048] if not _INTERPRET else [1, 65, 1100])   # BM=128 from 64 rows per expert
 def test_moe_experts_prefill(shape, with_shared, dtype, T, monkeypatch):
     from ninfer.ops.fast import moe as fm
     skip_bf16_dot(dtype)

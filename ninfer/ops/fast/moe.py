@@ -594,23 +594,27 @@ class PrefillTiles(NamedTuple):
     sort_warps: int = 8
 
 
-# NOTE: BM=128 once experts average >= 256 rows (8k-token prefill of the 35B: P/E = 256): half the
-#       weight re-reads and larger MMAs; BM=64 wastes less on the partial last block below that.
-#       Swept with bench/moe_prefill.py on the H200 (bench/NOTES.md, session 16), 35B-A3B sizes:
+# NOTE: BM=128 once experts average >= LARGE_ROWS_PER_EXPERT rows: half the weight re-reads and larger
+#       MMAs; BM=64 wastes less on the partial last block below that. Swept with bench/moe_prefill.py on
+#       the H200, 35B-A3B sizes (bench/NOTES.md, sessions 16-17):
 #       T=8192: gate|up 128-column halves with 4 stages 0.707 ms (was 0.742 with 64), down 256 columns
 #       0.462 ms (0.506 with 128), the sort's 4096-pair chunks on 8 warps 109 us (152 with 1024 on 4).
-#       T=1024 (weight-read bound: gate|up at 0.88 of the byte floor): the tiles were already the best
-#       within 1 %, the sort 18 us (22).
+#       T=1024 (32 rows per expert; weight-read bound: gate|up at 0.88 of the byte floor): the small
+#       tiles were the best within 1 %, the sort 18 us (22).
+#       The switch (session 17), gate|up + down per layer, small -> large tiles: T=2048 (64 rows per
+#       expert) 0.537 -> 0.504 ms, 4096 0.796 -> 0.688, 6144 1.074 -> 0.946, 8000 1.315 -> 1.118; the
+#       down GEMM's 4 stages beat 3 by 1-5 % at every one of these T.
 #       fp32 inputs (the fp32 Program of the parity tests) keep the narrower large tiles: the wide ones'
 #       fp32 stages exceed the shared memory.
 PREFILL_TILES_SMALL = PrefillTiles(64, 64, 64, 4, 3, 128, 64, 4, 3)
-PREFILL_TILES_LARGE = PrefillTiles(128, 128, 64, 8, 4, 256, 64, 8, 3)
+PREFILL_TILES_LARGE = PrefillTiles(128, 128, 64, 8, 4, 256, 64, 8, 4)
 PREFILL_TILES_LARGE_FP32 = PrefillTiles(128, 64, 64, 8, 3, 128, 64, 8, 3)
+LARGE_ROWS_PER_EXPERT = 64
 
 
 def prefill_tiles(P: int, E: int, dtype: torch.dtype = torch.bfloat16) -> PrefillTiles:
     """The grouped GEMMs' tiles for P pairs over E experts with inputs of `dtype`."""
-    if P < 256 * E:
+    if P < LARGE_ROWS_PER_EXPERT * E:
         return PREFILL_TILES_SMALL
     return PREFILL_TILES_LARGE_FP32 if dtype == torch.float32 else PREFILL_TILES_LARGE
 
