@@ -137,8 +137,12 @@ def test_warm_up_runs_its_prompts_and_leaves_nothing_behind(tiny_artifact_path):
         for bad in ([0], [127], [True], [3.0]):
             with pytest.raises(ValueError, match="warmup prompt lengths"):
                 eng.warm_up(bad)
-    # the fast ops' lengths: every graphed bucket within the stage, and the stage, within max_model_len - 2
-    assert warmup_lengths(8192, 8192, (64, 128, 2048), 2048) == [64, 128, 2048, 8190]
-    assert warmup_lengths(512, 8192, (64, 128, 1024), 2048) == [64, 128, 512]
-    assert warmup_lengths(8192, 300, (64, 128, 1024), 100) == [64, 298]
+    # the fast ops' lengths, within the stage and max_model_len - 2: the small row counts, every graphed
+    # bucket, one less than each padded attention length, the stage and one less
+    assert warmup_lengths(8192, 8192, (64, 128, 2048), 2048) == [
+        2, 5, 9, 12, 64, 128, 255, 511, 767, 1023, 1279, 1535, 1791, 2047, 2048, 2559, 3071, 3583, 4095, 5119,
+        6143, 7167, 8189, 8190]
+    assert warmup_lengths(512, 8192, (64, 128, 1024), 2048) == [2, 5, 9, 12, 64, 128, 255, 511, 512]
+    assert warmup_lengths(8192, 300, (64, 128, 1024), 100) == [2, 5, 9, 12, 64, 255, 297, 298]
+    assert warmup_lengths(8192, 4, (64,), 2048) == [1, 2]
     assert warmup_lengths(8192, 2, (64,), 2048) == []

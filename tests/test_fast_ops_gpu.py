@@ -410,6 +410,22 @@ def test_chunk_paged_attention(dtype):
     assert rel_rms(o, ro) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("L", [256, 257, 1000])
+def test_chunk_paged_attention_one_prompt(dtype, L):
+    """One whole prompt (no cu_seqlens): SDPA at the padded length `sdpa_rows(L)` (256 exact, 257 and
+    1000 padded), its output returned as [L, Hq, D] == the reference."""
+    from ninfer.ops.fast import attention as fa
+    g = gen(L)
+    Hq, Hkv, D, page = 8, 2, 128, 16
+    kc, vc, bt = paged_kv([L], Hkv, D, page, dtype, g)
+    q = randn(L, Hq, D, dtype=dtype, g=g)
+    ctx = torch.tensor([L], device=_DEV)
+    o = fa.chunk_paged_attention(q, kc, vc, bt, ctx)
+    assert o.shape == q.shape and torch.isfinite(o).all()
+    assert rel_rms(o, ref.chunk_paged_attention(q, kc, vc, bt, ctx)) < TOL[dtype]
+
+
 # ------------------------------------------------------------------------------------------------
 # the Program with fast ops == the Program with reference ops (tiny identities, synthetic weights)
 # ------------------------------------------------------------------------------------------------

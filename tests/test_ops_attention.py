@@ -134,3 +134,39 @@ def test_against_sdpa_and_gate():
     assert rel_rms(o, ref) < 1e-6
     gate = torch.randn(T, HQ * D, generator=g)
     torch.testing.assert_close(attention_output_gate(o.flatten(1), gate), o.flatten(1) / (1 + (-gate).exp()))
+
+
+def test_sdpa_rows_buckets():
+    """`sdpa_rows`: at least L, a fixed point on its own values, never decreasing; 16 lengths up to 8192
+    rows and 4 more per doubling; past 1024 rows at most a quarter more."""
+    from ninfer.ops.attention import sdpa_rows
+    got = [sdpa_rows(L) for L in range(1, 32769)]
+    assert all(r >= L for L, r in zip(range(1, 32769), got))
+    assert all(a <= b for a, b in zip(got, got[1:]))
+    assert all(sdpa_rows(r) == r for r in set(got))
+    assert len(set(got[:8192])) == 16 and len(set(got)) == 16 + 2 * 4
+    assert all(r <= 1.25 * L for L, r in zip(range(1025, 32769), got[1024:]))
+    assert (sdpa_rows(1), sdpa_rows(256), sdpa_rows(257), sdpa_rows(2049), sdpa_rows(8192)) == (256, 256, 512, 2560, 8192)
+    with pytest.raises(ValueError, match="L must be >= 1"):
+        sdpa_rows(0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("L", ODD_LENGTHS + [255, 256, 257])
+@pytest.mark.parametrize("hkv", [HKV, HQ])
+def test_padded_causal_sdpa_vs_dense(device, L, hkv):
+    """`padded_causal_sdpa` (zero rows appended up to `sdpa_rows(L)`) == float64 causal attention of the
+    L rows (GQA and one kv head per query head); nothing of the padding reaches the output."""
+    from ninfer.ops.attention import padded_causal_sdpa
+    g = torch.Generator().manual_seed(L + hkv)
+    q = torch.randn(L, HQ, D, generator=g).to(device)
+    k = torch.randn(L, hkv, D, generator=g).to(device)
+    v = torch.randn(L, hkv, D, generator=g).to(device)
+    o = padded_causal_sdpa(q, k, v, D ** -0.5)
+    assert o.shape == (L, HQ, D) and o.dtype == q.dtype and torch.isfinite(o).all()
+    rep = HQ // hkv
+    kd, vd = k.double().cpu().repeat_interleave(rep, 1), v.double().cpu().repeat_interleave(rep, 1)
+    s = torch.einsum("lhd,chd->hlc", q.double().cpu(), kd) * D ** -0.5
+    s = s.masked_fill(torch.arange(L)[None, :] > torch.arange(L)[:, None], float("-inf"))
+    want = torch.einsum("hlc,chd->lhd", torch.softmax(s, -1), vd)
+    assert rel_rms(o.double().cpu(), want) < 1e-5

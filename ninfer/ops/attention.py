@@ -16,6 +16,7 @@ takes it too (`gate=`), so that the fast set applies it in the attention's last 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ninfer.ops.fused import qk_norm_rope
 
@@ -132,6 +133,34 @@ def check_gqa(q: torch.Tensor, k_cache: torch.Tensor, scale: float | None) -> fl
     if Hq % Hkv != 0:
         raise ValueError(f"query heads {Hq} must be a multiple of kv heads {Hkv}")
     return q.shape[-1] ** -0.5 if scale is None else scale
+
+
+def sdpa_rows(L: int) -> int:
+    """The row count a causal self-attention of L rows runs at in `padded_causal_sdpa`: L rounded up
+    to a multiple of max(256, next_pow2(L) / 8): 16 lengths cover 1..8192 and 4 more each doubling;
+    past 1024 rows the padding adds at most a quarter."""
+    if L < 1:
+        raise ValueError(f"sdpa_rows: L must be >= 1, got {L}")
+    g = max(256, (1 << (L - 1).bit_length()) // 8)
+    return -(-L // g) * g
+
+
+def padded_causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal self-attention of one sequence through PyTorch SDPA at `sdpa_rows(L)` rows: q [L, Hq, D],
+    k, v [L, Hkv, D] (the same L; GQA when Hkv < Hq) -> [L, Hq, D] in q.dtype.
+    The rows past L are zeros at the end of q, k and v; a causal row i < L reads keys <= i only, so no
+    real row sees them, and their output rows are dropped (exact). Why: cuDNN's SDPA, which PyTorch
+    picks for this case on the H200, builds an execution plan the first time it meets a sequence length
+    (~63 ms; bench/first_call.py, bench/NOTES.md session 17): with a few padded lengths a server meets
+    them all in its warmup, not at every new prompt length."""
+    L = q.shape[0]
+    n = sdpa_rows(L) - L
+    if n:
+        q, k, v = (F.pad(t, (0, 0, 0, 0, 0, n)) for t in (q, k, v))
+    o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                       v.transpose(0, 1).unsqueeze(0), is_causal=True, scale=scale,
+                                       enable_gqa=q.shape[1] != k.shape[1])
+    return o[0].transpose(0, 1)[:L]
 
 
 def chunk_rows(q: torch.Tensor, context_lens, cu_seqlens_q) -> list[tuple[int, int, int]]:

@@ -12,7 +12,9 @@
                              the merge also applies the layer's output gate (FUSE_GATE).
     chunk_paged_attention    per row: gather the paged prefix at Hkv heads, then PyTorch SDPA (cuDNN /
                              flash kernels, enable_gqa: K/V never repeated) with a bottom-right causal
-                             mask. No [L, C] matrix; host row bounds (no sync with CPU index tensors).
+                             mask; a row without a prefix runs at a padded length (`padded_causal_sdpa`:
+                             cuDNN plans are per length). No [L, C] matrix; host row bounds (no sync
+                             with CPU index tensors).
 Same arguments and results as `ninfer.ops.attention` (the oracle). Shapes: q [B, Hq, D];
 k_cache, v_cache [num_pages, page_size, Hkv, D]; block_table [B, max_pages]; context_lens [B].
 """
@@ -202,15 +204,21 @@ def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seq
         L = e - s
         if L == 0:
             continue
-        k = gather_kv_paged(k_cache, block_table[b], ctx).transpose(0, 1).unsqueeze(0)      # [1, Hkv, C, D]
-        v = gather_kv_paged(v_cache, block_table[b], ctx).transpose(0, 1).unsqueeze(0)
+        k = gather_kv_paged(k_cache, block_table[b], ctx)                                   # [C, Hkv, D]
+        v = gather_kv_paged(v_cache, block_table[b], ctx)
         if k.dtype != q.dtype:
             k, v = k.to(q.dtype), v.to(q.dtype)
-        qh = q[s:e].transpose(0, 1).unsqueeze(0)                                            # [1, Hq, L, D]
-        mask = None if L == ctx else causal_lower_right(L, ctx)
-        o = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
-                                           enable_gqa=gqa)
-        ot = o[0].transpose(0, 1)                                                           # [L, Hq, D]
+        if L == ctx:
+            # NOTE: causal self-attention at a few padded lengths: cuDNN's plan per new length (~63 ms)
+            #       is paid in the serve warmup, not by requests (`padded_causal_sdpa`).
+            ot = _ref.padded_causal_sdpa(q[s:e], k, v, scale)                              # [L, Hq, D]
+        else:
+            # NOTE: a chunk over its prefix: the lower-right mask, which PyTorch's CausalBias sends to
+            #       flash-attention where it applies (bench/first_call.py times its first calls).
+            o = F.scaled_dot_product_attention(q[s:e].transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                               v.transpose(0, 1).unsqueeze(0), attn_mask=causal_lower_right(L, ctx),
+                                               scale=scale, enable_gqa=gqa)
+            ot = o[0].transpose(0, 1)                                                       # [L, Hq, D]
         if len(rows) == 1 and L == q.shape[0] and ot.is_contiguous():
             return ot
         if out is None:

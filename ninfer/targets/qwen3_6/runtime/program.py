@@ -632,12 +632,30 @@ class Qwen36Program(CheckpointOps):
         self._pending.close(rec)
 
 
+# NOTE: why these lengths (bench/first_use.py, bench/NOTES.md session 17): Triton compiles a kernel
+#       again for each specialisation of its integer arguments (== 1, divisible by 16), and the prefill
+#       kernels take token and pair counts; so a warmup of divisible lengths only (the graph buckets) left
+#       a 1023-token stage 476 ms of compiles and a 2999-token one 593 ms on a fresh 35B-A3B server, and
+#       a 5-token one 865 ms (the small-row kernels). cuDNN's SDPA plans are per padded length
+#       (`sdpa_rows`): one 63 ms first call each.
+WARMUP_SMALL = (2, 5, 9, 12)       # odd and even row counts of the GEMV (<= 8 rows) and just past it
+
+
 def warmup_lengths(stage_tokens: int, max_model_len: int, buckets, graph_max_tokens: int) -> list[int]:
-    """`Program.warmup_prompt_lengths` on the fast ops: each graphed chunk-GDN length (buckets up to
-    graph_max_tokens) and one full prefill stage, every one at most max_model_len - 2 (prompt + the
-    warmup's 2 output tokens) and at most the stage size. A warmup request runs with the context cache
-    off, so its prompt is one prefill stage of exactly its length."""
+    """`Program.warmup_prompt_lengths` on the fast ops, every one at most the stage size and
+    max_model_len - 2 (prompt + the warmup's 2 output tokens): WARMUP_SMALL; each graphed chunk-GDN
+    length (buckets up to graph_max_tokens; their first capture, compile and autotuning); one less
+    than each padded attention length (`ninfer.ops.attention.sdpa_rows`: its plan, and odd token
+    counts); the full stage and one less. A warmup request runs with the context cache off, so its
+    prompt is one prefill stage of exactly its length."""
+    from ninfer.ops.attention import sdpa_rows
     stage = min(stage_tokens, max_model_len - 2)
     if stage < 1:
         return []
-    return sorted({b for b in buckets if b <= min(graph_max_tokens, stage)} | {stage})
+    out = {n for n in WARMUP_SMALL if n <= stage} | {b for b in buckets if b <= min(graph_max_tokens, stage)}
+    r = sdpa_rows(1)
+    while r <= stage:
+        out.add(r - 1)
+        r = sdpa_rows(r + 1)
+    out |= {stage, stage - 1} - {0}
+    return sorted(out)
