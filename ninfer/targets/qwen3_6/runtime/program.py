@@ -55,6 +55,7 @@ import torch
 from ninfer.core.ledger import Holding, ResourceLedger
 from ninfer.core.stores import PagedKVStore, StateImageStore
 from ninfer.core.transactions import PendingLedger, Provisional
+from ninfer.ops.attention import sdpa_rows
 from ninfer.runtime.contract.scoring import ScoringWindow, WindowScores
 from ninfer.runtime.contract.types import (
     BatchKind, CapacitySummary, InvariantError, PendingBatch, PendingRow, PrefillStep, Refusal, RefusalKind,
@@ -648,7 +649,6 @@ def warmup_lengths(stage_tokens: int, max_model_len: int, buckets, graph_max_tok
     than each padded attention length (`ninfer.ops.attention.sdpa_rows`: its plan, and odd token
     counts); the full stage and one less. A warmup request runs with the context cache off, so its
     prompt is one prefill stage of exactly its length."""
-    from ninfer.ops.attention import sdpa_rows
     stage = min(stage_tokens, max_model_len - 2)
     if stage < 1:
         return []
