@@ -45,7 +45,7 @@ def main() -> None:
     # (Hq, Hkv, D): 35B-A3B and 27B attention layers; lengths fresh per backend (no plan shared)
     for name, bk in backends.items():
         for hq, hkv, d in [(16, 2, 256), (24, 4, 256)]:
-            for i, L in enumerate([1001, 3001, 8001]):
+            for L in [1001, 3001, 8001]:
                 L += 2 * list(backends).index(name) + (0 if hq == 16 else 20)
                 q = torch.randn(1, hq, L, d, device=dev, dtype=torch.bfloat16)
                 k = torch.randn(1, hkv, L, d, device=dev, dtype=torch.bfloat16)
