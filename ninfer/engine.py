@@ -225,8 +225,7 @@ class Engine:
         could continue). lengths None: the Program's `warmup_prompt_lengths` for this engine's prefill
         stage size and max_model_len, read once when the Program attached (the lengths whose first
         prefill compiles kernels or captures graphs; none on the CPU reference ops). Returns (length,
-        seconds) per request; a
-        request's error is raised (EngineRequestError), ending the warmup.
+        seconds) per request; a request's error is raised (EngineRequestError), ending the warmup.
         The prompts are fixed ordinary token ids (outputs are discarded). Afterwards the request counters
         and histograms of `metrics()` are zeroed (gauges stay live): the warmup is not traffic, and its
         first-use latencies would skew the TTFT histogram. Meant for startup, before other requests."""

@@ -178,13 +178,11 @@ class Qwen36Program(CheckpointOps):
         return self.config.max_model_len
 
     def warmup_prompt_lengths(self, stage_tokens: int, max_model_len: int) -> list[int]:
-        """The prompt lengths whose first prefill compiles or captures what a later request would
-        otherwise wait for (serve warmup, `Engine.warm_up`): on the fast ops, one prompt per padded
-        length of the graphed chunk GDN forward (its capture, and its kernels' first compile and
-        fla-core's autotuning, happen on first use) and one prefill stage of stage_tokens (the
-        long-prompt variants); each within max_model_len - 2 (the caller's limit: EngineCore passes
-        its own, already capped at this Program's). [] on the reference ops (nothing to compile or
-        capture)."""
+        """The prompt lengths whose first prefill compiles, captures or plans what a later request
+        would otherwise wait for (serve warmup, `Engine.warm_up`): on the fast ops on CUDA,
+        `warmup_lengths` for the chunk-GDN graph buckets, each within max_model_len - 2 (the caller's
+        limit: EngineCore passes its own, already capped at this Program's). [] on the reference ops
+        (nothing to compile or capture)."""
         if self.model.ops.name != "fast" or not self.model.view.embed_tokens.is_cuda:
             return []
         from ninfer.ops.fast import gated_delta
