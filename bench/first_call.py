@@ -2,7 +2,7 @@
 causal GQA SDPA per backend (cuDNN plans are built per shape); `padded_causal_sdpa` at fresh lengths
 that share a padded length; a chunk over a prefix (the lower-right mask, as `chunk_paged_attention`
 calls it) at fresh (chunk, context) pairs; F.linear (cuBLAS) at a new row count. For each backend and each fresh length: the first call, the second
-call (both synchronised wall times) and the steady time (CUDA events, median of 10).
+call (both synchronised wall times) and the steady time (`bench_ms`: do_bench's median).
 
     PYTHONPATH=$PWD python3 bench/first_call.py
 """
@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from ninfer.bench.common import bench_ms
+
 
 def timed(fn) -> float:
     torch.cuda.synchronize()
@@ -22,18 +24,6 @@ def timed(fn) -> float:
     fn()
     torch.cuda.synchronize()
     return (time.perf_counter() - t0) * 1e3
-
-
-def steady(fn, n: int = 10) -> float:
-    ts = []
-    for _ in range(n):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(a.elapsed_time(b))
-    return sorted(ts)[n // 2]
 
 
 def main() -> None:
@@ -57,7 +47,7 @@ def main() -> None:
                     with sdpa_kernel(bk):
                         return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
                 try:
-                    first, second, st = timed(run), timed(run), steady(run)
+                    first, second, st = timed(run), timed(run), bench_ms(run)
                 except RuntimeError as e:
                     print(f"sdpa {name:9s} Hq {hq} Hkv {hkv} L {L}: {str(e).splitlines()[0][:100]}")
                     rows.append(dict(op="sdpa", backend=name, hq=hq, hkv=hkv, L=L, error=str(e)[:200]))
@@ -73,7 +63,7 @@ def main() -> None:
         k = torch.randn(L, 2, 256, device=dev, dtype=torch.bfloat16)
         v = torch.randn_like(k)
         run = lambda: padded_causal_sdpa(q, k, v, 256 ** -0.5)  # noqa: E731
-        first, second, st = timed(run), timed(run), steady(run)
+        first, second, st = timed(run), timed(run), bench_ms(run)
         print(f"padded   Hq 16 Hkv 2 L {L:5d} (rows {sdpa_rows(L)}): first {first:8.2f} ms, second {second:7.2f}, "
               f"steady {st:7.3f}")
         rows.append(dict(op="padded_sdpa", L=L, rows=sdpa_rows(L), first_ms=first, second_ms=second, steady_ms=st))
@@ -83,13 +73,13 @@ def main() -> None:
         v = torch.randn_like(k)
         run = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(L, C),  # noqa: E731
                                                      enable_gqa=True)
-        first, second, st = timed(run), timed(run), steady(run)
+        first, second, st = timed(run), timed(run), bench_ms(run)
         print(f"prefix   Hq 16 Hkv 2 L {L:5d} C {C}: first {first:8.2f} ms, second {second:7.2f}, steady {st:7.3f}")
         rows.append(dict(op="prefix_sdpa", L=L, C=C, first_ms=first, second_ms=second, steady_ms=st))
     w = torch.randn(1288, 2048, device=dev, dtype=torch.bfloat16)
     for M in [1003, 3005, 8007]:
         x = torch.randn(M, 2048, device=dev, dtype=torch.bfloat16)
-        first, second, st = timed(lambda: F.linear(x, w)), timed(lambda: F.linear(x, w)), steady(lambda: F.linear(x, w))
+        first, second, st = timed(lambda: F.linear(x, w)), timed(lambda: F.linear(x, w)), bench_ms(lambda: F.linear(x, w))
         print(f"linear M {M:5d} x 2048 -> 1288: first {first:8.2f} ms, second {second:7.2f}, steady {st:7.3f}")
         rows.append(dict(op="linear", M=M, first_ms=first, second_ms=second, steady_ms=st))
     print("JSON " + json.dumps(dict(bench="first_call", torch=torch.__version__,
