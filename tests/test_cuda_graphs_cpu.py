@@ -5,13 +5,11 @@ themselves are excluded from the guard (the CPU references loop on the host; the
 are checked on the GPU by tests/test_cuda_graphs_gpu.py, whose capture fails on any sync)."""
 from __future__ import annotations
 
-import contextlib
 import importlib
 from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from ninfer.ops.fast import reference_ops
 from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
@@ -19,57 +17,7 @@ from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 from ninfer.targets.qwen3_6.runtime.cuda_graphs import decode_body
 
-
-class _HostSync(AssertionError):
-    pass
-
-
-@contextlib.contextmanager
-def _no_host_data():
-    def banned(name):
-        def f(*a, **k):
-            raise _HostSync(f"{name} inside the captured region")
-        return f
-    saved = {}
-    targets = [(torch.Tensor, n) for n in ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__")]
-    targets += [(torch, "tensor"), (torch, "as_tensor")]
-    for obj, n in targets:
-        saved[(obj, n)] = getattr(obj, n)
-        setattr(obj, n, banned(n))
-    try:
-        yield saved
-    finally:
-        for (obj, n), v in saved.items():
-            setattr(obj, n, v)
-
-
-def _unguarded(fn, saved):
-    """Run one op with the guard lifted (ops are checked elsewhere)."""
-    def call(*a, **k):
-        cur = {key: getattr(*key) for key in saved}
-        for (obj, n), v in saved.items():
-            setattr(obj, n, v)
-        try:
-            return fn(*a, **k)
-        finally:
-            for (obj, n), v in cur.items():
-                setattr(obj, n, v)
-    return call
-
-
-def _dense_moe(x, routing, gate_up, down, *, shared=None):
-    """Sync-free routed experts (every expert computed, weighted by a scatter of the routing), plus
-    the gated shared expert when given (`ninfer.ops.moe.SharedExpert`, as the reference)."""
-    E, I = down.shape[0], down.shape[-1]
-    w = torch.zeros(x.shape[0], E, dtype=torch.float32).scatter_(1, routing.ids, routing.weights.float())
-    h = torch.einsum("th,eih->tei", x.float(), gate_up.float())
-    y = torch.einsum("tei,ehi->teh", F.silu(h[..., :I]) * h[..., I:], down.float())
-    out = (y * w.unsqueeze(-1)).sum(1).to(x.dtype)
-    if shared is not None:
-        Is = shared.down.shape[1]
-        gu = shared.gate_up
-        out = out + torch.sigmoid(shared.gate) * F.linear(F.silu(gu[:, :Is]) * gu[:, Is:], shared.down)
-    return out
+from _host_guard import dense_moe, guarded_ops, no_host_data
 
 
 def _program(identity):
@@ -86,8 +34,8 @@ def test_decode_body_matches_eager_and_never_touches_the_host(identity):
     w, prog = _program(identity)
     from ninfer.ops.moe import route_topk
     ops = reference_ops()._replace(
-        moe_experts=_dense_moe,
-        route_moe_experts=lambda x, lg, k, gu, dn, *, shared=None: _dense_moe(x, route_topk(lg, k), gu, dn, shared=shared))
+        moe_experts=dense_moe,
+        route_moe_experts=lambda x, lg, k, gu, dn, *, shared=None: dense_moe(x, route_topk(lg, k), gu, dn, shared=shared))
     prog.model.ops = ops
     g = torch.Generator().manual_seed(2)
     hs = []
@@ -113,8 +61,8 @@ def test_decode_body_matches_eager_and_never_touches_the_host(identity):
                           src=torch.tensor([st.phys(s.slot) for s in seqs]), dst=dst,
                           context_lens=pos + 1, block_tables=tables, rows=torch.arange(B),
                           fed=torch.zeros(B, dtype=torch.long))
-    with _no_host_data() as saved:
-        prog.model.ops = ops._replace(**{f: _unguarded(getattr(ops, f), saved) for f in ops._fields if f != "name"})
+    with no_host_data() as saved:
+        prog.model.ops = guarded_ops(ops, saved)
         logits = decode_body(prog.model, prog._state, buf)
     prog.model.ops = ops
     torch.testing.assert_close(logits, ref_logits[:, 0], rtol=1e-5, atol=1e-5)

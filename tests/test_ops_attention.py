@@ -170,3 +170,27 @@ def test_padded_causal_sdpa_vs_dense(device, L, hkv):
     s = s.masked_fill(torch.arange(L)[None, :] > torch.arange(L)[:, None], float("-inf"))
     want = torch.einsum("hlc,chd->lhd", torch.softmax(s, -1), vd)
     assert rel_rms(o.double().cpu(), want) < 1e-5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("L,N", [(1, 8), (21, 32), (64, 64), (65, 128)])
+def test_causal_attention_rows_with_a_padding_tail(device, L, N):
+    """`causal_attention_rows` over N rows whose tail past L writes to a spare page through block-table row 1:
+    its first L rows == chunk_paged_attention of the L tokens (NaN-poisoned pool: pages past the context
+    and the spare page's unwritten slots are never read)."""
+    from ninfer.ops.attention import causal_attention_rows
+    g = torch.Generator().manual_seed(L * 7 + N)
+    kc, vc = _pool(12, device)
+    q = torch.randn(N, HQ, D, generator=g).to(device)
+    k = torch.randn(N, HKV, D, generator=g).to(device)
+    v = torch.randn(N, HKV, D, generator=g).to(device)
+    W = -(-N // PS)
+    spare = 11
+    table = torch.tensor([[3, 5, 7, 2, 9, 4, 8, 1][:W], [spare] * W], device=device)
+    pos = torch.arange(N, device=device)
+    rows = (pos >= L).long()
+    write_kv_paged(kc, vc, k, v, table, pos, rows)
+    o = causal_attention_rows(q, kc, vc, table, pos, rows)
+    assert o.shape == (N, HQ, D) and torch.isfinite(o).all()
+    want = chunk_paged_attention(q[:L], kc, vc, table[:1], torch.tensor([L]))
+    assert rel_rms(o[:L].double().cpu(), want.double().cpu()) < 1e-5

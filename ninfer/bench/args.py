@@ -73,6 +73,8 @@ def prefill_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--long-reps", type=int_in(1), default=1, help="repetitions per length > 8192")
     ap.add_argument("--chunk", type=int_in(0, 65536), default=0,
                     help="prefill stage size in tokens (0 = the whole prompt at once)")
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="no CUDA graphs (default: as `ninfer serve` runs: short first stages replay a prefill graph)")
 
 
 def serve_args(ap: argparse.ArgumentParser) -> None:

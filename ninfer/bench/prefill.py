@@ -13,7 +13,8 @@ Before any timed step, each identity warms up (`warmup_s`, reported apart and no
 shortest such length; several stages: the shortest such length, at most two stages), so the
 first-call Triton compiles and fla-core autotuning (minutes for the 27B on a fresh machine) are
 outside every timed TTFT. The first timed repetition of each length is still reported apart
-(`first_ms`: what is left is length-dependent, e.g. a kernel block size picked from the row count);
+(`first_ms`: what is left is length-dependent, e.g. a kernel block size picked from the row count, or
+the capture of a prefill graph: CUDA graphs are on as `ninfer serve` runs them unless --enforce-eager);
 the median is of the others. Lengths > 8192 run --long-reps times (default 1: that one run is the
 figure).
 
@@ -89,7 +90,7 @@ def warmup(prog, identity: str, lengths: list[int], chunk: int, vocab_size: int,
 
 
 def run_identity(identity: str, lengths: list[int], reps: int, long_reps: int, chunk: int, peak: tuple[float, float],
-                 device: str, rec: Recorder, step_timeout: float | None) -> None:
+                 device: str, rec: Recorder, step_timeout: float | None, enforce_eager: bool = False) -> None:
     cuda = device.startswith("cuda")
     dt = torch.bfloat16 if cuda else torch.float32
     w = DummyWeights(identity, device=device, dtype=dt, seed=0)
@@ -98,7 +99,7 @@ def run_identity(identity: str, lengths: list[int], reps: int, long_reps: int, c
     max_len = max(lengths)
     cfg = ProgramConfig(device=device, dtype="bf16" if cuda else "fp32", page_size=PAGE,
                         num_pages=max_len // PAGE + 8, num_slots=2, max_model_len=max_len + 16, max_batch=1,
-                        max_steps=1, enforce_eager=True)
+                        max_steps=1, enforce_eager=enforce_eager)
     t0 = time.perf_counter()
     prog = pkg.create_program(w, cfg)
     sync(device)
@@ -152,11 +153,11 @@ def run(args: argparse.Namespace) -> int:
     rec = Recorder("prefill", args.out, {"env": env, "ceilings": ceil, "device": device,
                                          "dtype": "bf16" if cuda else "fp32", "batch": 1, "page_size": PAGE,
                                          "weights": "dummy (synthetic)", "identities": args.identity,
-                                         "lengths": args.lengths})
+                                         "lengths": args.lengths, "enforce_eager": args.enforce_eager})
     for ident in args.identity:
         run_step(rec, None, f"{ident} prefill",
                  lambda: run_identity(ident, sorted(args.lengths), args.reps, args.long_reps, args.chunk, peak,
-                                      device, rec, args.step_timeout))
+                                      device, rec, args.step_timeout, args.enforce_eager))
     print()
     rows = [[r["identity"], r["prompt"], r["chunk"], r["first_ms"], r["ttft_ms"], r["floor_ms"], r["x_floor"],
              r.get("floor_sustained_ms"), r["tokens_per_s"], r["tflops"]] for r in rec.results]

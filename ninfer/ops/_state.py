@@ -44,16 +44,19 @@ def write_state(state: torch.Tensor | None, state_indices: torch.Tensor | None, 
     return new
 
 
-def seq_bounds(cu_seqlens: torch.Tensor | None, batch: int, seqlen: int) -> list[tuple[int, int, int]]:
+def seq_bounds(cu_seqlens: torch.Tensor | None, batch: int, seqlen: int, *, tail: bool = False
+               ) -> list[tuple[int, int, int]]:
     """(sequence index, batch row, [start, end)) per sequence for a dense batch or a packed varlen batch.
 
     Returns a list of (b, start, end): for dense inputs b = row and [0, T); for packed inputs b = 0.
+    tail: the packed sequences may end before seqlen (the rows after them are padding, which no
+    sequence owns).
     """
     if cu_seqlens is None:
         return [(b, 0, seqlen) for b in range(batch)]
     if batch != 1:
         raise ValueError(f"with cu_seqlens the batch dimension must be 1, got {batch}")
     cu = [int(c) for c in cu_seqlens.tolist()]
-    if cu[0] != 0 or cu[-1] != seqlen or any(b < a for a, b in zip(cu, cu[1:])):
+    if cu[0] != 0 or cu[-1] > seqlen or (cu[-1] != seqlen and not tail) or any(b < a for a, b in zip(cu, cu[1:])):
         raise ValueError(f"cu_seqlens {cu} does not partition a sequence of length {seqlen}")
     return [(0, cu[i], cu[i + 1]) for i in range(len(cu) - 1)]

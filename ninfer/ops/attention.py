@@ -26,6 +26,7 @@ __all__ = [
     "qk_norm_rope_write_kv",
     "gather_kv_paged",
     "chunk_paged_attention",
+    "causal_attention_rows",
     "decode_paged_attention",
     "attention_output_gate",
 ]
@@ -212,6 +213,35 @@ def chunk_paged_attention(
         v = gather_kv_paged(v_cache, block_table[b], ctx)
         out[s:e] = _attend(q[s:e], k, v, scale).to(q.dtype)
     return out
+
+
+def causal_attention_rows(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    positions: torch.Tensor,
+    rows: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """Causal self-attention of one sequence's first N tokens, from device tensors only (static shapes,
+    no host read: the prefill graphs' form). Token i is at position positions[i] = i, and its k and v
+    were just written to (block_table[rows[i]], positions[i]) (`write_kv_paged` with the same tensors).
+    They are gathered back from there and attend through `padded_causal_sdpa`.
+
+    `rows` may send a tail of tokens to another block-table row (the prefill graphs' padding, whose KV
+    goes to a page nobody owns). Only the tokens after them would read them (causal), so the tokens
+    before get exactly the attention of a sequence that ends where the tail starts.
+
+    Args: q [N, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; block_table [R, W]; positions, rows
+    [N] int. Returns [N, Hq, D] in q.dtype."""
+    scale = check_gqa(q, k_cache, scale)
+    slots = kv_slot_mapping(block_table, positions, rows, k_cache.shape[1])
+    k = k_cache.flatten(0, 1).index_select(0, slots)
+    v = v_cache.flatten(0, 1).index_select(0, slots)
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    return padded_causal_sdpa(q, k, v, scale)
 
 
 def decode_paged_attention(

@@ -42,7 +42,8 @@ def chunk_causal_conv1d(
     """Prompt (prefill) form: convolve a chunk of T new inputs per sequence, continuing from the state.
 
     Args:
-        x: [B, T, C] dense batch, or [1, T_total, C] packed with `cu_seqlens` [N+1] (int, starts at 0).
+        x: [B, T, C] dense batch, or [1, T_total, C] packed with `cu_seqlens` [N+1] (int, starts at 0;
+            it may end before T_total: the rows after it are padding, their outputs undefined).
         weight: [C, K] (the checkpoint's conv1d.weight [C, 1, K] squeezed).
         conv_state: None (zeros: start of sequence), [N, C, K-1] dense, or a slot pool [S, C, K-1]
             with `state_indices` [N] (then updated in place). N = B, or len(cu_seqlens) - 1.
@@ -56,7 +57,7 @@ def chunk_causal_conv1d(
     """
     B, T, C = x.shape
     K = weight.shape[-1]
-    seqs = seq_bounds(cu_seqlens, B, T)
+    seqs = seq_bounds(cu_seqlens, B, T, tail=True)
     N = len(seqs)
     state = read_state(conv_state, state_indices, (N, C, K - 1), torch.float32, x.device)
     w = weight.reshape(C, 1, K).float()

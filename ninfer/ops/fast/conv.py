@@ -4,7 +4,8 @@ Same arguments, state convention and results as `ninfer.ops.conv` (the oracle), 
 kernel width K = 4 (other widths fall back to the reference), plus `gather_final_state` (see
 `ninfer.ops.fast.gated_delta`).
 
-    chunk_causal_conv1d    x [B, T, C] or packed [1, T_total, C] + cu_seqlens [N+1]; weight [C, 4]
+    chunk_causal_conv1d    x [B, T, C] or packed [1, T_total, C] + cu_seqlens [N+1] (rows past its end:
+                           padding, left unwritten); weight [C, 4]
                            state [S|N, C, 3] (oldest first); split=(w0, w1, w2): the output as
                            contiguous channel slices [B, T, w_i] (fla-core's q, k, v)
     causal_conv1d_update   x [B, C] or [B, T, C] (small T); same state

@@ -22,6 +22,7 @@ token reads them, so the outputs and the final state are those of the T real tok
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import os
 import warnings
@@ -233,8 +234,23 @@ GRAPH_MAX_TOKENS = int(os.environ.get("NINFER_CHUNK_GDN_GRAPH_TOKENS", "2048")) 
 BUCKETS = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
 
 
+_ungraphed = 0
+
+
+@contextlib.contextmanager
+def ungraphed():
+    """Within it, fla-core's chunk forward is called directly, never through these graphs: the prefill
+    graphs (runtime/prefill_graphs.py) warm up what their own capture then records."""
+    global _ungraphed
+    _ungraphed += 1
+    try:
+        yield
+    finally:
+        _ungraphed -= 1
+
+
 def _graphed(q: torch.Tensor, T: int) -> bool:
-    return (q.is_cuda and 0 < T <= min(GRAPH_MAX_TOKENS, BUCKETS[-1])
+    return (q.is_cuda and 0 < T <= min(GRAPH_MAX_TOKENS, BUCKETS[-1]) and not _ungraphed
             and not torch.cuda.is_current_stream_capturing())
 
 

@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.core.stores import PagedKVStore, StateImageStore
+from ninfer.ops.attention import causal_attention_rows
 from ninfer.ops.fast import OpSet, select_ops
 from ninfer.ops.fused import NormedRows, Residual
 from ninfer.ops.rope import mrope_cos_sin, rope_inv_freq
@@ -151,6 +152,26 @@ class Qwen36Model:
         return self._layers(x, emb.cos(), emb.sin(), fb, _RowMeta(True, rows, rows, context_lens, src_entries,
                                                                    side=side))
 
+    def prefill_static(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+                       valid: torch.Tensor, cu_seqlens: torch.Tensor, state_entries: torch.Tensor,
+                       block_tables: torch.Tensor) -> torch.Tensor:
+        """One prompt chunk of one sequence from position 0, padded to a fixed row count N, from device
+        tensors only (the prefill graphs' body, prefill_graphs.py): no host sync, no host-to-device copy,
+        no branch on tensor values. input_ids / positions / rows [N] int64, positions = arange(N), rows 0
+        for the L real tokens and 1 for the padding after them; valid [N] bool (rows == 0); cu_seqlens [2]
+        int64 = [0, L]; state_entries [1], read and updated in place; block_tables [2, W]: row 0 the
+        sequence's pages, row 1 pages that only the padding's KV is written to.
+        Returns hidden [N, H]: rows < L are `forward` of the L tokens (text positions), and the state and
+        KV written are theirs. The padding is read by no real token (causal), and it enters the delta rule
+        as q = k = v = 0, g = 0, beta = 0 (no decay, no update); the conv's state is taken at L."""
+        x = F.embedding(input_ids, self.view.embed_tokens)
+        theta = positions.float().unsqueeze(-1) * self._inv_freq          # [N, rot/2]
+        emb = torch.cat([theta, theta], dim=-1)
+        N = input_ids.shape[0]
+        fb = ForwardBatch(input_ids, positions, (N,), (0,), state_entries, block_tables)
+        return self._layers(x, emb.cos(), emb.sin(), fb, _RowMeta(False, cu_seqlens, rows, cu_seqlens[1:],
+                                                                   valid=valid))
+
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch,
                 meta: "_RowMeta") -> torch.Tensor:
         # NOTE: each residual add is fused with the norm that follows it (ops.add_rms_norm): the
@@ -204,6 +225,9 @@ class Qwen36Model:
             o = ops.decode_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens, gate=gate,
                                            gate_stream=None if side is None else side.stream)
             gate = None
+        elif meta.valid is not None:
+            # NOTE: the prefill graphs' form: k, v gathered back from where the project op wrote them.
+            o = causal_attention_rows(q, k_cache, v_cache, fb.block_tables, fb.positions, meta.rows)
         else:
             # NOTE: host copies of the row bounds: the op loops over rows on the host (no sync).
             o = ops.chunk_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.host_context_lens,
@@ -242,6 +266,12 @@ class Qwen36Model:
                                                    state_indices=idx, split=self._qkv_split)
             g, beta = g.unsqueeze(0), beta.unsqueeze(0)
             cu = meta.cu_seqlens
+            if meta.valid is not None:
+                # NOTE: the prefill graphs' padding (`prefill_static`): the conv left its rows unwritten, and
+                #       as zeros they neither decay nor update the state; one sequence over all the rows.
+                m = meta.valid.view(1, -1, 1)
+                q, k, v, g, beta = (torch.where(m, t, 0) for t in (q, k, v, g, beta))
+                cu = None
         Bq, T = q.shape[:2]
         q = q.reshape(Bq, T, d.linear_num_key_heads, d.linear_key_head_dim)
         k = k.reshape(Bq, T, d.linear_num_key_heads, d.linear_key_head_dim)
@@ -262,6 +292,7 @@ class _RowMeta(NamedTuple):
     host_cu_seqlens: torch.Tensor | None = None     # CPU copies of cu_seqlens / context_lens for the
     host_context_lens: torch.Tensor | None = None   # ops that loop over rows on the host (no sync)
     side: SideGemv | None = None       # decode graph body: the mixers' gate rows on a side stream
+    valid: torch.Tensor | None = None  # prefill graph body: [N] bool, False on the padding rows
 
     @classmethod
     def of(cls, fb: ForwardBatch, device: torch.device) -> "_RowMeta":

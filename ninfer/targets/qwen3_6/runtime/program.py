@@ -66,7 +66,9 @@ from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 from ninfer.targets.qwen3_6.runtime.cuda_graphs import DecodeGraphs
 from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
 from ninfer.targets.qwen3_6.runtime.model import ForwardBatch, Qwen36Model, state_planes
+from ninfer.targets.qwen3_6.runtime import prefill_graphs
 from ninfer.targets.qwen3_6.runtime.model_view import load_model_view
+from ninfer.targets.qwen3_6.runtime.prefill_graphs import PrefillGraphs
 from ninfer.targets.qwen3_6.runtime.sampling import RowSampling, Sampler, prompt_token_logprobs
 from ninfer.targets.qwen3_6.runtime.scoring import WindowScorer
 from ninfer.targets.qwen3_6.runtime.step_ahead import Ahead, DeviceTokens
@@ -138,8 +140,12 @@ class Qwen36Program(CheckpointOps):
         num_pages = _pool_pages(dims, config, num_scratch)
         self._ledger = ResourceLedger(num_pages, config.page_size, config.num_slots, config.max_model_len)
         self._pending = PendingLedger(num_scratch)
-        self._kv = PagedKVStore(len(dims.attention_layers), num_pages, config.page_size,
-                                dims.num_key_value_heads, dims.head_dim, dt, dev)
+        graphs = not config.enforce_eager and config.purpose == "generation"
+        # NOTE: one page more than the ledger owns where prefill graphs may run: their padding's KV goes
+        #       there (prefill_graphs.py); nothing reads it.
+        self._spare_page = num_pages if graphs and prefill_graphs.MAX_TOKENS > 0 else None
+        self._kv = PagedKVStore(len(dims.attention_layers), num_pages + (self._spare_page is not None),
+                                config.page_size, dims.num_key_value_heads, dims.head_dim, dt, dev)
         self._state = StateImageStore(len(dims.gdn_layers), config.num_slots, num_scratch,
                                       state_planes(dims, dt), dev)
         self.model = Qwen36Model(view, leaves, self._kv, self._state)
@@ -160,8 +166,12 @@ class Qwen36Program(CheckpointOps):
         self.step_ahead_enabled = config.decode_step_ahead   # a switch for benchmarks and tests
         self._ahead: Ahead | None = None
         self.step_ahead_counts = {"launched": 0, "adopted": 0}   # for benchmarks and tests
-        if (not config.enforce_eager and dev.type == "cuda" and self.model.ops.name == "fast"
-                and config.purpose == "generation"):
+        # NOTE: the prefill graphs are captured on first use of each bucket (prefill_graphs.py).
+        self.prefill_graphs: PrefillGraphs | None = None
+        self.prefill_graphs_enabled = True   # a switch for benchmarks and tests; eager when False
+        if graphs and dev.type == "cuda" and self.model.ops.name == "fast":
+            if self._spare_page is not None:
+                self.prefill_graphs = PrefillGraphs(self.model, config.page_size, self._spare_page, dev)
             self.graphs = DecodeGraphs(self.model, self._state, config.max_batch, config.max_model_len,
                                        config.page_size, dev)
             self.graphs.capture()
@@ -186,7 +196,9 @@ class Qwen36Program(CheckpointOps):
         if self.model.ops.name != "fast" or not self.model.view.embed_tokens.is_cuda:
             return []
         from ninfer.ops.fast import gated_delta
-        return warmup_lengths(stage_tokens, max_model_len, gated_delta.BUCKETS, gated_delta.GRAPH_MAX_TOKENS)
+        pg = self.prefill_graphs
+        whole = () if pg is None else tuple(b for b in prefill_graphs.BUCKETS if b <= pg.max_tokens)
+        return warmup_lengths(stage_tokens, max_model_len, gated_delta.BUCKETS, gated_delta.GRAPH_MAX_TOKENS, whole)
 
     def capacity(self) -> CapacitySummary:
         p, s = self._ledger.pages, self._ledger.slots
@@ -318,6 +330,14 @@ class Qwen36Program(CheckpointOps):
             #       Prompt log-probs need the hidden states: eager.
             graphed = (self._graph_step([s], [[s.tokens[start]]], [start], [s.slot], [entry])
                        if final and n == 1 and s.request.prompt_logprobs is None else None)
+            if graphed is None and not keep_logits:
+                # NOTE: the prompt's first tokens (no prefix) replay a graph of the whole stage when it is
+                #       short: such a stage is host bound (prefill_graphs.py).
+                graphed = self._prefill_graph(s, start, end, entry, final)
+                if graphed is not None and not final:
+                    s.frontier = end
+                    self._pub_target_reached(s, lambda T: s.slot if T == end else None)
+                    return PrefillStep(end, None, prompt_lp), None
             if graphed is not None:
                 logits = last = graphed.clone() if keep_logits else graphed
             else:
@@ -342,6 +362,32 @@ class Qwen36Program(CheckpointOps):
                 self._pending.take(rec.batch)
                 self._pending.close(rec)
             raise
+
+    def _prefill_graph(self, s: _Seq, start: int, end: int, entry: int, final: bool) -> torch.Tensor | None:
+        """A stage of the prompt's first tokens (no prefix) through the prefill graph of its bucket, with
+        the stage's state in entry `entry` (the slot; a final stage's scratch entry, which gets the slot's
+        image first, as on the eager path). Returns the last token's fp32 logits [1, V] for a final stage,
+        the graph's hidden output otherwise (unread); None when no graph takes the stage (then the caller
+        runs it eagerly). Prompt log-probs need every row's hidden state: eager."""
+        pg = self.prefill_graphs
+        n = end - start
+        if (pg is None or not self.prefill_graphs_enabled or start != 0 or self.model.ops is not pg.ops
+                or s.request.prompt_logprobs is not None or not pg.fits(n)):
+            return None
+        if not pg.captured(n):
+            if self._pending.num_free_scratch < 1:
+                return None
+            held = self._pending.hold(1)
+            try:
+                if not pg.capture(n, self._state.phys(self._state.scratch_entry(held[0]))):
+                    return None
+            finally:
+                self._pending.unhold(held)
+        s.holding.table.ensure(end)
+        if final:
+            self._state.copy_entry(entry, s.slot)
+        hidden = pg.run(s.tokens[start:end], self._state.phys(entry), s.holding.table.pages)
+        return self.model.logits(hidden) if final else hidden
 
     def decode_with_logits(self, seqs: Sequence[SequenceHandle], num_steps: int = 1, *, keep_logits: bool = True
                            ) -> tuple[PendingBatch, torch.Tensor | None]:
@@ -640,17 +686,20 @@ class Qwen36Program(CheckpointOps):
 WARMUP_SMALL = (2, 5, 9, 12)       # odd and even row counts of the GEMV (<= 8 rows) and just past it
 
 
-def warmup_lengths(stage_tokens: int, max_model_len: int, buckets, graph_max_tokens: int) -> list[int]:
+def warmup_lengths(stage_tokens: int, max_model_len: int, buckets, graph_max_tokens: int,
+                   stage_buckets=()) -> list[int]:
     """`Program.warmup_prompt_lengths` on the fast ops, every one at most the stage size and
     max_model_len - 2 (prompt + the warmup's 2 output tokens): WARMUP_SMALL; each graphed chunk-GDN
-    length (buckets up to graph_max_tokens; their first capture, compile and autotuning); one less
+    length (buckets up to graph_max_tokens; their first capture, compile and autotuning); each
+    prefill-graph bucket (stage_buckets: the whole-stage graphs' captures, prefill_graphs.py); one less
     than each padded attention length (`ninfer.ops.attention.sdpa_rows`: its plan, and odd token
     counts); the full stage and one less. A warmup request runs with the context cache off, so its
     prompt is one prefill stage of exactly its length."""
     stage = min(stage_tokens, max_model_len - 2)
     if stage < 1:
         return []
-    out = {n for n in WARMUP_SMALL if n <= stage} | {b for b in buckets if b <= min(graph_max_tokens, stage)}
+    out = ({n for n in WARMUP_SMALL if n <= stage} | {b for b in buckets if b <= min(graph_max_tokens, stage)}
+           | {b for b in stage_buckets if b <= stage})
     r = sdpa_rows(1)
     while r <= stage:
         out.add(r - 1)

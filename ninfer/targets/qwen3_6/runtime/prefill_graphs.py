@@ -1,0 +1,175 @@
+"""CUDA graphs of whole short prefill stages: one sequence's prompt chunk from position 0, padded to a
+bucket of rows.
+
+Why: a short stage is host bound. Its ~1300 kernel launches (35B-A3B) cost more host time than the GPU
+takes to run them: a 1024-token 35B-A3B stage took 45-50 ms on the host against ~29 ms of kernels
+(bench/NOTES.md, sessions 16-17). Replaying a graph of the whole stage leaves the GPU time only.
+
+    which stages   one sequence from position 0 (no prefix: the first stage of a prompt that no
+                   checkpoint proves), at most `max_tokens` tokens, text positions; the Program sends
+                   the others (a prefix, prompt log-probs, kept logits) to the eager forward
+    buckets        BUCKETS up to max_tokens; a stage of L tokens runs at the first bucket N >= L
+    static inputs  (one int64 device buffer, copied from the graph's pinned host buffer by the graph's
+                   first node, as the decode graphs do)
+                     input_ids [N] (0 past L)   L   state entry (physical image)   block_tables [2, W]
+                   row 0 of the tables: the sequence's pages, then the dummy page; row 1: the dummy page
+                   (W = ceil(N / page_size)). The dummy page is one page of the KV store that the ledger
+                   does not own: the padding's KV goes there, and no sequence reads it.
+    graph body     Qwen36Model.prefill_static (positions 0..N-1; the padding rows 1 of `rows`), then the
+                   hidden state of token L - 1 [1, H] (a static output: the caller runs the lm_head when
+                   the stage is the prompt's last)
+
+Each bucket is captured on its first use (the serve warmup's lengths reach every one): a warm-up run
+on a side stream first (Triton compiles, fla-core's autotuning, cuDNN's plan, cuBLAS's heuristics stay
+out of the capture), with fla-core called directly (`gated_delta.ungraphed`), the state entry a
+scratch entry the caller holds and every page the dummy. Nothing is owned by the capture, and the
+real stage then runs once, by the replay. All graphs share one memory pool: one runs at a time, on the
+current stream, and its output is read before the next. A capture that fails warns once, and the
+Program runs every stage eagerly from then on.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+import time
+import warnings
+from typing import Sequence
+
+import torch
+
+from ninfer.targets.qwen3_6.runtime.model import Qwen36Model
+
+# NOTE: every bucket up to 256 rows doubles; past it they step by 256 rows, the `sdpa_rows` lengths, so the
+#       attention inside pads nothing more. 8 rows is the GEMV's limit (`gemv.MAX_ROWS`).
+BUCKETS = (8, 16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048)
+MAX_TOKENS = int(os.environ.get("NINFER_PREFILL_GRAPH_TOKENS", "2048"))   # 0: no prefill graphs
+
+
+def bucket(L: int, max_tokens: int = MAX_TOKENS) -> int | None:
+    """The row count a stage of L tokens runs at, or None when no graph takes it."""
+    if L < 1 or L > min(max_tokens, BUCKETS[-1]):
+        return None
+    return BUCKETS[bisect.bisect_left(BUCKETS, L)]
+
+
+def fill_prefill_inputs(a, N: int, W: int, tokens: Sequence[int], entry: int, pages: Sequence[int],
+                        dummy_page: int) -> None:
+    """Write one stage's inputs into a prefill graph's int64 host buffer (numpy, `_Graph` layout): the
+    tokens then zeros up to N, L, the state entry, row 0 of the tables (the pages, then the dummy page up
+    to W) and row 1 (the dummy page)."""
+    L = len(tokens)
+    if not 1 <= L <= N:
+        raise ValueError(f"a prefill stage of {L} tokens in a graph of {N} rows")
+    if len(pages) > W:
+        raise ValueError(f"{len(pages)} pages for a prefill graph's tables of {W}")
+    a[:L] = tokens
+    a[L:N] = 0
+    a[N], a[N + 1] = L, entry
+    a[N + 2:N + 2 + len(pages)] = pages
+    a[N + 2 + len(pages):] = dummy_page
+
+
+def prefill_body(model: Qwen36Model, g) -> torch.Tensor:
+    """The captured region, from the device tensors of `g` only (`_Graph`'s views: input_ids [N], length
+    [1], entry [1], block_tables [2, W], positions = arange(N), zero [1]): the stage's forward, then the
+    hidden state of its last real token [1, H]."""
+    valid = g.positions < g.length
+    rows = (~valid).long()
+    cu = torch.cat([g.zero, g.length])
+    hidden = model.prefill_static(g.input_ids, g.positions, rows, valid, cu, g.entry, g.block_tables)
+    return hidden.index_select(0, g.length - 1)
+
+
+class _Graph:
+    def __init__(self, N: int, page_size: int, device: torch.device) -> None:
+        self.N = N
+        self.W = -(-N // page_size)
+        n = N + 2 + 2 * self.W
+        self.host = torch.zeros(n, dtype=torch.long, pin_memory=True)
+        self.host_np = self.host.numpy()
+        self.dev = torch.zeros(n, dtype=torch.long, device=device)
+        v = self.dev
+        self.input_ids, self.length, self.entry = v[:N], v[N:N + 1], v[N + 1:N + 2]
+        self.block_tables = v[N + 2:].view(2, self.W)
+        self.positions = torch.arange(N, dtype=torch.long, device=device)
+        self.zero = torch.zeros(1, dtype=torch.long, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.hidden: torch.Tensor | None = None
+        # NOTE: recorded inside the graph right after its input copy: `run` refills `host` only after it.
+        self.copied = torch.cuda.Event(external=True)
+        self.copied.record()
+
+
+class PrefillGraphs:
+    def __init__(self, model: Qwen36Model, page_size: int, dummy_page: int, device: torch.device,
+                 max_tokens: int = MAX_TOKENS) -> None:
+        self.model = model
+        self.ops = model.ops                  # the op set captured; another set runs eagerly
+        self.page_size, self.dummy_page, self.device = page_size, dummy_page, device
+        self.max_tokens = max_tokens
+        self._graphs: dict[int, _Graph] = {}
+        self.pool = None
+        self.failed: str | None = None
+        self.capture_s = 0.0
+        self.replays = 0
+
+    def fits(self, L: int) -> bool:
+        return self.failed is None and bucket(L, self.max_tokens) is not None
+
+    def captured(self, L: int) -> bool:
+        return bucket(L, self.max_tokens) in self._graphs
+
+    def _body(self, g: _Graph) -> torch.Tensor:
+        g.dev.copy_(g.host, non_blocking=True)
+        if torch.cuda.is_current_stream_capturing():
+            g.copied.record()
+        return prefill_body(self.model, g)
+
+    def capture(self, L: int, scratch_entry: int) -> bool:
+        """Capture the bucket of a stage of L tokens (once); scratch_entry: a physical state image the
+        caller holds for the duration (the warm-up run writes it). False when the capture failed (warned;
+        every later stage then runs eagerly)."""
+        from ninfer.ops.fast import gated_delta
+        N = bucket(L, self.max_tokens)
+        if N in self._graphs:
+            return True
+        t0 = time.perf_counter()
+        g = _Graph(N, self.page_size, self.device)
+        fill_prefill_inputs(g.host_np, N, g.W, [0] * N, scratch_entry, [], self.dummy_page)
+        try:
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side), gated_delta.ungraphed():
+                self._body(g)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            if self.pool is None:
+                self.pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            # NOTE: captured while serving (first use of a bucket): thread_local, so another thread's CUDA
+            #       call cannot invalidate it.
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                g.hidden = self._body(g)
+        except RuntimeError as exc:
+            self.failed = f"{type(exc).__name__}: {exc}"
+            warnings.warn(f"ninfer prefill graphs: the capture of {N} rows failed ({self.failed}); short prefill "
+                          "stages run eagerly from now on")
+            return False
+        g.graph = graph
+        self._graphs[N] = g
+        self.capture_s += time.perf_counter() - t0
+        return True
+
+    def run(self, tokens: Sequence[int], entry: int, pages: Sequence[int]) -> torch.Tensor:
+        """Replay the captured bucket of len(tokens) (`capture` first): the stage's KV into `pages` (the
+        sequence's, from position 0), its state read and written at the physical image `entry`. Returns
+        the hidden state of its last token [1, H] (the graph's static output, valid until the next
+        replay of any prefill graph)."""
+        g = self._graphs[bucket(len(tokens), self.max_tokens)]
+        need = -(-len(tokens) // self.page_size)
+        if len(pages) < need:
+            raise ValueError(f"{len(pages)} pages of {self.page_size} tokens for a prefill stage of {len(tokens)}")
+        g.copied.synchronize()                # this graph's last replay no longer reads its pinned buffer
+        fill_prefill_inputs(g.host_np, g.N, g.W, tokens, entry, pages[:need], self.dummy_page)
+        g.graph.replay()
+        self.replays += 1
+        return g.hidden

@@ -1,0 +1,178 @@
+"""CPU checks of the whole-stage prefill graphs (runtime/prefill_graphs.py; no CUDA needed).
+
+The graph body (`prefill_body`: `Qwen36Model.prefill_static` over a stage padded to its bucket) runs
+here eagerly, on the reference ops, through the buffer layout the graphs fill, inside the host-data
+guard of tests/_host_guard.py. Against a Program that runs every stage eagerly it must give the same
+first token, the same state and KV (the decode steps after it read them), and write nothing but the
+sequence's own pages, its state entry and the spare page. The GPU twin is tests/test_prefill_graphs_gpu.py.
+"""
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from ninfer.ops.fast import reference_ops
+from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+from ninfer.targets.dummy_weights import DummyWeights
+from ninfer.targets.qwen3_6.runtime import prefill_graphs as pgm
+from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+
+from _host_guard import dense_moe, guarded_ops, no_host_data
+
+
+def test_buckets():
+    assert [pgm.bucket(n, 2048) for n in (1, 8, 9, 16, 17, 100, 256, 257, 1000, 1025, 2048)] == [
+        8, 8, 16, 16, 32, 128, 256, 512, 1024, 1280, 2048]
+    assert pgm.bucket(2049, 2048) is None and pgm.bucket(0, 2048) is None
+    assert pgm.bucket(300, 256) is None and pgm.bucket(200, 256) == 256
+    assert pgm.bucket(1, 0) is None
+
+
+def test_fill_prefill_inputs_layout():
+    N, W = 16, 4
+    a = np.full(N + 2 + 2 * W, -7, dtype=np.int64)
+    pgm.fill_prefill_inputs(a, N, W, [5, 6, 7], 11, [3, 9], 99)
+    assert a[:N].tolist() == [5, 6, 7] + [0] * 13
+    assert a[N:N + 2].tolist() == [3, 11]
+    assert a[N + 2:].reshape(2, W).tolist() == [[3, 9, 99, 99], [99, 99, 99, 99]]
+    with pytest.raises(ValueError, match="17 tokens"):
+        pgm.fill_prefill_inputs(a, N, W, [1] * 17, 0, [], 99)
+    with pytest.raises(ValueError, match="5 pages"):
+        pgm.fill_prefill_inputs(a, N, W, [1], 0, [1] * 5, 99)
+
+
+class _EagerPrefillGraphs:
+    """`PrefillGraphs`' contract on the CPU: `fill_prefill_inputs` into the `_Graph` layout, then
+    `prefill_body` eagerly on views of it, inside the host-data guard (no capture, no pinned memory)."""
+
+    def __init__(self, prog, max_tokens: int) -> None:
+        self.model, self.ops = prog.model, prog.model.ops
+        self.page_size, self.dummy_page, self.max_tokens = prog.config.page_size, prog._spare_page, max_tokens
+        self.buckets: set[int] = set()
+        self.replays = 0
+
+    def fits(self, L):
+        return pgm.bucket(L, self.max_tokens) is not None
+
+    def captured(self, L):
+        return pgm.bucket(L, self.max_tokens) in self.buckets
+
+    def capture(self, L, scratch_entry):
+        assert 0 <= scratch_entry < self.model.state.num_slots + self.model.state.num_scratch
+        self.buckets.add(pgm.bucket(L, self.max_tokens))
+        return True
+
+    def run(self, tokens, entry, pages):
+        N = pgm.bucket(len(tokens), self.max_tokens)
+        W = -(-N // self.page_size)
+        v = np.zeros(N + 2 + 2 * W, dtype=np.int64)
+        pgm.fill_prefill_inputs(v, N, W, tokens, entry, pages[:-(-len(tokens) // self.page_size)], self.dummy_page)
+        t = torch.from_numpy(v)
+        g = SimpleNamespace(input_ids=t[:N], length=t[N:N + 1], entry=t[N + 1:N + 2],
+                            block_tables=t[N + 2:].view(2, W), positions=torch.arange(N),
+                            zero=torch.zeros(1, dtype=torch.long))
+        self.replays += 1
+        ops = self.model.ops
+        with no_host_data() as saved:
+            self.model.ops = guarded_ops(ops, saved)
+            try:
+                return pgm.prefill_body(self.model, g)
+            finally:
+                self.model.ops = ops
+
+
+def _program(identity):
+    w = DummyWeights(identity, device="cpu", dtype=torch.float32, seed=5, std=0.2)
+    pkg = importlib.import_module(w.package.module)
+    prog = pkg.create_program(w, ProgramConfig(device="cpu", dtype="fp32", page_size=16, num_pages=64,
+                                               num_slots=4, max_model_len=256, max_batch=2, max_steps=2))
+    assert prog.prefill_graphs is None and prog._spare_page == 64      # CPU: eager; one page past the ledger's
+    from ninfer.ops.moe import route_topk
+    prog.model.ops = reference_ops()._replace(
+        moe_experts=dense_moe,
+        route_moe_experts=lambda x, lg, k, gu, dn, *, shared=None: dense_moe(x, route_topk(lg, k), gu, dn, shared=shared))
+    return prog
+
+
+# (prompt length, first stage, prompt log-probs): the stages that start at position 0 and fit a bucket
+# run the graph (final or not); a later stage (a prefix), prompt log-probs or a stage past the largest
+# bucket (max_tokens 64 below) stay eager.
+CASES = [(5, 5, None), (9, 8, None), (40, 40, None), (70, 33, None), (16, 16, None), (12, 12, 2), (80, 80, None)]
+
+
+@pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
+def test_prefill_graph_stages_match_eager(identity):
+    eager, graphed = _program(identity), _program(identity)
+    graphed.prefill_graphs = fake = _EagerPrefillGraphs(graphed, max_tokens=64)
+    kv = graphed._kv
+    kv.k[:, graphed._spare_page] = float("nan")             # the padding's page: written, never read
+    kv.v[:, graphed._spare_page] = float("nan")
+    g = torch.Generator().manual_seed(3)
+    for n, first, plp in CASES:
+        prompt = tuple(torch.randint(0, 1000, (n,), generator=g).tolist())
+        out = []
+        for prog in (eager, graphed):
+            req = SequenceRequest(prompt_token_ids=prompt, sampling=SamplingParams(temperature=0.0),
+                                  max_output_tokens=8, prompt_logprobs=plp)
+            h = prog.start_materialize(prog.plan_materialize(req)).sequence
+            r0 = fake.replays
+            st = prog.prefill(h, first)
+            if st.pending is None:
+                st = prog.prefill(h, n - first)
+            replays = fake.replays - r0
+            prog.commit(st.pending, [1])
+            b, dl = prog.decode_with_logits([h], 2)
+            prog.commit(b, [2])
+            prog.check_integrity()
+            s = prog._seq(h)
+            assert prog._spare_page not in s.holding.table.pages
+            k = prog._kv.k[:, s.holding.table.pages].flatten(1, 2)[:, :n]
+            out.append((st.pending.rows[0].tokens, b.rows[0].tokens, dl, replays, st.prompt_logprobs, k.clone()))
+            prog.release(h)
+        (t0, d0, dl0, _, p0, k0), (t1, d1, dl1, replays, p1, k1) = out
+        assert t0 == t1 and d0 == d1, (n, first)
+        torch.testing.assert_close(dl1, dl0, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(k1, k0, rtol=1e-4, atol=1e-4)
+        assert p0 == p1
+        assert replays == (1 if plp is None and first <= 64 else 0), (n, first, replays)
+    assert fake.buckets == {8, 16, 64}
+
+
+def test_prefill_static_pads_without_touching_the_state_or_other_pages():
+    """prefill_static's rows < L equal forward of the L tokens; the state written at its entry equals the
+    eager one; the padding rows' KV goes to the spare page only; every other entry and page is left as
+    it was (NaN-poisoned)."""
+    prog = _program("qwen3_6-tiny-dense")
+    model, st, kv = prog.model, prog._state, prog._kv
+    L, N, ps = 21, 32, 16
+    ids = torch.randint(0, 1000, (L,), generator=torch.Generator().manual_seed(1))
+    for t in st.planes.values():
+        t.fill_(float("nan"))
+    kv.k.fill_(float("nan"))
+    kv.v.fill_(float("nan"))
+    e_eager, e_graph = st.phys(0), st.phys(1)
+    st.zero_entry(0)
+    st.zero_entry(1)
+    from ninfer.targets.qwen3_6.runtime.model import ForwardBatch
+    ref = model.forward(ForwardBatch(ids, torch.arange(L), (L,), (0,), torch.tensor([e_eager]),
+                                     torch.tensor([[0, 1]])))
+    padded = torch.cat([ids, torch.zeros(N - L, dtype=torch.long)])
+    valid = torch.arange(N) < L
+    spare = prog._spare_page
+    h = model.prefill_static(padded, torch.arange(N), (~valid).long(), valid, torch.tensor([0, L]),
+                             torch.tensor([e_graph]), torch.tensor([[2, 3], [spare, spare]]))
+    torch.testing.assert_close(h[:L], ref, rtol=1e-5, atol=1e-5)
+    for name, t in st.planes.items():
+        torch.testing.assert_close(t[:, e_graph], t[:, e_eager], rtol=1e-5, atol=1e-5, msg=name)
+        others = [e for e in range(t.shape[1]) if e not in (e_eager, e_graph)]
+        assert t[:, others].isnan().all(), name
+    for c in (kv.k, kv.v):
+        got, want = c[:, 2:4].flatten(1, 2), c[:, 0:2].flatten(1, 2)
+        torch.testing.assert_close(got[:, :L], want[:, :L], rtol=1e-4, atol=1e-4)
+        assert got[:, L:].isnan().all() and want[:, L:].isnan().all()     # past L: not written
+        assert c[:, 4:spare].isnan().all()
+        assert c[:, spare, torch.arange(L, N) % ps].isfinite().all()         # the padding's rows
