@@ -25,11 +25,19 @@ from _host_guard import dense_moe, guarded_ops, no_host_data
 
 
 def test_buckets():
-    assert [pgm.bucket(n, 2048) for n in (1, 8, 9, 16, 17, 100, 256, 257, 1000, 1025, 2048)] == [
+    assert [pgm.bucket(n, 2048) for n in (2, 8, 9, 16, 17, 100, 256, 257, 1000, 1025, 2048)] == [
         8, 8, 16, 16, 32, 128, 256, 512, 1024, 1280, 2048]
     assert pgm.bucket(2049, 2048) is None and pgm.bucket(0, 2048) is None
     assert pgm.bucket(300, 256) is None and pgm.bucket(200, 256) == 256
-    assert pgm.bucket(1, 0) is None
+    assert pgm.bucket(1, 2048) is None and pgm.bucket(2, 2048) == 8 and pgm.bucket(5, 0) is None
+
+
+def test_graph_tokens_stop_where_a_stage_stops_being_host_bound():
+    from ninfer.targets.dummy_weights import DummyWeights as D
+    assert pgm.graph_tokens(D("qwen3_6-27b").dims, 2048) == 512
+    assert pgm.graph_tokens(D("qwen3_6-35b-a3b").dims, 2048) == 2048
+    assert pgm.graph_tokens(D("qwen3_6-35b-a3b").dims, 1000) == 768
+    assert pgm.graph_tokens(D("qwen3_6-tiny-dense").dims, 0) == 0
 
 
 def test_fill_prefill_inputs_layout():

@@ -23,6 +23,8 @@ from typing import Callable, Iterator
 
 import torch
 
+from ninfer.targets.qwen3_6.schema import active_matrix_params
+
 # performance.md reference ceilings (H200, PyTorch)
 DOC_COPY_TBS = 4.26
 DOC_GEMV_TBS = 3.98
@@ -290,19 +292,6 @@ def per_row_decode_bytes(dims, ctx: int, dtype_bytes: int = 2) -> int:
     rec = len(dims.gdn_layers) * dims.linear_num_value_heads * dims.linear_key_head_dim * dims.linear_value_head_dim * 4
     conv = len(dims.gdn_layers) * dims.conv_dim * (dims.linear_conv_kernel_dim - 1) * dtype_bytes
     return kv + 4 * (rec + conv)
-
-
-def active_matrix_params(dims) -> int:
-    """Matrix parameters one token goes through (MoE: k of E routed experts), lm_head included."""
-    total = 0
-    for s in _main_specs(dims):
-        if len(s.shape) < 2 or s.name == "embed_tokens.weight":
-            continue
-        n = _numel(s.shape)
-        if ".mlp.experts." in s.name:
-            n = n * dims.num_experts_per_tok // dims.num_experts
-        total += n
-    return total
 
 
 def prefill_flops(dims, tokens: int) -> float:

@@ -15,6 +15,7 @@ Groups:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ninfer.targets.qwen3_6.dims import Qwen36Dims
@@ -137,3 +138,18 @@ def tensor_specs(d: Qwen36Dims, groups: tuple[str, ...] = REQUIRED_GROUPS + OPTI
     if d.vision is not None:
         specs += _vision(d)
     return [s for s in specs if s.group in groups]
+
+
+def active_matrix_params(d: Qwen36Dims) -> int:
+    """Matrix parameters one token goes through (MoE: k of E routed experts), lm_head included, the
+    embedding not (a row gather)."""
+    total = 0
+    for s in tensor_specs(d, REQUIRED_GROUPS):
+        if len(s.shape) < 2 or s.name == "embed_tokens.weight":
+            continue
+        n = math.prod(s.shape)
+        if ".mlp.experts." in s.name:
+            n = n * d.num_experts_per_tok // d.num_experts
+        total += n
+    return total
+

@@ -45,9 +45,29 @@ BUCKETS = (8, 16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048)
 MAX_TOKENS = int(os.environ.get("NINFER_PREFILL_GRAPH_TOKENS", "2048"))   # 0: no prefill graphs
 
 
+# NOTE: a stage is host bound while its kernels take less than the ~45-50 ms of host time the eager path
+#       spends on its ~1300 launches; past that the padding only adds GPU work. Measured (bench/NOTES.md
+#       session 18, bench/prefill_graphs.py): the 27B gained 8-18 ms at 500 tokens and lost 1-5 ms at
+#       1000-2000 (its GEMMs ~90 ms at 1000); the 35B-A3B gained 5-40 ms up to 2000. So graphs go up to the
+#       largest bucket whose GEMMs stay under HOST_BOUND_FLOPS (~45 ms at the ~680 TFLOP/s the card
+#       sustains): the 27B to 512 rows, the 35B-A3B to 2048.
+HOST_BOUND_FLOPS = 3e13
+
+
+def graph_tokens(dims, cap: int = MAX_TOKENS) -> int:
+    """The longest stage the prefill graphs take for a model of `dims`: the largest bucket <= cap whose
+    GEMMs (2 x the matrix parameters a token goes through, lm_head aside, x rows) are at most
+    HOST_BOUND_FLOPS; 0 when none is."""
+    from ninfer.targets.qwen3_6.schema import active_matrix_params
+    per_row = 2.0 * (active_matrix_params(dims) - dims.vocab_size * dims.hidden_size)
+    fit = [b for b in BUCKETS if b <= cap and b * per_row <= HOST_BOUND_FLOPS]
+    return fit[-1] if fit else 0
+
+
 def bucket(L: int, max_tokens: int = MAX_TOKENS) -> int | None:
-    """The row count a stage of L tokens runs at, or None when no graph takes it."""
-    if L < 1 or L > min(max_tokens, BUCKETS[-1]):
+    """The row count a stage of L tokens runs at, or None when no graph takes it (a 1-token stage is a
+    decode step: the eager path runs it with the decode kernels, the final one through a decode graph)."""
+    if L < 2 or L > min(max_tokens, BUCKETS[-1]):
         return None
     return BUCKETS[bisect.bisect_left(BUCKETS, L)]
 

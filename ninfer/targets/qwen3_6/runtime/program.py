@@ -171,7 +171,8 @@ class Qwen36Program(CheckpointOps):
         self.prefill_graphs_enabled = True   # a switch for benchmarks and tests; eager when False
         if graphs and dev.type == "cuda" and self.model.ops.name == "fast":
             if self._spare_page is not None:
-                self.prefill_graphs = PrefillGraphs(self.model, config.page_size, self._spare_page, dev)
+                self.prefill_graphs = PrefillGraphs(self.model, config.page_size, self._spare_page, dev,
+                                                    prefill_graphs.graph_tokens(dims))
             self.graphs = DecodeGraphs(self.model, self._state, config.max_batch, config.max_model_len,
                                        config.page_size, dev)
             self.graphs.capture()
@@ -375,14 +376,20 @@ class Qwen36Program(CheckpointOps):
                 or s.request.prompt_logprobs is not None or not pg.fits(n)):
             return None
         if not pg.captured(n):
-            if self._pending.num_free_scratch < 1:
-                return None
-            held = self._pending.hold(1)
-            try:
-                if not pg.capture(n, self._state.phys(self._state.scratch_entry(held[0]))):
+            # NOTE: the capture's warm-up run writes a state image nobody reads: a final stage's own scratch
+            #       entry (it gets the slot's image below), else a scratch entry held for the capture.
+            if final:
+                if not pg.capture(n, self._state.phys(entry)):
                     return None
-            finally:
-                self._pending.unhold(held)
+            else:
+                if self._pending.num_free_scratch < 1:
+                    return None
+                held = self._pending.hold(1)
+                try:
+                    if not pg.capture(n, self._state.phys(self._state.scratch_entry(held[0]))):
+                        return None
+                finally:
+                    self._pending.unhold(held)
         s.holding.table.ensure(end)
         if final:
             self._state.copy_entry(entry, s.slot)
