@@ -19,6 +19,19 @@ import time
 from ninfer.bench.serve import _prompt, engine_request
 
 
+def _log_compiles() -> list[str]:
+    """The Triton kernels this process compiles (or loads from the disk cache) from now on, by name and
+    argument specialisation (Triton's post-compile hook)."""
+    out: list[str] = []
+    try:
+        from triton import knobs
+    except ImportError:
+        return out
+    knobs.runtime.jit_post_compile_hook = lambda **kw: out.append(kw["repr"].split("[", 1)[0] + "(" +
+                                                                  kw["repr"].split("](", 1)[-1])
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--identity", default="qwen3_6-35b-a3b")
@@ -44,12 +57,17 @@ def main() -> None:
         print(f"[{a.identity}] ready in {ready:.1f} s; warmup {sum(t for _, t in done):.1f} s over "
               f"{[n for n, _ in done]}", flush=True)
         rng = random.Random(0)
+        compiled = _log_compiles()
         for L in a.lengths:
+            compiled.clear()
             first = engine_request(engine, _prompt(rng, L), 2)["ttft_ms"]
             second = engine_request(engine, _prompt(rng, L), 2)["ttft_ms"]
-            rows.append(dict(prompt=L, first_ms=first, second_ms=second, first_use_ms=first - second))
+            rows.append(dict(prompt=L, first_ms=first, second_ms=second, first_use_ms=first - second,
+                             compiled=list(compiled)))
             print(f"  prompt {L:5d}: first TTFT {first:9.1f} ms, second {second:7.1f} ms, "
-                  f"first use {first - second:8.1f} ms", flush=True)
+                  f"first use {first - second:8.1f} ms; {len(compiled)} Triton kernels compiled or loaded", flush=True)
+            for c in compiled[:6]:
+                print(f"      {c[:160]}", flush=True)
     finally:
         engine.close()
     print("JSON " + json.dumps(dict(bench="first_use", identity=a.identity, warmup_lengths=a.warmup_lengths,

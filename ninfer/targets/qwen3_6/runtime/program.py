@@ -707,9 +707,15 @@ def warmup_lengths(stage_tokens: int, max_model_len: int, buckets, graph_max_tok
         return []
     out = ({n for n in WARMUP_SMALL if n <= stage} | {b for b in buckets if b <= min(graph_max_tokens, stage)}
            | {b for b in stage_buckets if b <= stage})
+    # NOTE: past the prefill graphs the padded lengths themselves too: the eager stages' even (divisible by
+    #       16) specialisations, which the graph buckets no longer compile eagerly (a 4001-token prompt's
+    #       first use was 2.0 s without them, bench/NOTES.md session 18).
+    graphed = max(stage_buckets, default=0)
     r = sdpa_rows(1)
     while r <= stage:
         out.add(r - 1)
+        if r > graphed and stage_buckets:
+            out.add(r)
         r = sdpa_rows(r + 1)
     out |= {stage, stage - 1} - {0}
     return sorted(out)
