@@ -22,15 +22,11 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
+from _program_util import rel_rms  # noqa: E402
 from ninfer.runtime.contract.types import SamplingParams, SequenceRequest  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
 from ninfer.targets.qwen3_6.runtime import prefill_graphs as pgm  # noqa: E402
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig  # noqa: E402
-
-
-def rel_rms(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 def _program(identity, dtype):

@@ -71,13 +71,36 @@ def fill_static_inputs(host: "torch.Tensor | np.ndarray", W: int, input_ids: Seq
         a[o:o + len(t)] = t
 
 
-class _Graph:
-    def __init__(self, B: int, W: int, device: torch.device) -> None:
-        self.B, self.W = B, W
-        n = 5 * B + B * W
+class PinnedInputs:
+    """A graph's static int64 inputs: a device buffer that the graph's first node copies from a pinned host
+    buffer (`copy_in`), and the event that says when `host` may be refilled (`wait_reusable`). Used by the
+    decode graphs and the prefill graphs (prefill_graphs.py)."""
+
+    def __init__(self, n: int, device: torch.device) -> None:
         self.dev = torch.zeros(n, dtype=torch.long, device=device)
         self.host = torch.zeros(n, dtype=torch.long, pin_memory=True)
-        self.host_np = self.host.numpy()     # the same memory (fill_static_inputs writes through it)
+        self.host_np = self.host.numpy()     # the same memory (the fill functions write through it)
+        # NOTE: recorded inside the graph, right after its first node (the copy out of `host`): `run` may
+        #       refill `host` as soon as that copy is over, while the rest of the replay still runs (a
+        #       step-ahead launch comes while the step before it is on the GPU).
+        self.copied = torch.cuda.Event(external=True)
+        self.copied.record()
+
+    def copy_in(self) -> None:
+        """The graph's first node (called in the body): host -> dev, then the event inside a capture."""
+        self.dev.copy_(self.host, non_blocking=True)
+        if torch.cuda.is_current_stream_capturing():
+            self.copied.record()
+
+    def wait_reusable(self) -> None:
+        """Before refilling `host`: the last replay's copy out of it is over."""
+        self.copied.synchronize()
+
+
+class _Graph(PinnedInputs):
+    def __init__(self, B: int, W: int, device: torch.device) -> None:
+        super().__init__(5 * B + B * W, device)
+        self.B, self.W = B, W
         v = self.dev
         self.input_ids, self.positions = v[0:B], v[B:2 * B]
         self.src, self.dst, self.context_lens = v[2 * B:3 * B], v[3 * B:4 * B], v[4 * B:5 * B]
@@ -86,11 +109,6 @@ class _Graph:
         self.fed = torch.zeros(B, dtype=torch.long, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
-        # NOTE: recorded inside the graph, right after its first node (the copy out of `host`): `run` may
-        #       refill `host` as soon as that copy is over, while the rest of the replay still runs (a
-        #       step-ahead launch comes while the step before it is on the GPU).
-        self.copied = torch.cuda.Event(external=True)
-        self.copied.record()
 
 
 class DecodeGraphs:
@@ -107,9 +125,7 @@ class DecodeGraphs:
     def _body(self, g: _Graph) -> torch.Tensor:
         # NOTE: the static-input copy is the graph's first node, not a host-side launch per round (one host
         #       op fewer: 27B round 14.170 -> 14.097 ms measured interleaved, bench/NOTES.md pass 6).
-        g.dev.copy_(g.host, non_blocking=True)
-        if torch.cuda.is_current_stream_capturing():
-            g.copied.record()
+        g.copy_in()
         return decode_body(self.model, self.state, g)
 
     def capture(self) -> None:
@@ -146,7 +162,7 @@ class DecodeGraphs:
         the stream (no host sync)."""
         B = len(positions)
         g = self._graphs[B]
-        g.copied.synchronize()                # this graph's last replay no longer reads its pinned buffer
+        g.wait_reusable()                     # this graph's last replay no longer reads its pinned buffer
         if fed is not None:
             g.fed.copy_(fed)
             input_ids = [-1] * B

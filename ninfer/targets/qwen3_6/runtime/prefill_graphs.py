@@ -37,6 +37,7 @@ from typing import Sequence
 
 import torch
 
+from ninfer.targets.qwen3_6.runtime.cuda_graphs import PinnedInputs
 from ninfer.targets.qwen3_6.runtime.model import Qwen36Model
 
 # NOTE: every bucket up to 256 rows doubles; past it they step by 256 rows, the `sdpa_rows` lengths, so the
@@ -100,14 +101,11 @@ def prefill_body(model: Qwen36Model, g) -> torch.Tensor:
     return hidden.index_select(0, g.length - 1)
 
 
-class _Graph:
+class _Graph(PinnedInputs):
     def __init__(self, N: int, page_size: int, device: torch.device) -> None:
         self.N = N
         self.W = -(-N // page_size)
-        n = N + 2 + 2 * self.W
-        self.host = torch.zeros(n, dtype=torch.long, pin_memory=True)
-        self.host_np = self.host.numpy()
-        self.dev = torch.zeros(n, dtype=torch.long, device=device)
+        super().__init__(N + 2 + 2 * self.W, device)
         v = self.dev
         self.input_ids, self.length, self.entry = v[:N], v[N:N + 1], v[N + 1:N + 2]
         self.block_tables = v[N + 2:].view(2, self.W)
@@ -115,9 +113,6 @@ class _Graph:
         self.zero = torch.zeros(1, dtype=torch.long, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.hidden: torch.Tensor | None = None
-        # NOTE: recorded inside the graph right after its input copy: `run` refills `host` only after it.
-        self.copied = torch.cuda.Event(external=True)
-        self.copied.record()
 
 
 class PrefillGraphs:
@@ -140,9 +135,7 @@ class PrefillGraphs:
         return bucket(L, self.max_tokens) in self._graphs
 
     def _body(self, g: _Graph) -> torch.Tensor:
-        g.dev.copy_(g.host, non_blocking=True)
-        if torch.cuda.is_current_stream_capturing():
-            g.copied.record()
+        g.copy_in()
         return prefill_body(self.model, g)
 
     def capture(self, L: int, scratch_entry: int) -> bool:
@@ -188,7 +181,7 @@ class PrefillGraphs:
         need = -(-len(tokens) // self.page_size)
         if len(pages) < need:
             raise ValueError(f"{len(pages)} pages of {self.page_size} tokens for a prefill stage of {len(tokens)}")
-        g.copied.synchronize()                # this graph's last replay no longer reads its pinned buffer
+        g.wait_reusable()                     # this graph's last replay no longer reads its pinned buffer
         fill_prefill_inputs(g.host_np, g.N, g.W, tokens, entry, pages[:need], self.dummy_page)
         g.graph.replay()
         self.replays += 1

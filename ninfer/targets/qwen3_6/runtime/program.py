@@ -61,14 +61,13 @@ from ninfer.runtime.contract.types import (
     BatchKind, CapacitySummary, InvariantError, PendingBatch, PendingRow, PrefillStep, Refusal, RefusalKind,
     ResourcePlan, ResourceResult, SequenceHandle, SequenceRequest, TokenLogprob)
 from ninfer.targets.qwen3_6.dims import Qwen36Dims
+from ninfer.targets.qwen3_6.runtime import prefill_graphs
 from ninfer.targets.qwen3_6.runtime.checkpoints import CheckpointOps
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 from ninfer.targets.qwen3_6.runtime.cuda_graphs import DecodeGraphs
 from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
 from ninfer.targets.qwen3_6.runtime.model import ForwardBatch, Qwen36Model, state_planes
-from ninfer.targets.qwen3_6.runtime import prefill_graphs
 from ninfer.targets.qwen3_6.runtime.model_view import load_model_view
-from ninfer.targets.qwen3_6.runtime.prefill_graphs import PrefillGraphs
 from ninfer.targets.qwen3_6.runtime.sampling import RowSampling, Sampler, prompt_token_logprobs
 from ninfer.targets.qwen3_6.runtime.scoring import WindowScorer
 from ninfer.targets.qwen3_6.runtime.step_ahead import Ahead, DeviceTokens
@@ -167,12 +166,12 @@ class Qwen36Program(CheckpointOps):
         self._ahead: Ahead | None = None
         self.step_ahead_counts = {"launched": 0, "adopted": 0}   # for benchmarks and tests
         # NOTE: the prefill graphs are captured on first use of each bucket (prefill_graphs.py).
-        self.prefill_graphs: PrefillGraphs | None = None
+        self.prefill_graphs: prefill_graphs.PrefillGraphs | None = None
         self.prefill_graphs_enabled = True   # a switch for benchmarks and tests; eager when False
         if graphs and dev.type == "cuda" and self.model.ops.name == "fast":
             if self._spare_page is not None:
-                self.prefill_graphs = PrefillGraphs(self.model, config.page_size, self._spare_page, dev,
-                                                    prefill_graphs.graph_tokens(dims))
+                self.prefill_graphs = prefill_graphs.PrefillGraphs(
+                    self.model, config.page_size, self._spare_page, dev, prefill_graphs.graph_tokens(dims))
             self.graphs = DecodeGraphs(self.model, self._state, config.max_batch, config.max_model_len,
                                        config.page_size, dev)
             self.graphs.capture()
@@ -375,26 +374,27 @@ class Qwen36Program(CheckpointOps):
         if (pg is None or not self.prefill_graphs_enabled or start != 0 or self.model.ops is not pg.ops
                 or s.request.prompt_logprobs is not None or not pg.fits(n)):
             return None
-        if not pg.captured(n):
-            # NOTE: the capture's warm-up run writes a state image nobody reads: a final stage's own scratch
-            #       entry (it gets the slot's image below), else a scratch entry held for the capture.
-            if final:
-                if not pg.capture(n, self._state.phys(entry)):
-                    return None
-            else:
-                if self._pending.num_free_scratch < 1:
-                    return None
-                held = self._pending.hold(1)
-                try:
-                    if not pg.capture(n, self._state.phys(self._state.scratch_entry(held[0]))):
-                        return None
-                finally:
-                    self._pending.unhold(held)
+        if not pg.captured(n) and not self._capture_prefill(pg, n, entry if final else None):
+            return None
         s.holding.table.ensure(end)
         if final:
             self._state.copy_entry(entry, s.slot)
         hidden = pg.run(s.tokens[start:end], self._state.phys(entry), s.holding.table.pages)
         return self.model.logits(hidden) if final else hidden
+
+    def _capture_prefill(self, pg: "prefill_graphs.PrefillGraphs", n: int, scratch: int | None) -> bool:
+        """Capture the prefill graph of a stage of n tokens. Its warm-up run writes a state image nobody
+        reads: `scratch`, a final stage's own scratch entry (it gets the slot's image after), or else a
+        scratch entry held for the capture (False when none is free)."""
+        if scratch is not None:
+            return pg.capture(n, self._state.phys(scratch))
+        if self._pending.num_free_scratch < 1:
+            return False
+        held = self._pending.hold(1)
+        try:
+            return pg.capture(n, self._state.phys(self._state.scratch_entry(held[0])))
+        finally:
+            self._pending.unhold(held)
 
     def decode_with_logits(self, seqs: Sequence[SequenceHandle], num_steps: int = 1, *, keep_logits: bool = True
                            ) -> tuple[PendingBatch, torch.Tensor | None]:
