@@ -184,3 +184,36 @@ def test_prefill_static_pads_without_touching_the_state_or_other_pages():
         assert got[:, L:].isnan().all() and want[:, L:].isnan().all()     # past L: not written
         assert c[:, 4:spare].isnan().all()
         assert c[:, spare, torch.arange(L, N) % ps].isfinite().all()         # the padding's rows
+
+
+def test_eager_warm_rows_reach_every_graphed_chunk_length_once_over_the_buckets():
+    chunk = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
+    per = {N: pgm.eager_warm_rows(N, chunk) for N in pgm.BUCKETS}
+    assert all(N - 1 in rows for N, rows in per.items())
+    warmed = [r for rows in per.values() for r in rows]
+    assert len(warmed) == len(set(warmed))
+    assert {b - 1 for b in chunk} <= set(warmed)
+    assert per[512] == [383, 511] and per[8] == [7]
+
+
+@pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
+def test_warm_eager_over_prefix_writes_only_its_image_and_the_spare_page(identity):
+    """The warm passes run a stage over a prefix (start one page in) on a held scratch image and the spare
+    page, both zeroed first: every other image and page stays as it was (NaN-poisoned here), and the
+    image and the spare page end finite (the forward read and wrote them)."""
+    prog = _program(identity)
+    model, st, kv, spare = prog.model, prog._state, prog._kv, prog._spare_page
+    for t in (*st.planes.values(), kv.k, kv.v):
+        t.fill_(float("nan"))
+    image = st.phys(st.scratch_entry(1))
+    calls = []
+    forward = model.forward
+    model.forward = lambda fb: calls.append((fb.starts, fb.seqlens, fb.block_tables.unique().tolist())) or forward(fb)
+    pgm.warm_eager_over_prefix(model, [7, 20], image, spare, prog.config.page_size)
+    assert calls == [((16,), (7,), [spare]), ((16,), (20,), [spare])]
+    for name, t in st.planes.items():
+        assert t[:, image].isfinite().all() and t[:, image].abs().sum() > 0, name
+        assert t[:, [e for e in range(t.shape[1]) if e != image]].isnan().all(), name
+    for c in (kv.k, kv.v):
+        assert c[:, spare].isfinite().all() and c[:, spare].abs().sum() > 0
+        assert c[:, :spare].isnan().all()

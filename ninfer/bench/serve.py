@@ -232,26 +232,28 @@ def engine_request(engine, prompt: list[int], output_len: int) -> dict:
 
     t0 = time.perf_counter()
     admit = first = last = None
-    n_out = 0
+    n_out = reused = 0
+    out_ids: tuple[int, ...] = ()
     handle = engine.submit(engine.frontend.prepare_tokens(prompt), SamplingParams(**SAMPLING),
                            max_tokens=output_len, output=OutputOptions(ignore_eos=True))
     with handle:
         for ev in handle:
             now = time.perf_counter()
             if isinstance(ev, GenerationStart):
-                admit = now
+                admit, reused = now, ev.num_reused_tokens
             elif isinstance(ev, GenerationDelta) and ev.token_ids:
                 first = first or now
                 last = now
             elif isinstance(ev, GenerationResult):
-                n_out = len(ev.token_ids)
+                out_ids = tuple(ev.token_ids)
+                n_out = len(out_ids)
             elif isinstance(ev, GenerationError):
                 raise RuntimeError(f"{ev.kind.value}: {ev.message}")
     if first is None:
         raise RuntimeError("the request produced no token")
     return {"ttft_ms": (first - t0) * 1e3, "e2e_ms": (last - t0) * 1e3, "output_tokens": n_out,
             "tpot_ms": (last - first) * 1e3 / (n_out - 1) if n_out > 1 else None,
-            "admit_ms": (admit - t0) * 1e3 if admit is not None else None,
+            "admit_ms": (admit - t0) * 1e3 if admit is not None else None, "reused_tokens": reused, "token_ids": out_ids,
             "fingerprint": "ninfer-synthetic-weights" if engine.synthetic else None}
 
 

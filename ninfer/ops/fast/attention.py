@@ -47,7 +47,8 @@ def _split_tokens(ctx, nsplit, BN: tl.constexpr):
     return tl.cdiv(tl.cdiv(ctx, nsplit), BN) * BN
 
 
-@triton.jit
+# NOTE: stride_bt not specialised, as sbt0 in `fused._qk_norm_rope_kernel` (the eager table's width).
+@triton.jit(do_not_specialize=["stride_bt"])
 def _paged_decode_kernel(
     q, kc, vc, bt, lens, part_o, part_ml, scale, nsplit,
     stride_qb, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_bt,

@@ -102,7 +102,10 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 # ------------------------------------------------------------------------------------------------
 # qk_norm_rope
 # ------------------------------------------------------------------------------------------------
-@triton.jit
+# NOTE: not specialised on the block table's row stride: the eager path's table is as wide as its
+#       pages, and each new form (== 1, divisible by 16 or not) was a ~0.4 s compile on a request's
+#       first use (bench/NOTES.md session 19); a scalar in an address gains nothing from it.
+@triton.jit(do_not_specialize=["sbt0"])
 def _qk_norm_rope_kernel(q, k, v, wq, wk, cos, sin, qo, ko, kc, vc, bt, pos, rows, NH, NKV, D, ROT, S,
                          sq0, sq1, sk0, sk1, sc, ss, sv0, sv1, sbt0, sbt1, spos, srow,
                          skc0, skc1, skc2, svc0, svc1, svc2, eps,
@@ -337,7 +340,8 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
 # ------------------------------------------------------------------------------------------------
 # write_kv_paged
 # ------------------------------------------------------------------------------------------------
-@triton.jit
+# NOTE: sbt0 not specialised, as in `_qk_norm_rope_kernel`.
+@triton.jit(do_not_specialize=["sbt0"])
 def _write_kv_paged_kernel(kc, vc, k, v, bt, pos, rows, S, H, D, sbt0, sbt1, spos, srow,
                            skc0, skc1, skc2, skc3, svc0, svc1, svc2, svc3, sk0, sk1, sv0, sv1,
                            HAS_ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):

@@ -450,7 +450,9 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
 # ------------------------------------------------------------------------------------------------
 # prefill: grouped GEMM over pairs sorted by expert
 # ------------------------------------------------------------------------------------------------
-@triton.jit
+# NOTE: not specialised on P and NB: P = 8 T is divisible by 16 only for even T, and an odd eager stage
+#       over a prefix paid a ~0.4 s compile on first use (bench/NOTES.md session 19).
+@triton.jit(do_not_specialize=["P", "NB"])
 def _sort_pairs_kernel(ids, weights, starts, block_expert, order, sorted_tok, sorted_w, P, E, NB,
                        K: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, BT: tl.constexpr):
     """Program e: expert e's part of a stable counting sort of the P (token, expert) pairs by expert.

@@ -23,7 +23,9 @@ Each bucket is captured on its first use (the serve warmup's lengths reach every
 on a side stream first (Triton compiles, fla-core's autotuning, cuDNN's plan, cuBLAS's heuristics stay
 out of the capture), with fla-core called directly (`gated_delta.ungraphed`), the state entry a
 scratch entry the caller holds and every page the dummy. Nothing is owned by the capture, and the
-real stage then runs once, by the replay. All graphs share one memory pool: one runs at a time, on the
+real stage then runs once, by the replay. After a capture, a few eager stages over a prefix run on the
+same scratch entry and the dummy page (`warm_eager_over_prefix`): what a context-cache hit's stage needs
+on first use, which the warmup's short stages, graphed now, no longer reach. All graphs share one memory pool: one runs at a time, on the
 current stream, and its output is read before the next. A capture that fails warns once, and the
 Program runs every stage eagerly from then on.
 """
@@ -101,6 +103,40 @@ def prefill_body(model: Qwen36Model, g) -> torch.Tensor:
     return hidden.index_select(0, g.length - 1)
 
 
+def eager_warm_rows(N: int, chunk_buckets: Sequence[int]) -> list[int]:
+    """The eager stages over a prefix that the capture of bucket N warms (`warm_eager_over_prefix`): N - 1
+    rows, and b - 1 rows for each graphed chunk-GDN length b (`gated_delta.BUCKETS`) above the bucket
+    below N and at most N, so the buckets' captures together reach every one."""
+    i = BUCKETS.index(N)
+    below = BUCKETS[i - 1] if i else 0
+    return sorted({N - 1} | {b - 1 for b in chunk_buckets if below < b <= N})
+
+
+def warm_eager_over_prefix(model: Qwen36Model, rows: Sequence[int], image: int, spare_page: int,
+                           page_size: int) -> None:
+    """Run the eager forward of a stage of each `rows` count over a prefix of one page, on the physical
+    state image `image` (a scratch entry the caller holds) with every page the spare one; both are zeroed
+    first (their content is never read by a sequence). Nothing else is written.
+    Why: with the prefill graphs the serve warmup's short stages no longer run eagerly, but a stage over a
+    prefix (a context-cache hit, a chat's next turn) does. Its first use paid what the warmup used to pay:
+    the chunk-GDN graph of its length (15-50 ms) and Triton forms at odd row counts (~0.4 s each;
+    bench/NOTES.md session 19)."""
+    from ninfer.targets.qwen3_6.runtime.model import ForwardBatch
+    dev = model.view.embed_tokens.device
+    for t in model.state.planes.values():
+        t[:, image].zero_()
+    model.kv.k[:, spare_page].zero_()
+    model.kv.v[:, spare_page].zero_()
+    start = page_size
+    for r in rows:
+        W = -(-(start + r) // page_size)
+        model.forward(ForwardBatch(
+            input_ids=torch.zeros(r, dtype=torch.long, device=dev),
+            positions=torch.arange(start, start + r, dtype=torch.long, device=dev), seqlens=(r,), starts=(start,),
+            state_entries=torch.tensor([image], dtype=torch.long, device=dev),
+            block_tables=torch.full((1, W), spare_page, dtype=torch.int32, device=dev)))
+
+
 class _Graph(PinnedInputs):
     def __init__(self, N: int, page_size: int, device: torch.device) -> None:
         self.N = N
@@ -169,6 +205,8 @@ class PrefillGraphs:
             return False
         g.graph = graph
         self._graphs[N] = g
+        warm_eager_over_prefix(self.model, eager_warm_rows(N, gated_delta.BUCKETS[:bisect.bisect_right(
+            gated_delta.BUCKETS, gated_delta.GRAPH_MAX_TOKENS)]), scratch_entry, self.dummy_page, self.page_size)
         self.capture_s += time.perf_counter() - t0
         return True
 
