@@ -188,13 +188,26 @@ def test_prefill_static_pads_without_touching_the_state_or_other_pages():
 
 def test_eager_warm_rows_reach_every_graphed_chunk_length_once_over_the_buckets():
     chunk = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
-    per = {N: pgm.eager_warm_rows(N, chunk) for N in pgm.BUCKETS}
+    per = {N: pgm.eager_warm_rows(N, [b - 1 for b in chunk]) for N in pgm.BUCKETS}
     assert all(N - 1 in rows for N, rows in per.items())
     warmed = [r for rows in per.values() for r in rows]
     assert len(warmed) == len(set(warmed))
     assert {b - 1 for b in chunk} <= set(warmed)
     assert per[512] == [383, 511] and per[8] == [7]
 
+
+@pytest.mark.parametrize("cap, want", [(2048, (63, 127, 255, 383, 511, 767, 1023, 1535, 2047)),
+                                       (300, (63, 127, 255, 300)), (64, (63,)), (0, ())])
+def test_graphed_lengths_are_graphed_and_pad_to_every_bucket_a_graphed_stage_can(monkeypatch, cap, want):
+    """One length per chunk-GDN bucket that a stage at most the cap pads to, each itself at most the cap.
+    The module imports Triton, so this runs where Triton is installed (not on the CPU CI machine)."""
+    pytest.importorskip("triton")
+    from ninfer.ops.fast import gated_delta as gd
+    monkeypatch.setattr(gd, "GRAPH_MAX_TOKENS", cap)
+    got = gd.graphed_lengths()
+    assert got == want
+    padded = {min(b for b in gd.BUCKETS if b >= t) for t in got}
+    assert padded == {min(b for b in gd.BUCKETS if b >= t) for t in range(1, min(cap, gd.BUCKETS[-1]) + 1)}
 
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
 def test_warm_eager_over_prefix_writes_only_its_image_and_the_spare_page(identity):

@@ -253,7 +253,8 @@ def engine_request(engine, prompt: list[int], output_len: int) -> dict:
         raise RuntimeError("the request produced no token")
     return {"ttft_ms": (first - t0) * 1e3, "e2e_ms": (last - t0) * 1e3, "output_tokens": n_out,
             "tpot_ms": (last - first) * 1e3 / (n_out - 1) if n_out > 1 else None,
-            "admit_ms": (admit - t0) * 1e3 if admit is not None else None, "reused_tokens": reused, "token_ids": out_ids,
+            "admit_ms": (admit - t0) * 1e3 if admit is not None else None,
+            "reused_tokens": reused, "token_ids": out_ids,
             "fingerprint": "ninfer-synthetic-weights" if engine.synthetic else None}
 
 

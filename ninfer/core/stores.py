@@ -69,8 +69,12 @@ class StateImageStore:
             t[:, d].copy_(t[:, s])
 
     def zero_entry(self, e: int) -> None:
+        self.zero_image(self._phys[e])
+
+    def zero_image(self, p: int) -> None:
+        """Zero physical image p (every plane, every layer)."""
         for t in self.planes.values():
-            t[:, self._phys[e]].zero_()
+            t[:, p].zero_()
 
     @property
     def nbytes(self) -> int:

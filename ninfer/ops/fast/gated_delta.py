@@ -249,8 +249,19 @@ def ungraphed():
         _ungraphed -= 1
 
 
+def _graph_cap() -> int:
+    return min(GRAPH_MAX_TOKENS, BUCKETS[-1])
+
+
+def graphed_lengths() -> tuple[int, ...]:
+    """One graphed stage length in each bucket a graphed stage can pad to: the largest below the bucket
+    (odd, as a context-cache hit's stage often is) or the cap. Running each once captures every graph."""
+    cap, below = _graph_cap(), [0, *BUCKETS]
+    return tuple(min(b - 1, cap) for b, lo in zip(BUCKETS, below) if lo < cap)
+
+
 def _graphed(q: torch.Tensor, T: int) -> bool:
-    return (q.is_cuda and 0 < T <= min(GRAPH_MAX_TOKENS, BUCKETS[-1]) and not _ungraphed
+    return (q.is_cuda and 0 < T <= _graph_cap() and not _ungraphed
             and not torch.cuda.is_current_stream_capturing())
 
 

@@ -25,9 +25,9 @@ out of the capture), with fla-core called directly (`gated_delta.ungraphed`), th
 scratch entry the caller holds and every page the dummy. Nothing is owned by the capture, and the
 real stage then runs once, by the replay. After a capture, a few eager stages over a prefix run on the
 same scratch entry and the dummy page (`warm_eager_over_prefix`): what a context-cache hit's stage needs
-on first use, which the warmup's short stages, graphed now, no longer reach. All graphs share one memory pool: one runs at a time, on the
-current stream, and its output is read before the next. A capture that fails warns once, and the
-Program runs every stage eagerly from then on.
+on first use, which the warmup's short stages, graphed now, no longer reach. All graphs share one memory
+pool: one runs at a time, on the current stream, and its output is read before the next. A capture
+that fails warns once, and the Program runs every stage eagerly from then on.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from typing import Sequence
 import torch
 
 from ninfer.targets.qwen3_6.runtime.cuda_graphs import PinnedInputs
-from ninfer.targets.qwen3_6.runtime.model import Qwen36Model
+from ninfer.targets.qwen3_6.runtime.model import ForwardBatch, Qwen36Model
 
 # NOTE: every bucket up to 256 rows doubles; past it they step by 256 rows, the `sdpa_rows` lengths, so the
 #       attention inside pads nothing more. 8 rows is the GEMV's limit (`gemv.MAX_ROWS`).
@@ -103,13 +103,13 @@ def prefill_body(model: Qwen36Model, g) -> torch.Tensor:
     return hidden.index_select(0, g.length - 1)
 
 
-def eager_warm_rows(N: int, chunk_buckets: Sequence[int]) -> list[int]:
+def eager_warm_rows(N: int, chunk_lengths: Sequence[int]) -> list[int]:
     """The eager stages over a prefix that the capture of bucket N warms (`warm_eager_over_prefix`): N - 1
-    rows, and b - 1 rows for each graphed chunk-GDN length b (`gated_delta.BUCKETS`) above the bucket
-    below N and at most N, so the buckets' captures together reach every one."""
+    rows, and each chunk-GDN length (`gated_delta.graphed_lengths()`) above the bucket below N and at most
+    N, so the buckets' captures together reach every one."""
     i = BUCKETS.index(N)
     below = BUCKETS[i - 1] if i else 0
-    return sorted({N - 1} | {b - 1 for b in chunk_buckets if below < b <= N})
+    return sorted({N - 1} | {t for t in chunk_lengths if below < t <= N})
 
 
 def warm_eager_over_prefix(model: Qwen36Model, rows: Sequence[int], image: int, spare_page: int,
@@ -121,10 +121,8 @@ def warm_eager_over_prefix(model: Qwen36Model, rows: Sequence[int], image: int, 
     prefix (a context-cache hit, a chat's next turn) does. Its first use paid what the warmup used to pay:
     the chunk-GDN graph of its length (15-50 ms) and Triton forms at odd row counts (~0.4 s each;
     bench/NOTES.md session 19)."""
-    from ninfer.targets.qwen3_6.runtime.model import ForwardBatch
     dev = model.view.embed_tokens.device
-    for t in model.state.planes.values():
-        t[:, image].zero_()
+    model.state.zero_image(image)
     model.kv.k[:, spare_page].zero_()
     model.kv.v[:, spare_page].zero_()
     start = page_size
@@ -205,8 +203,8 @@ class PrefillGraphs:
             return False
         g.graph = graph
         self._graphs[N] = g
-        warm_eager_over_prefix(self.model, eager_warm_rows(N, gated_delta.BUCKETS[:bisect.bisect_right(
-            gated_delta.BUCKETS, gated_delta.GRAPH_MAX_TOKENS)]), scratch_entry, self.dummy_page, self.page_size)
+        warm_eager_over_prefix(self.model, eager_warm_rows(N, gated_delta.graphed_lengths()), scratch_entry,
+                               self.dummy_page, self.page_size)
         self.capture_s += time.perf_counter() - t0
         return True
 
