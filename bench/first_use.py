@@ -95,13 +95,24 @@ def _next_turn(engine, rng: random.Random, R: int, N: int) -> float:
     return r["ttft_ms"]
 
 
+def _turn(spec: str) -> tuple[int, int]:
+    """--prefix's R:N, both positive integers."""
+    try:
+        R, N = (int(x) for x in spec.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r} is not R:N (two integers, e.g. 1000:300)") from None
+    if R < 1 or N < 1:
+        raise argparse.ArgumentTypeError(f"{spec!r}: R and N must be at least 1")
+    return R, N
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--identity", default="qwen3_6-35b-a3b")
     ap.add_argument("--lengths", nargs="+", type=int, default=[5, 100, 1023, 4001, 8000])
     ap.add_argument("--warmup-lengths", nargs="*", type=int, default=None,
                     help="Engine.warm_up lengths (default: the Program's own)")
-    ap.add_argument("--prefix", nargs="*", default=[], metavar="R:N",
+    ap.add_argument("--prefix", nargs="*", type=_turn, default=[], metavar="R:N",
                     help="context-cache hits: R reused prompt tokens, N new ones (see above)")
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--device", default="cuda")
@@ -128,8 +139,7 @@ def main() -> None:
             first = engine_request(engine, _prompt(rng, L), 2)["ttft_ms"]
             second = engine_request(engine, _prompt(rng, L), 2)["ttft_ms"]
             rows.append(dict(prompt=L, **_report(f"prompt {L:5d}", first, second, since, compiled)))
-        for spec in a.prefix:
-            R, N = (int(x) for x in spec.split(":"))
+        for R, N in a.prefix:
             since = len(compiled)
             first = _next_turn(engine, rng, R, N)
             second = _next_turn(engine, rng, R, N)
