@@ -8,11 +8,11 @@ Meaningful only with a compile cache that holds no earlier run's kernels (TRITON
 autotuning results may be kept).
 
 --prefix R:N adds context-cache hits, a chat's next turn: a fresh prompt of R tokens and its output, then
-that prompt + output + N new tokens, which reuses the first request's end state, so its prefill is an
-eager stage of about N tokens over a prefix of about R; the same again with another fresh prompt gives
-the warm figure. Each compile a first use triggers is printed with the arguments whose
-specialisation (Triton's type / divisible-by-16 / == 1 key) differs from the nearest earlier compile of
-that kernel, which names what the warmup missed.
+that prompt + output + N new tokens, which reuses the first request's end state, so its prefill is a
+stage of about N tokens over a prefix of about R (through a prefill graph when N fits one, since session
+20); the same again with another fresh prompt gives the warm figure. Each compile a first use triggers
+is printed with the arguments whose specialisation (Triton's type / divisible-by-16 / == 1 key) differs
+from the nearest earlier compile of that kernel, which names what the warmup missed.
 
     PYTHONPATH=$PWD python3 bench/first_use.py --identity qwen3_6-35b-a3b --lengths 5 100 1023 4001 8000 \
         --prefix 1000:300 2999:7
@@ -24,6 +24,7 @@ import json
 import random
 import time
 
+from ninfer.bench.args import prefix_turn
 from ninfer.bench.serve import _prompt, engine_request
 
 
@@ -86,7 +87,7 @@ def _report(label: str, first: float, second: float, since: int, compiled: list)
 def _next_turn(engine, rng: random.Random, R: int, N: int) -> float:
     """TTFT of a chat's next turn: a fresh prompt of R tokens and its 2 output tokens, then that prompt +
     output + N new tokens, which reuses the first request's end state (its terminal checkpoint) and so
-    prefills an eager stage of about N tokens over a prefix of about R."""
+    prefills a stage of about N tokens over a prefix of about R."""
     base = _prompt(rng, R)
     first = engine_request(engine, base, 2)
     r = engine_request(engine, base + list(first["token_ids"]) + _prompt(rng, N), 2)
@@ -95,24 +96,13 @@ def _next_turn(engine, rng: random.Random, R: int, N: int) -> float:
     return r["ttft_ms"]
 
 
-def _turn(spec: str) -> tuple[int, int]:
-    """--prefix's R:N, both positive integers."""
-    try:
-        R, N = (int(x) for x in spec.split(":"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{spec!r} is not R:N (two integers, e.g. 1000:300)") from None
-    if R < 1 or N < 1:
-        raise argparse.ArgumentTypeError(f"{spec!r}: R and N must be at least 1")
-    return R, N
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--identity", default="qwen3_6-35b-a3b")
     ap.add_argument("--lengths", nargs="+", type=int, default=[5, 100, 1023, 4001, 8000])
     ap.add_argument("--warmup-lengths", nargs="*", type=int, default=None,
                     help="Engine.warm_up lengths (default: the Program's own)")
-    ap.add_argument("--prefix", nargs="*", type=_turn, default=[], metavar="R:N",
+    ap.add_argument("--prefix", nargs="*", type=prefix_turn, default=[], metavar="R:N",
                     help="context-cache hits: R reused prompt tokens, N new ones (see above)")
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--device", default="cuda")

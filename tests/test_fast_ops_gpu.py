@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from ninfer import ops as ref
 
+from _ops_util import PREFIX_ROWS, prefix_rows_case  # noqa: E402
 from _fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, gen, paged_kv, poison_allocator, randn, rel_rms  # noqa: F401
 
 pytestmark = GPU_MARKS
@@ -424,6 +425,57 @@ def test_chunk_paged_attention_one_prompt(dtype, L):
     o = fa.chunk_paged_attention(q, kc, vc, bt, ctx)
     assert o.shape == q.shape and torch.isfinite(o).all()
     assert rel_rms(o, ref.chunk_paged_attention(q, kc, vc, bt, ctx)) < TOL[dtype]
+
+
+# NOTE: the (start, L, N) cases of the CPU reference test, and long prefixes: many splits over few rows,
+#       one split over many rows.
+PREFIX_CASES = PREFIX_ROWS + [(3000, 500, 512), (5000, 3, 8), (130, 2048, 2048)] if not _INTERPRET else PREFIX_ROWS[:6]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page", [16, 64])
+@pytest.mark.parametrize("Hq,Hkv,D", [(24, 4, 256), (16, 2, 256), (4, 2, 64)])
+@pytest.mark.parametrize("start,L,N", PREFIX_CASES)
+def test_prefix_attention_rows(dtype, page, Hq, Hkv, D, start, L, N):
+    """The prefill graphs' attention (Triton, start and length on the device) vs float64 causal attention
+    over the prefix and the stage: real rows within the dtype's tolerance, padding rows exactly 0, output
+    from NaN-poisoned memory, the pool NaN past the context and in the spare page's unwritten slots."""
+    from ninfer.ops.fast import attention as fa
+    args, want = prefix_rows_case(start, L, N, _DEV, dtype, Hq, Hkv, D, page)
+    poison_allocator()
+    o = fa.prefix_attention_rows(*args)
+    assert o.shape == (N, Hq, D) and o.dtype == dtype
+    assert rel_rms(o[:L].cpu(), want) < TOL[dtype]
+    assert (o[L:] == 0).all()
+
+
+@pytest.mark.skipif(_DEV != "cuda", reason="CUDA graphs")
+@pytest.mark.parametrize("N", [8, 64, 256])
+def test_prefix_attention_rows_replays_at_any_start_and_length(N):
+    """Captured once, the op replays at other starts and lengths (device data, not graph keys) and gives
+    what an eager call with those values gives, bit for bit."""
+    from ninfer.ops.fast import attention as fa
+    Hq, Hkv, D, page = 16, 2, 256, 64
+    args, _ = prefix_rows_case(900, N, N, _DEV, torch.bfloat16, Hq, Hkv, D, page)
+    q, kc, vc, table, start, length = args
+    kc.nan_to_num_(0.0)
+    vc.nan_to_num_(0.0)
+    st, ln = start.clone(), length.clone()
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fa.prefix_attention_rows(q, kc, vc, table, st, ln)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fa.prefix_attention_rows(q, kc, vc, table, st, ln)
+    for a, b in [(0, 1), (0, N), (1, N - 1 or 1), (63, N), (64, 2), (900, N), (517, max(1, N // 3))]:
+        st.fill_(a)
+        ln.fill_(b)
+        graph.replay()
+        want = fa.prefix_attention_rows(q, kc, vc, table, st, ln)
+        assert torch.equal(out, want), (a, b)
+        assert (out[b:] == 0).all() and torch.isfinite(out).all()
 
 
 # ------------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from ninfer.ops.attention import (
     kv_slot_mapping,
     write_kv_paged,
 )
-from _ops_util import DEVICES, ODD_LENGTHS, rel_rms
+from _ops_util import DEVICES, ODD_LENGTHS, PREFIX_ROWS, dense_causal, prefix_rows_case, rel_rms
 
 HQ, HKV, D, PS = 6, 2, 32, 16
 
@@ -31,15 +31,7 @@ def _table(rows_pages, g, num_pages, max_pages):
 
 
 def _dense_ref(q, k, v, scale=D ** -0.5):
-    """float64 explicit causal GQA attention of the last L positions. q [L, HQ, D], k, v [C, HKV, D]."""
-    L, C = q.shape[0], k.shape[0]
-    q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
-    k = k.repeat_interleave(HQ // HKV, 1)
-    v = v.repeat_interleave(HQ // HKV, 1)
-    s = torch.einsum("lhd,chd->hlc", q, k) * scale
-    mask = torch.arange(C)[None, :] > torch.arange(C - L, C)[:, None]
-    p = torch.softmax(s.masked_fill(mask, float("-inf")), -1)
-    return torch.einsum("hlc,chd->lhd", p, v)
+    return dense_causal(q, k, v, scale, HQ // HKV)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -172,25 +164,18 @@ def test_padded_causal_sdpa_vs_dense(device, L, hkv):
     assert rel_rms(o.double().cpu(), want) < 1e-5
 
 
+
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("L,N", [(1, 8), (21, 32), (64, 64), (65, 128)])
-def test_causal_attention_rows_with_a_padding_tail(device, L, N):
-    """`causal_attention_rows` over N rows whose tail past L writes to a spare page through block-table row 1:
-    its first L rows == chunk_paged_attention of the L tokens (NaN-poisoned pool: pages past the context
-    and the spare page's unwritten slots are never read)."""
-    from ninfer.ops.attention import causal_attention_rows
-    g = torch.Generator().manual_seed(L * 7 + N)
-    kc, vc = _pool(12, device)
-    q = torch.randn(N, HQ, D, generator=g).to(device)
-    k = torch.randn(N, HKV, D, generator=g).to(device)
-    v = torch.randn(N, HKV, D, generator=g).to(device)
-    W = -(-N // PS)
-    spare = 11
-    table = torch.tensor([[3, 5, 7, 2, 9, 4, 8, 1][:W], [spare] * W], device=device)
-    pos = torch.arange(N, device=device)
-    rows = (pos >= L).long()
-    write_kv_paged(kc, vc, k, v, table, pos, rows)
-    o = causal_attention_rows(q, kc, vc, table, pos, rows)
+@pytest.mark.parametrize("start,L,N", PREFIX_ROWS)
+def test_prefix_attention_rows_vs_dense(device, start, L, N):
+    """`prefix_attention_rows` (the prefill graphs' attention, start and length as tensors): its first L rows
+    == float64 causal attention over the prefix and the stage; the padding rows are zero; pages past the
+    context and the spare page's unwritten slots (NaN) are never read into a real row."""
+    from ninfer.ops.attention import prefix_attention_rows
+    args, want = prefix_rows_case(start, L, N, device)
+    o = prefix_attention_rows(*args)
     assert o.shape == (N, HQ, D) and torch.isfinite(o).all()
-    want = chunk_paged_attention(q[:L], kc, vc, table[:1], torch.tensor([L]))
-    assert rel_rms(o[:L].double().cpu(), want.double().cpu()) < 1e-5
+    assert rel_rms(o[:L].double().cpu(), want) < 1e-5
+    assert (o[L:] == 0).all()
+
+

@@ -42,15 +42,19 @@ def test_graph_tokens_stop_where_a_stage_stops_being_host_bound():
 
 def test_fill_prefill_inputs_layout():
     N, W = 16, 4
-    a = np.full(N + 2 + 2 * W, -7, dtype=np.int64)
-    pgm.fill_prefill_inputs(a, N, W, [5, 6, 7], 11, [3, 9], 99)
+    a = np.full(N + 3 + 2 * W, -7, dtype=np.int64)
+    pgm.fill_prefill_inputs(a, N, W, [5, 6, 7], 11, [3, 9], 99, 20, 16)
     assert a[:N].tolist() == [5, 6, 7] + [0] * 13
-    assert a[N:N + 2].tolist() == [3, 11]
-    assert a[N + 2:].reshape(2, W).tolist() == [[3, 9, 99, 99], [99, 99, 99, 99]]
+    assert a[N:N + 3].tolist() == [3, 11, 20]
+    assert a[N + 3:].reshape(2, W).tolist() == [[3, 9, 99, 99], [99, 99, 99, 99]]
+    pgm.fill_prefill_inputs(a, N, W, [5], 11, [3], 99, 48, 16)        # the padding's last position, 63
     with pytest.raises(ValueError, match="17 tokens"):
         pgm.fill_prefill_inputs(a, N, W, [1] * 17, 0, [], 99)
     with pytest.raises(ValueError, match="5 pages"):
         pgm.fill_prefill_inputs(a, N, W, [1], 0, [1] * 5, 99)
+    with pytest.raises(ValueError, match="at 49 padded to 16 rows past tables of 4 pages"):
+        pgm.fill_prefill_inputs(a, N, W, [1], 0, [1], 99, 49, 16)
+    assert pgm.table_pages(16, 16, 100) == 8 and pgm.table_pages(8, 64, 8192) == 129
 
 
 class _EagerPrefillGraphs:
@@ -60,6 +64,7 @@ class _EagerPrefillGraphs:
     def __init__(self, prog, max_tokens: int) -> None:
         self.model, self.ops = prog.model, prog.model.ops
         self.page_size, self.dummy_page, self.max_tokens = prog.config.page_size, prog._spare_page, max_tokens
+        self.max_model_len = prog.config.max_model_len
         self.buckets: set[int] = set()
         self.replays = 0
 
@@ -74,14 +79,15 @@ class _EagerPrefillGraphs:
         self.buckets.add(pgm.bucket(L, self.max_tokens))
         return True
 
-    def run(self, tokens, entry, pages):
+    def run(self, tokens, start, entry, pages):
         N = pgm.bucket(len(tokens), self.max_tokens)
-        W = -(-N // self.page_size)
-        v = np.zeros(N + 2 + 2 * W, dtype=np.int64)
-        pgm.fill_prefill_inputs(v, N, W, tokens, entry, pages[:-(-len(tokens) // self.page_size)], self.dummy_page)
+        W = pgm.table_pages(N, self.page_size, self.max_model_len)
+        v = np.zeros(N + 3 + 2 * W, dtype=np.int64)
+        pgm.fill_prefill_inputs(v, N, W, tokens, entry, pages[:-(-(start + len(tokens)) // self.page_size)],
+                                self.dummy_page, start, self.page_size)
         t = torch.from_numpy(v)
-        g = SimpleNamespace(input_ids=t[:N], length=t[N:N + 1], entry=t[N + 1:N + 2],
-                            block_tables=t[N + 2:].view(2, W), positions=torch.arange(N),
+        g = SimpleNamespace(input_ids=t[:N], length=t[N:N + 1], entry=t[N + 1:N + 2], start=t[N + 2:N + 3],
+                            block_tables=t[N + 3:].view(2, W), positions=torch.arange(N),
                             zero=torch.zeros(1, dtype=torch.long))
         self.replays += 1
         ops = self.model.ops
@@ -106,10 +112,12 @@ def _program(identity):
     return prog
 
 
-# (prompt length, first stage, prompt log-probs): the stages that start at position 0 and fit a bucket
-# run the graph (final or not); a later stage (a prefix), prompt log-probs or a stage past the largest
-# bucket (max_tokens 64 below) stay eager.
-CASES = [(5, 5, None), (9, 8, None), (40, 40, None), (70, 33, None), (16, 16, None), (12, 12, 2), (80, 80, None)]
+# (prompt length, its stages, prompt log-probs): every stage of 2..64 tokens (max_tokens 64 below) runs
+# the graph, at position 0 or over the prefix of the stages before it (final or not); a 1-token stage,
+# prompt log-probs or a stage past the largest bucket stay eager.
+CASES = [(5, (5,), None), (9, (8, 1), None), (40, (40,), None), (70, (33, 37), None), (16, (16,), None),
+         (12, (12,), 2), (12, (5, 7), 2), (80, (80,), None), (80, (20, 30, 30), None), (40, (39, 1), None),
+         (90, (70, 20), None), (48, (16, 32), None), (100, (17, 64, 19), None)]
 
 
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
@@ -120,7 +128,8 @@ def test_prefill_graph_stages_match_eager(identity):
     kv.k[:, graphed._spare_page] = float("nan")             # the padding's page: written, never read
     kv.v[:, graphed._spare_page] = float("nan")
     g = torch.Generator().manual_seed(3)
-    for n, first, plp in CASES:
+    for n, stages, plp in CASES:
+        assert sum(stages) == n
         prompt = tuple(torch.randint(0, 1000, (n,), generator=g).tolist())
         out = []
         for prog in (eager, graphed):
@@ -128,9 +137,8 @@ def test_prefill_graph_stages_match_eager(identity):
                                   max_output_tokens=8, prompt_logprobs=plp)
             h = prog.start_materialize(prog.plan_materialize(req)).sequence
             r0 = fake.replays
-            st = prog.prefill(h, first)
-            if st.pending is None:
-                st = prog.prefill(h, n - first)
+            for size in stages:
+                st = prog.prefill(h, size)
             replays = fake.replays - r0
             prog.commit(st.pending, [1])
             b, dl = prog.decode_with_logits([h], 2)
@@ -142,22 +150,23 @@ def test_prefill_graph_stages_match_eager(identity):
             out.append((st.pending.rows[0].tokens, b.rows[0].tokens, dl, replays, st.prompt_logprobs, k.clone()))
             prog.release(h)
         (t0, d0, dl0, _, p0, k0), (t1, d1, dl1, replays, p1, k1) = out
-        assert t0 == t1 and d0 == d1, (n, first)
+        assert t0 == t1 and d0 == d1, (n, stages)
         torch.testing.assert_close(dl1, dl0, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(k1, k0, rtol=1e-4, atol=1e-4)
         assert p0 == p1
-        assert replays == (1 if plp is None and first <= 64 else 0), (n, first, replays)
-    assert fake.buckets == {8, 16, 64}
+        assert replays == sum(plp is None and 2 <= size <= 64 for size in stages), (n, stages, replays)
+    assert fake.buckets == {8, 16, 32, 64}
 
 
-def test_prefill_static_pads_without_touching_the_state_or_other_pages():
-    """prefill_static's rows < L equal forward of the L tokens; the state written at its entry equals the
-    eager one; the padding rows' KV goes to the spare page only; every other entry and page is left as
-    it was (NaN-poisoned)."""
+@pytest.mark.parametrize("start", [0, 19, 32])
+def test_prefill_static_pads_without_touching_the_state_or_other_pages(start):
+    """prefill_static's rows < L equal forward of the L tokens over the same prefix (none at start 0, run
+    eagerly into both entries first); the state written at its entry equals the eager one; the padding rows'
+    KV goes to the spare page only; every other entry and page is left as it was (NaN-poisoned)."""
     prog = _program("qwen3_6-tiny-dense")
     model, st, kv = prog.model, prog._state, prog._kv
     L, N, ps = 21, 32, 16
-    ids = torch.randint(0, 1000, (L,), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 1000, (start + L,), generator=torch.Generator().manual_seed(1 + start))
     for t in st.planes.values():
         t.fill_(float("nan"))
     kv.k.fill_(float("nan"))
@@ -166,24 +175,36 @@ def test_prefill_static_pads_without_touching_the_state_or_other_pages():
     st.zero_entry(0)
     st.zero_entry(1)
     from ninfer.targets.qwen3_6.runtime.model import ForwardBatch
-    ref = model.forward(ForwardBatch(ids, torch.arange(L), (L,), (0,), torch.tensor([e_eager]),
-                                     torch.tensor([[0, 1]])))
-    padded = torch.cat([ids, torch.zeros(N - L, dtype=torch.long)])
-    valid = torch.arange(N) < L
+    used = -(-(start + L) // ps)
+    pages_e, pages_g = list(range(0, used)), list(range(8, 8 + used))
     spare = prog._spare_page
-    h = model.prefill_static(padded, torch.arange(N), (~valid).long(), valid, torch.tensor([0, L]),
-                             torch.tensor([e_graph]), torch.tensor([[2, 3], [spare, spare]]))
+
+    def eager(entry, pages, a, b):
+        return model.forward(ForwardBatch(ids[a:b], torch.arange(a, b), (b - a,), (a,), torch.tensor([entry]),
+                                          torch.tensor([pages])))
+    if start:
+        eager(e_eager, pages_e, 0, start)
+        eager(e_graph, pages_g, 0, start)
+    ref = eager(e_eager, pages_e, start, start + L)
+    padded = torch.cat([ids[start:], torch.zeros(N - L, dtype=torch.long)])
+    valid = torch.arange(N) < L
+    W = pgm.table_pages(N, ps, 64)
+    table = torch.tensor([pages_g + [spare] * (W - used), [spare] * W])
+    h = model.prefill_static(padded, start + torch.arange(N), (~valid).long(), valid, torch.tensor([0, L]),
+                             torch.tensor([e_graph]), table, torch.tensor([start]))
     torch.testing.assert_close(h[:L], ref, rtol=1e-5, atol=1e-5)
     for name, t in st.planes.items():
         torch.testing.assert_close(t[:, e_graph], t[:, e_eager], rtol=1e-5, atol=1e-5, msg=name)
         others = [e for e in range(t.shape[1]) if e not in (e_eager, e_graph)]
         assert t[:, others].isnan().all(), name
+    C = start + L
     for c in (kv.k, kv.v):
-        got, want = c[:, 2:4].flatten(1, 2), c[:, 0:2].flatten(1, 2)
-        torch.testing.assert_close(got[:, :L], want[:, :L], rtol=1e-4, atol=1e-4)
-        assert got[:, L:].isnan().all() and want[:, L:].isnan().all()     # past L: not written
-        assert c[:, 4:spare].isnan().all()
-        assert c[:, spare, torch.arange(L, N) % ps].isfinite().all()         # the padding's rows
+        got, want = c[:, pages_g].flatten(1, 2), c[:, pages_e].flatten(1, 2)
+        torch.testing.assert_close(got[:, :C], want[:, :C], rtol=1e-4, atol=1e-4)
+        assert got[:, C:].isnan().all() and want[:, C:].isnan().all()     # past the stage: not written
+        rest = [p for p in range(spare) if p not in pages_e + pages_g]
+        assert c[:, rest].isnan().all()
+        assert c[:, spare, torch.arange(C, start + N) % ps].isfinite().all()         # the padding's rows
 
 
 def test_eager_warm_rows_reach_every_graphed_chunk_length_once_over_the_buckets():

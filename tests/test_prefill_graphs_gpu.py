@@ -2,9 +2,11 @@
 synthetic weights; the CPU twin of the schedule is tests/test_prefill_graphs.py).
 
 One Program runs each prompt twice, with the prefill graphs and with `prefill_graphs_enabled` off: as
-one final stage, and as a first stage of all tokens but one (the context cache's capture point) and a
-final 1-token stage. The first token, the logits of the two decode steps after it (which read the KV and
-state the stage wrote) and the stage's KV must agree. Prompts cover each side of the buckets and of the
+one final stage, as a first stage of all tokens but one (the context cache's capture point) and a final
+1-token stage, and for some lengths as two or three stages, each later one over the prefix of the stages
+before it (a context-cache hit or a chat's next turn; a long prompt's later stages). The first token, the
+logits of the two decode steps after it (which read the KV and state the stages wrote) and the prompt's KV
+must agree. Prompts cover each side of the buckets and of the
 largest one (2048: eager past it). A capture that syncs with the host, or reads host data, fails; the
 Program would warn and fall back, and warnings are errors here. The spare page and the free scratch entries
 are NaN-poisoned; every page and slot is back at the end.
@@ -47,12 +49,12 @@ def _poison(prog):
     prog._kv.v[:, prog._spare_page] = float("nan")
 
 
-def _once(prog, prompt, first):
+def _once(prog, prompt, stages):
     req = SequenceRequest(prompt_token_ids=prompt, sampling=SamplingParams(temperature=0.0), max_output_tokens=4)
     h = prog.start_materialize(prog.plan_materialize(req)).sequence
-    st = prog.prefill(h, first)
-    if st.pending is None:
-        st = prog.prefill(h, len(prompt) - first)
+    for size in stages:
+        st = prog.prefill(h, size)
+    assert st.pending is not None
     prog.commit(st.pending, [1])
     b, lg = prog.decode_with_logits([h], 2)
     prog.commit(b, [2])
@@ -66,6 +68,14 @@ def _once(prog, prompt, first):
 
 
 LENGTHS = [1, 2, 7, 8, 9, 63, 64, 65, 257, 1000, 2048, 2049]
+# NOTE: stagings over a prefix: halves, three stages whose later ones start off a page boundary (page 16
+#       below) or on one, and for 2049 a 1-token first stage (eager) before a stage of the largest bucket.
+OVER_PREFIX = {9: [(4, 5)], 65: [(32, 33), (17, 47, 1)], 257: [(128, 129)], 1000: [(300, 699, 1), (333, 400, 267)],
+               2049: [(1, 2048), (2, 2047), (1000, 1049)]}
+
+
+def _stagings(n):
+    return sorted({(n,), (n - 1, 1) if n > 1 else (n,), *OVER_PREFIX.get(n, [])})
 
 
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
@@ -81,30 +91,30 @@ def test_prefill_graphs_equal_eager(identity, dtype):
         warnings.simplefilter("error")
         for n in LENGTHS:
             prompt = tuple(torch.randint(0, w.dims.vocab_size, (n,), generator=g).tolist())
-            for first in sorted({n, max(1, n - 1)}):
+            for stages in _stagings(n):
                 out = {}
                 for mode in ("graph", "eager"):
                     prog.prefill_graphs_enabled = mode == "graph"
                     _poison(prog)
                     r0 = pg.replays
-                    out[mode] = _once(prog, prompt, first)
+                    out[mode] = _once(prog, prompt, stages)
                     graphed = pg.replays - r0
-                    want = 1 if mode == "graph" and 2 <= first <= 2048 else 0
-                    assert graphed == want, (n, first, mode, graphed)
+                    want = sum(2 <= f <= 2048 for f in stages) if mode == "graph" else 0
+                    assert graphed == want, (n, stages, mode, graphed)
                 (tg, lg, kg), (te, le, ke) = out["graph"], out["eager"]
                 assert torch.isfinite(lg).all() and torch.isfinite(kg).all()
-                assert rel_rms(kg, ke) < tol, (n, first, rel_rms(kg, ke))
+                assert rel_rms(kg, ke) < tol, (n, stages, rel_rms(kg, ke))
                 # NOTE: the first token must agree; a later one may differ only at a near-tie of the eager
                 #       logits, and decode step j is compared while its input tokens 0..j agree.
                 diff = next((i for i, (a, b) in enumerate(zip(tg, te)) if a != b), len(tg))
-                assert diff > 0, (n, first, tg, te)
+                assert diff > 0, (n, stages, tg, te)
                 j = min(diff, lg.shape[1])
-                assert rel_rms(lg[:, :j], le[:, :j]) < tol, (n, first, rel_rms(lg[:, :j], le[:, :j]))
+                assert rel_rms(lg[:, :j], le[:, :j]) < tol, (n, stages, rel_rms(lg[:, :j], le[:, :j]))
                 if diff < len(tg):
                     top = le[0, diff - 1].topk(2).values
-                    assert top[0] - top[1] < 10 * tol * top.abs().max(), (n, first, tg, te)
+                    assert top[0] - top[1] < 10 * tol * top.abs().max(), (n, stages, tg, te)
     assert pg.failed is None
-    assert set(pg._graphs) == {pgm.bucket(f) for n in LENGTHS for f in (n, n - 1) if 2 <= f <= 2048}
+    assert set(pg._graphs) == {pgm.bucket(f) for n in LENGTHS for st in _stagings(n) for f in st if 2 <= f <= 2048}
     cap = prog.capacity()
     assert cap.pages_free == cap.pages_total and cap.slots_free == cap.slots_total
 
@@ -118,8 +128,8 @@ def test_capture_failure_falls_back_to_eager(monkeypatch):
     monkeypatch.setattr(pgm, "prefill_body", broken)
     prompt = tuple(range(1, 40))
     with pytest.warns(UserWarning, match="not capturable"):
-        tokens, _, _ = _once(prog, prompt, len(prompt))
+        tokens, _, _ = _once(prog, prompt, (len(prompt),))
     assert prog.prefill_graphs.failed and prog.prefill_graphs.replays == 0
     prog.prefill_graphs_enabled = False
-    assert _once(prog, prompt, len(prompt))[0] == tokens
+    assert _once(prog, prompt, (len(prompt),))[0] == tokens
     assert prog._pending.num_free_scratch == prog._state.num_scratch      # the capture's scratch entry is back

@@ -23,6 +23,17 @@ def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
     return parse
 
 
+def prefix_turn(spec: str) -> tuple[int, int]:
+    """An argparse type: R:N, a prefix of R tokens and a stage of N new tokens over it, both >= 1."""
+    try:
+        R, N = (int(x) for x in spec.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{spec!r} is not R:N (two integers, e.g. 1000:300)") from None
+    if R < 1 or N < 1:
+        raise argparse.ArgumentTypeError(f"{spec!r}: R and N must be at least 1")
+    return R, N
+
+
 def float_in(lo: float, hi: float | None = None, *, lo_open: bool = False) -> Callable[[str], float]:
     """An argparse type: a finite number >= lo (> lo when lo_open) and <= hi."""
     want = (f"a number {'>' if lo_open else '>='} {lo:g}" + (f" and <= {hi:g}" if hi is not None else ""))

@@ -26,7 +26,7 @@ __all__ = [
     "qk_norm_rope_write_kv",
     "gather_kv_paged",
     "chunk_paged_attention",
-    "causal_attention_rows",
+    "prefix_attention_rows",
     "decode_paged_attention",
     "attention_output_gate",
 ]
@@ -215,33 +215,50 @@ def chunk_paged_attention(
     return out
 
 
-def causal_attention_rows(
+def prefix_attention_rows(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_table: torch.Tensor,
-    positions: torch.Tensor,
-    rows: torch.Tensor,
+    start: torch.Tensor,
+    length: torch.Tensor,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """Causal self-attention of one sequence's first N tokens, from device tensors only (static shapes,
-    no host read: the prefill graphs' form). Token i is at position positions[i] = i, and its k and v
-    were just written to (block_table[rows[i]], positions[i]) (`write_kv_paged` with the same tensors).
-    They are gathered back from there and attend through `padded_causal_sdpa`.
+    """Attention of one sequence's prompt stage padded to N rows, from device tensors only (static
+    shapes, no host read: the prefill graphs' form). Row i < L (L = length) is the token at position
+    start + i; it attends to the keys at positions 0..start + i through block-table row 0: the prefix's
+    (written by earlier stages) and the stage's own (written just before, with the same positions).
+    Rows i >= L are the padding: their output is zero, and no row reads a key at or past start + L
+    (the padding's KV goes elsewhere, block-table row 1 in the prefill graphs).
 
-    `rows` may send a tail of tokens to another block-table row (the prefill graphs' padding, whose KV
-    goes to a page nobody owns). Only the tokens after them would read them (causal), so the tokens
-    before get exactly the attention of a sequence that ends where the tail starts.
-
-    Args: q [N, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; block_table [R, W]; positions, rows
-    [N] int. Returns [N, Hq, D] in q.dtype."""
+    Args: q [N, Hq, D]; k_cache, v_cache [num_pages, page_size, Hkv, D]; block_table [R, W] (row 0 read,
+    W pages covering start + L); start, length [1] int (device tensors: graph data, not shapes).
+    Returns [N, Hq, D] in q.dtype (fp32 scores and softmax, as `chunk_paged_attention`).
+    Reference: it reads all W pages of row 0 (keys past start + L zeroed before use, as they may hold
+    NaN) and masks [N, W * page_size] scores; the fast op walks only the keys each row reads."""
     scale = check_gqa(q, k_cache, scale)
-    slots = kv_slot_mapping(block_table, positions, rows, k_cache.shape[1])
-    k = k_cache.flatten(0, 1).index_select(0, slots)
-    v = v_cache.flatten(0, 1).index_select(0, slots)
-    if k.dtype != q.dtype:
-        k, v = k.to(q.dtype), v.to(q.dtype)
-    return padded_causal_sdpa(q, k, v, scale)
+    N, Hq, _ = q.shape
+    Hkv = k_cache.shape[2]
+    pages = block_table[0].long()
+    C = pages.numel() * k_cache.shape[1]
+    kpos = torch.arange(C, device=q.device)
+    start = start.to(device=q.device, dtype=torch.long).reshape(1)
+    length = length.to(device=q.device, dtype=torch.long).reshape(1)
+    end = start + length                                                 # keys 0..end-1 exist
+    live = (kpos < end)[:, None, None]
+    k = torch.where(live, k_cache.index_select(0, pages).flatten(0, 1).float(), 0.0)      # [C, Hkv, D]
+    v = torch.where(live, v_cache.index_select(0, pages).flatten(0, 1).float(), 0.0)
+    rows = torch.arange(N, device=q.device)
+    # NOTE: a padding row reads the keys of the last real row (no row is all -inf: no NaN), then is zeroed.
+    qpos = start + torch.minimum(rows, length - 1)
+    allowed = kpos[None, :] <= qpos[:, None]                                            # [N, C]
+    rep = Hq // Hkv
+    qf = q.float().transpose(0, 1)                                                      # [Hq, N, D]
+    kf = k.repeat_interleave(rep, dim=1).transpose(0, 1)                                # [Hq, C, D]
+    vf = v.repeat_interleave(rep, dim=1).transpose(0, 1)
+    s = (qf @ kf.transpose(-1, -2)) * scale
+    o = (torch.softmax(s.masked_fill(~allowed, float("-inf")), dim=-1) @ vf).transpose(0, 1)   # [N, Hq, D]
+    return torch.where((rows < length)[:, None, None], o, 0.0).to(q.dtype)
 
 
 def decode_paged_attention(

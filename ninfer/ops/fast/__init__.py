@@ -8,6 +8,8 @@ reference's signature and results and is tested against it (tests/test_fast_ops_
     conv.chunk_causal_conv1d / causal_conv1d_update   Triton, slot-indexed conv state
     attention.decode_paged_attention              Triton split-K paged GQA decode
     attention.chunk_paged_attention               paged gather + PyTorch SDPA (flash), no [L, C] matrix
+    attention.prefix_attention_rows               Triton paged flash attention of a padded stage over its
+                                                  prefix, start and length as device data (prefill graphs)
     norms.gated_rms_norm                          Triton row kernel (norms.rms_norm: kernel bench only; the
                                                   schedule's norms are fused.add_rms_norm)
     fused.*                                       one Triton kernel per fused step (residual + norm, q/k norm +
@@ -68,6 +70,7 @@ class OpSet(NamedTuple):
     linear_swiglu: Callable            # (gu, w) -> silu_mul_halves(gu) @ w.T
     route_moe_experts: Callable        # (x, router_logits, k, gate_up, down, *, shared) -> moe_experts(x, route_topk(..))
     qk_norm_rope_write_kv: Callable    # (q, k, v, wq, wk, cos, sin, eps, kc, vc, bt, pos, rows) -> q'; k', v into pages
+    prefix_attention_rows: Callable    # (q, kc, vc, bt, start, length) a padded stage over its prefix (prefill graphs)
 
 
 @functools.cache
@@ -79,7 +82,7 @@ def reference_ops() -> OpSet:
                  attention.chunk_paged_attention, attention.decode_paged_attention, moe.moe_experts,
                  fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, attention.attention_output_gate,
                  gated_delta.gdn_gates, moe.route_topk, fused.linear, fused.gdn_conv_recurrent, fused.linear_swiglu,
-                 moe.route_moe_experts, attention.qk_norm_rope_write_kv)
+                 moe.route_moe_experts, attention.qk_norm_rope_write_kv, attention.prefix_attention_rows)
 
 
 @functools.cache
@@ -107,7 +110,7 @@ def fast_ops() -> OpSet:
         fused.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention,
         moe.moe_experts, fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, fused.sigmoid_gate_mul,
         fused.gdn_gates, moe.route_topk, gemv.linear, gdn_decode.gdn_conv_recurrent, gemv.linear_swiglu,
-        moe.route_moe_experts, fused.qk_norm_rope_write_kv)
+        moe.route_moe_experts, fused.qk_norm_rope_write_kv, attention.prefix_attention_rows)
 
 
 def select_ops(device: torch.device | str) -> OpSet:

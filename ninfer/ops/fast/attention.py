@@ -15,6 +15,14 @@
                              mask; a row without a prefix runs at a padded length (`padded_causal_sdpa`:
                              cuDNN plans are per length). No [L, C] matrix; host row bounds (no sync
                              with CPU index tensors).
+    prefix_attention_rows    Triton flash attention of one padded prompt stage over its paged prefix, the
+                             stage's start and length read on the device (the prefill graphs' form): grid
+                             (token block, kv head, split); a program holds BT tokens x the REP query heads
+                             of one kv head as rows (GQA: K/V read once per kv head), walks its share of
+                             the keys 0..start + its last real token with an online softmax (exp2) and
+                             the causal mask; the split count is host-known (block-table width, row count),
+                             each split's range is sized on the device, and a merge launch combines them
+                             when there is more than one.
 Same arguments and results as `ninfer.ops.attention` (the oracle). Shapes: q [B, Hq, D];
 k_cache, v_cache [num_pages, page_size, Hkv, D]; block_table [B, max_pages]; context_lens [B].
 """
@@ -31,7 +39,7 @@ from ninfer.ops.fast._index import device_index
 from ninfer.ops.fast import _pdl
 from ninfer.ops.fast.fused import _fround, sigmoid_gate_mul
 
-__all__ = ["decode_paged_attention", "chunk_paged_attention", "decode_splits"]
+__all__ = ["decode_paged_attention", "chunk_paged_attention", "prefix_attention_rows", "decode_splits"]
 
 _TARGET_PROGRAMS = 264     # ~2 waves over the H200's 132 SMs
 # NOTE: read at each call (bench/step_ab.py sets it before capturing the graphs): False runs the gate of
@@ -226,3 +234,150 @@ def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seq
             out = torch.empty_like(q)
         out[s:e] = ot
     return out if out is not None else torch.empty_like(q)
+
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _prefix_attn_kernel(
+    q, kc, vc, bt, start_ptr, len_ptr, out, part_o, part_ml, qk_scale, nsplit, N,
+    stride_qn, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_on, stride_oh,
+    HQ: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BT: tl.constexpr,
+    BH: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr = "tf32",
+):
+    """Rows r = (token t0 + r // BH, query head i_kv * REP + r % BH). Row of token t < L reads the keys
+    0..start + t; a padding token (t >= L) those of token L - 1 (finite, then zeroed by the caller's
+    contract: its output is written as 0). The program's key range is 0..start + min(t0 + BT, L) - 1
+    (none for a block of padding only), cut into nsplit BN-aligned shares (SPLIT)."""
+    i_t = tl.program_id(0)
+    i_kv = tl.program_id(1)
+    i_s = tl.program_id(2)
+    start = tl.load(start_ptr).to(tl.int32)
+    L = tl.load(len_ptr).to(tl.int32)
+    t0 = i_t * BT
+    BM: tl.constexpr = BT * BH
+    r = tl.arange(0, BM)
+    tok = t0 + r // BH
+    hh = r % BH
+    head = i_kv * REP + hh
+    mrow = (hh < REP) & (tok < N)
+    qpos = start + tl.minimum(tok, L - 1)
+    hi = tl.where(t0 < L, start + tl.minimum(t0 + BT, L), 0)
+    if SPLIT:
+        per = _split_tokens(hi, nsplit, BN)
+        lo = i_s * per
+        hi = tl.minimum(lo + per, hi)
+    else:
+        lo = 0
+    o_d = tl.arange(0, D)
+    qb = tl.load(q + tok[:, None].to(tl.int64) * stride_qn + head[:, None] * stride_qh + o_d[None, :],
+                 mask=mrow[:, None], other=0.0)
+    m_i = tl.full([BM], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BM], dtype=tl.float32)
+    acc = tl.zeros([BM, D], dtype=tl.float32)
+    for n0 in range(lo, hi, BN):
+        pos = n0 + tl.arange(0, BN)
+        mn = pos < hi
+        page = tl.load(bt + pos // PAGE, mask=mn, other=0).to(tl.int64)
+        off = pos % PAGE
+        kb = tl.load(kc + page[:, None] * stride_kp + off[:, None] * stride_ks + i_kv * stride_kh + o_d[None, :],
+                     mask=mn[:, None], other=0.0)
+        s = tl.dot(qb, tl.trans(kb), input_precision=PREC) * qk_scale
+        s = tl.where(mn[None, :] & (pos[None, :] <= qpos[:, None]), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        # NOTE: a row with no key yet (every score so far masked) keeps m = -inf: exp2 of -inf - 0 is 0.
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        vb = tl.load(vc + page[:, None] * stride_vp + off[:, None] * stride_vs + i_kv * stride_vh + o_d[None, :],
+                     mask=mn[:, None], other=0.0)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PREC)
+        m_i = m_new
+    if SPLIT:
+        row = (tok.to(tl.int64) * HQ + head) * nsplit + i_s
+        tl.store(part_o + row[:, None] * D + o_d[None, :], acc, mask=mrow[:, None])
+        tl.store(part_ml + row * 2, m_i, mask=mrow)
+        tl.store(part_ml + row * 2 + 1, l_i, mask=mrow)
+    else:
+        o = tl.where((l_i > 0.0)[:, None], acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None], 0.0)
+        o = tl.where((tok < L)[:, None], o, 0.0)
+        tl.store(out + tok[:, None].to(tl.int64) * stride_on + head[:, None] * stride_oh + o_d[None, :],
+                 o.to(out.dtype.element_ty), mask=mrow[:, None])
+
+
+@triton.jit
+def _prefix_merge_kernel(part_o, part_ml, len_ptr, out, nsplit, stride_on, stride_oh,
+                         HQ: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
+    """out[t, h] = the nsplit partials of (t, h) combined (exp2 domain; empty splits have m = -inf and
+    weigh 0); a padding token (t >= L) gets 0."""
+    i_t = tl.program_id(0)
+    i_h = tl.program_id(1)
+    L = tl.load(len_ptr).to(tl.int32)
+    o_d = tl.arange(0, D)
+    m_run = float("-inf")
+    l_run = 0.0
+    acc = tl.zeros([D], dtype=tl.float32)
+    base = (i_t.to(tl.int64) * HQ + i_h) * nsplit
+    for s0 in range(0, nsplit, BS):
+        o_s = s0 + tl.arange(0, BS)
+        ms = o_s < nsplit
+        m = tl.load(part_ml + (base + o_s) * 2, mask=ms, other=float("-inf"))
+        l = tl.load(part_ml + (base + o_s) * 2 + 1, mask=ms, other=0.0)
+        part = tl.load(part_o + (base + o_s)[:, None] * D + o_d[None, :], mask=ms[:, None], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        w = tl.where(m > float("-inf"), tl.exp2(m - m_safe), 0.0)
+        alpha = tl.exp2(m_run - m_safe)
+        l_run = l_run * alpha + tl.sum(l * w, 0)
+        acc = acc * alpha + tl.sum(part * w[:, None], 0)
+        m_run = m_new
+    o = tl.where((l_run > 0.0) & (i_t < L), acc / tl.where(l_run > 0.0, l_run, 1.0), 0.0)
+    tl.store(out + i_t.to(tl.int64) * stride_on + i_h * stride_oh + o_d, o.to(out.dtype.element_ty))
+
+
+def prefix_splits(N: int, kv_heads: int, max_keys: int, block_t: int, block_n: int) -> int:
+    """Splits of a prefix_attention_rows launch: about _TARGET_PROGRAMS programs over the token blocks
+    and kv heads, at most one per block_n keys of the block table and at most 128 (the partials are
+    N x Hq x splits x D fp32)."""
+    progs = triton.cdiv(N, block_t) * kv_heads
+    return max(1, min(128, triton.cdiv(max_keys, block_n), triton.cdiv(_TARGET_PROGRAMS, progs)))
+
+
+def prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale=None):
+    """Prefill-graph form; see `ninfer.ops.attention.prefix_attention_rows`. q [N, Hq, D]; start and
+    length [1] device tensors. No host read, no shape from them: capturable once, replayed at any
+    start and length (within the block table's W pages)."""
+    N, Hq, D = q.shape
+    _, page, Hkv, _ = k_cache.shape
+    rep = Hq // Hkv
+    ok = (Hq % Hkv == 0 and D >= 16 and D & (D - 1) == 0 and D <= 256 and rep <= 64
+          and k_cache.stride(3) == 1 and v_cache.stride(3) == 1 and q.stride(2) == 1)
+    if not ok:
+        return _ref.prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale)
+    scale = _ref.check_gqa(q, k_cache, scale)
+    BH = triton.next_power_of_2(rep)
+    BT = max(1, 64 // BH)
+    BN = 64 if D <= 128 else 32
+    bt = device_index(block_table, q.device)[0]
+    st = device_index(start, q.device)
+    ln = device_index(length, q.device)
+    nsplit = prefix_splits(N, Hkv, bt.numel() * page, BT, BN)
+    out = torch.empty_like(q)
+    split = nsplit > 1
+    if split:
+        part_o = torch.empty(N * Hq * nsplit, D, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(N * Hq * nsplit, 2, dtype=torch.float32, device=q.device)
+    else:
+        part_o = part_ml = out
+    _prefix_attn_kernel[(triton.cdiv(N, BT), Hkv, nsplit)](
+        q, k_cache, v_cache, bt, st, ln, out, part_o, part_ml, float(scale) * _LOG2E, nsplit, N,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+        HQ=Hq, REP=rep, D=D, PAGE=page, BT=BT, BH=BH, BN=BN, SPLIT=split,
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4 if D <= 128 else 8, num_stages=2)
+    if split:
+        _prefix_merge_kernel[(N, Hq)](part_o, part_ml, ln, out, nsplit, out.stride(0), out.stride(1),
+                                      HQ=Hq, D=D, BS=16, num_warps=4)
+    return out

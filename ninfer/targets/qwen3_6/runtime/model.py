@@ -32,7 +32,6 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.core.stores import PagedKVStore, StateImageStore
-from ninfer.ops.attention import causal_attention_rows
 from ninfer.ops.fast import OpSet, select_ops
 from ninfer.ops.fused import NormedRows, Residual
 from ninfer.ops.rope import mrope_cos_sin, rope_inv_freq
@@ -154,23 +153,26 @@ class Qwen36Model:
 
     def prefill_static(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
                        valid: torch.Tensor, cu_seqlens: torch.Tensor, state_entries: torch.Tensor,
-                       block_tables: torch.Tensor) -> torch.Tensor:
-        """One prompt chunk of one sequence from position 0, padded to a fixed row count N, from device
-        tensors only (the prefill graphs' body, prefill_graphs.py): no host sync, no host-to-device copy,
-        no branch on tensor values. input_ids / positions / rows [N] int64, positions = arange(N), rows 0
-        for the L real tokens and 1 for the padding after them; valid [N] bool (rows == 0); cu_seqlens [2]
-        int64 = [0, L]; state_entries [1], read and updated in place; block_tables [2, W]: row 0 the
-        sequence's pages, row 1 pages that only the padding's KV is written to.
-        Returns hidden [N, H]: rows < L are `forward` of the L tokens (text positions), and the state and
-        KV written are theirs. The padding is read by no real token (causal), and it enters the delta rule
-        as q = k = v = 0, g = 0, beta = 0 (no decay, no update); the conv's state is taken at L."""
+                       block_tables: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        """One prompt stage of one sequence at positions start.., padded to a fixed row count N, from
+        device tensors only (the prefill graphs' body, prefill_graphs.py): no host sync, no host-to-device
+        copy, no branch on tensor values. input_ids / positions / rows [N] int64, positions = start +
+        arange(N), rows 0 for the L real tokens and 1 for the padding after them; valid [N] bool (rows ==
+        0); cu_seqlens [2] int64 = [0, L]; state_entries [1], the state after the prefix (zero for start
+        0), read and updated in place; block_tables [2, W]: row 0 the sequence's pages (its prefix's KV
+        is read there), row 1 pages that only the padding's KV is written to, both W >= (start + N) /
+        page_size; start [1] int64.
+        Returns hidden [N, H]: rows < L are `forward` of the L tokens over the prefix (text positions),
+        and the state and KV written are theirs. The padding is read by no real token (causal), and it
+        enters the delta rule as q = k = v = 0, g = 0, beta = 0 (no decay, no update); the conv's state
+        is taken at L."""
         x = F.embedding(input_ids, self.view.embed_tokens)
         theta = positions.float().unsqueeze(-1) * self._inv_freq          # [N, rot/2]
         emb = torch.cat([theta, theta], dim=-1)
         N = input_ids.shape[0]
         fb = ForwardBatch(input_ids, positions, (N,), (0,), state_entries, block_tables)
-        return self._layers(x, emb.cos(), emb.sin(), fb, _RowMeta(False, cu_seqlens, rows, cu_seqlens[1:],
-                                                                   valid=valid))
+        return self._layers(x, emb.cos(), emb.sin(), fb, _RowMeta(False, cu_seqlens, rows, start + cu_seqlens[1:],
+                                                                   valid=valid, start=start))
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch,
                 meta: "_RowMeta") -> torch.Tensor:
@@ -226,8 +228,8 @@ class Qwen36Model:
                                            gate_stream=None if side is None else side.stream)
             gate = None
         elif meta.valid is not None:
-            # NOTE: the prefill graphs' form: k, v gathered back from where the project op wrote them.
-            o = causal_attention_rows(q, k_cache, v_cache, fb.block_tables, fb.positions, meta.rows)
+            # NOTE: the prefill graphs' form: the stage's start and length are device data.
+            o = ops.prefix_attention_rows(q, k_cache, v_cache, fb.block_tables, meta.start, meta.cu_seqlens[1:])
         else:
             # NOTE: host copies of the row bounds: the op loops over rows on the host (no sync).
             o = ops.chunk_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.host_context_lens,
@@ -293,6 +295,7 @@ class _RowMeta(NamedTuple):
     host_context_lens: torch.Tensor | None = None   # ops that loop over rows on the host (no sync)
     side: SideGemv | None = None       # decode graph body: the mixers' gate rows on a side stream
     valid: torch.Tensor | None = None  # prefill graph body: [N] bool, False on the padding rows
+    start: torch.Tensor | None = None  # prefill graph body: [1] int64 position of the stage's first row
 
     @classmethod
     def of(cls, fb: ForwardBatch, device: torch.device) -> "_RowMeta":

@@ -1,31 +1,36 @@
-"""CUDA graphs of whole short prefill stages: one sequence's prompt chunk from position 0, padded to a
-bucket of rows.
+"""CUDA graphs of whole short prefill stages: one sequence's prompt chunk at any start (over its prefix or
+none), padded to a bucket of rows.
 
 Why: a short stage is host bound. Its ~1300 kernel launches (35B-A3B) cost more host time than the GPU
 takes to run them: a 1024-token 35B-A3B stage took 45-50 ms on the host against ~29 ms of kernels
 (bench/NOTES.md, sessions 16-17). Replaying a graph of the whole stage leaves the GPU time only.
 
-    which stages   one sequence from position 0 (no prefix: the first stage of a prompt that no
-                   checkpoint proves), at most `max_tokens` tokens, text positions; the Program sends
-                   the others (a prefix, prompt log-probs, kept logits) to the eager forward
+    which stages   one sequence, 2..`max_tokens` tokens, text positions, at any start: a prompt's first
+                   stage, a stage after a context-cache hit (a chat's next turn, a shared system prompt)
+                   or after an earlier stage of a long prompt; the Program sends the others (prompt
+                   log-probs, kept logits, longer stages) to the eager forward
     buckets        BUCKETS up to max_tokens; a stage of L tokens runs at the first bucket N >= L
     static inputs  (one int64 device buffer, copied from the graph's pinned host buffer by the graph's
                    first node, as the decode graphs do)
-                     input_ids [N] (0 past L)   L   state entry (physical image)   block_tables [2, W]
+                     input_ids [N] (0 past L)   L   state entry (physical image)   start   block_tables [2, W]
                    row 0 of the tables: the sequence's pages, then the dummy page; row 1: the dummy page
-                   (W = ceil(N / page_size)). The dummy page is one page of the KV store that the ledger
-                   does not own: the padding's KV goes there, and no sequence reads it.
-    graph body     Qwen36Model.prefill_static (positions 0..N-1; the padding rows 1 of `rows`), then the
-                   hidden state of token L - 1 [1, H] (a static output: the caller runs the lm_head when
-                   the stage is the prompt's last)
+                   (W = ceil((max_model_len + N) / page_size): the padding's positions run past the
+                   stage). The dummy page is one page of the KV store that the ledger does not own: the
+                   padding's KV goes there, and no sequence reads it. The state entry holds the state
+                   after the prefix, as on the eager path.
+    graph body     Qwen36Model.prefill_static (positions start..start+N-1; the padding rows 1 of `rows`;
+                   the attention walks the prefix's pages on the device, `prefix_attention_rows`), then
+                   the hidden state of token L - 1 [1, H] (a static output: the caller runs the lm_head
+                   when the stage is the prompt's last)
 
 Each bucket is captured on its first use (the serve warmup's lengths reach every one): a warm-up run
 on a side stream first (Triton compiles, fla-core's autotuning, cuDNN's plan, cuBLAS's heuristics stay
 out of the capture), with fla-core called directly (`gated_delta.ungraphed`), the state entry a
 scratch entry the caller holds and every page the dummy. Nothing is owned by the capture, and the
 real stage then runs once, by the replay. After a capture, a few eager stages over a prefix run on the
-same scratch entry and the dummy page (`warm_eager_over_prefix`): what a context-cache hit's stage needs
-on first use, which the warmup's short stages, graphed now, no longer reach. All graphs share one memory
+same scratch entry and the dummy page (`warm_eager_over_prefix`): what an eager stage over a prefix (one
+with prompt log-probs or kept logits) needs on first use, which the warmup's short stages, graphed now,
+no longer reach. All graphs share one memory
 pool: one runs at a time, on the current stream, and its output is read before the next. A capture
 that fails warns once, and the Program runs every stage eagerly from then on.
 """
@@ -76,30 +81,34 @@ def bucket(L: int, max_tokens: int = MAX_TOKENS) -> int | None:
 
 
 def fill_prefill_inputs(a, N: int, W: int, tokens: Sequence[int], entry: int, pages: Sequence[int],
-                        dummy_page: int) -> None:
+                        dummy_page: int, start: int = 0, page_size: int = 1) -> None:
     """Write one stage's inputs into a prefill graph's int64 host buffer (numpy, `_Graph` layout): the
-    tokens then zeros up to N, L, the state entry, row 0 of the tables (the pages, then the dummy page up
-    to W) and row 1 (the dummy page)."""
+    tokens then zeros up to N, L, the state entry, the start, row 0 of the tables (the pages, then the
+    dummy page up to W) and row 1 (the dummy page). The tables must reach the padding's last position
+    (start + N - 1, at page_size tokens a page)."""
     L = len(tokens)
     if not 1 <= L <= N:
         raise ValueError(f"a prefill stage of {L} tokens in a graph of {N} rows")
     if len(pages) > W:
         raise ValueError(f"{len(pages)} pages for a prefill graph's tables of {W}")
+    if start < 0 or start + N > W * page_size:
+        raise ValueError(f"a prefill stage at {start} padded to {N} rows past tables of {W} pages of {page_size}")
     a[:L] = tokens
     a[L:N] = 0
-    a[N], a[N + 1] = L, entry
-    a[N + 2:N + 2 + len(pages)] = pages
-    a[N + 2 + len(pages):] = dummy_page
+    a[N], a[N + 1], a[N + 2] = L, entry, start
+    a[N + 3:N + 3 + len(pages)] = pages
+    a[N + 3 + len(pages):] = dummy_page
 
 
 def prefill_body(model: Qwen36Model, g) -> torch.Tensor:
     """The captured region, from the device tensors of `g` only (`_Graph`'s views: input_ids [N], length
-    [1], entry [1], block_tables [2, W], positions = arange(N), zero [1]): the stage's forward, then the
-    hidden state of its last real token [1, H]."""
+    [1], entry [1], start [1], block_tables [2, W], positions = arange(N), zero [1]): the stage's forward,
+    then the hidden state of its last real token [1, H]."""
     valid = g.positions < g.length
     rows = (~valid).long()
     cu = torch.cat([g.zero, g.length])
-    hidden = model.prefill_static(g.input_ids, g.positions, rows, valid, cu, g.entry, g.block_tables)
+    hidden = model.prefill_static(g.input_ids, g.positions + g.start, rows, valid, cu, g.entry, g.block_tables,
+                                  g.start)
     return hidden.index_select(0, g.length - 1)
 
 
@@ -118,9 +127,9 @@ def warm_eager_over_prefix(model: Qwen36Model, rows: Sequence[int], image: int, 
     state image `image` (a scratch entry the caller holds) with every page the spare one; both are zeroed
     first (their content is never read by a sequence). Nothing else is written.
     Why: with the prefill graphs the serve warmup's short stages no longer run eagerly, but a stage over a
-    prefix (a context-cache hit, a chat's next turn) does. Its first use paid what the warmup used to pay:
-    the chunk-GDN graph of its length (15-50 ms) and Triton forms at odd row counts (~0.4 s each;
-    bench/NOTES.md session 19)."""
+    prefix with prompt log-probs or kept logits does (the graphs keep the last row only). Its first use
+    paid what the warmup used to pay: the chunk-GDN graph of its length (15-50 ms) and Triton forms at odd
+    row counts (~0.4 s each; bench/NOTES.md session 19, when every stage over a prefix was eager)."""
     dev = model.view.embed_tokens.device
     model.state.zero_image(image)
     model.kv.k[:, spare_page].zero_()
@@ -135,14 +144,19 @@ def warm_eager_over_prefix(model: Qwen36Model, rows: Sequence[int], image: int, 
             block_tables=torch.full((1, W), spare_page, dtype=torch.int32, device=dev)))
 
 
+def table_pages(N: int, page_size: int, max_model_len: int) -> int:
+    """W, the block-table width of the graph of N rows: a stage ends within max_model_len, and its padding
+    runs N - 1 positions further at most."""
+    return -(-(max_model_len + N) // page_size)
+
+
 class _Graph(PinnedInputs):
-    def __init__(self, N: int, page_size: int, device: torch.device) -> None:
-        self.N = N
-        self.W = -(-N // page_size)
-        super().__init__(N + 2 + 2 * self.W, device)
+    def __init__(self, N: int, W: int, device: torch.device) -> None:
+        self.N, self.W = N, W
+        super().__init__(N + 3 + 2 * W, device)
         v = self.dev
-        self.input_ids, self.length, self.entry = v[:N], v[N:N + 1], v[N + 1:N + 2]
-        self.block_tables = v[N + 2:].view(2, self.W)
+        self.input_ids, self.length, self.entry, self.start = v[:N], v[N:N + 1], v[N + 1:N + 2], v[N + 2:N + 3]
+        self.block_tables = v[N + 3:].view(2, W)
         self.positions = torch.arange(N, dtype=torch.long, device=device)
         self.zero = torch.zeros(1, dtype=torch.long, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -151,11 +165,11 @@ class _Graph(PinnedInputs):
 
 class PrefillGraphs:
     def __init__(self, model: Qwen36Model, page_size: int, dummy_page: int, device: torch.device,
-                 max_tokens: int = MAX_TOKENS) -> None:
+                 max_tokens: int = MAX_TOKENS, max_model_len: int = 8192) -> None:
         self.model = model
         self.ops = model.ops                  # the op set captured; another set runs eagerly
         self.page_size, self.dummy_page, self.device = page_size, dummy_page, device
-        self.max_tokens = max_tokens
+        self.max_tokens, self.max_model_len = max_tokens, max_model_len
         self._graphs: dict[int, _Graph] = {}
         self.pool = None
         self.failed: str | None = None
@@ -181,8 +195,8 @@ class PrefillGraphs:
         if N in self._graphs:
             return True
         t0 = time.perf_counter()
-        g = _Graph(N, self.page_size, self.device)
-        fill_prefill_inputs(g.host_np, N, g.W, [0] * N, scratch_entry, [], self.dummy_page)
+        g = _Graph(N, table_pages(N, self.page_size, self.max_model_len), self.device)
+        fill_prefill_inputs(g.host_np, N, g.W, [0] * N, scratch_entry, [], self.dummy_page, 0, self.page_size)
         try:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -208,17 +222,22 @@ class PrefillGraphs:
         self.capture_s += time.perf_counter() - t0
         return True
 
-    def run(self, tokens: Sequence[int], entry: int, pages: Sequence[int]) -> torch.Tensor:
-        """Replay the captured bucket of len(tokens) (`capture` first): the stage's KV into `pages` (the
-        sequence's, from position 0), its state read and written at the physical image `entry`. Returns
-        the hidden state of its last token [1, H] (the graph's static output, valid until the next
-        replay of any prefill graph)."""
+    def run(self, tokens: Sequence[int], start: int, entry: int, pages: Sequence[int]) -> torch.Tensor:
+        """Replay the captured bucket of len(tokens) (`capture` first): the stage at positions start..,
+        its prefix's KV read from and its own written into `pages` (the sequence's, from position 0), its
+        state read (the state after the prefix) and written at the physical image `entry`. Returns the
+        hidden state of its last token [1, H] (the graph's static output, valid until the next replay of
+        any prefill graph)."""
         g = self._graphs[bucket(len(tokens), self.max_tokens)]
-        need = -(-len(tokens) // self.page_size)
+        end = start + len(tokens)
+        if end > self.max_model_len:
+            raise ValueError(f"a prefill stage ending at {end}, past max_model_len {self.max_model_len}")
+        need = -(-end // self.page_size)
         if len(pages) < need:
-            raise ValueError(f"{len(pages)} pages of {self.page_size} tokens for a prefill stage of {len(tokens)}")
+            raise ValueError(f"{len(pages)} pages of {self.page_size} tokens for a prefill stage ending at {end}")
         g.wait_reusable()                     # this graph's last replay no longer reads its pinned buffer
-        fill_prefill_inputs(g.host_np, g.N, g.W, tokens, entry, pages[:need], self.dummy_page)
+        fill_prefill_inputs(g.host_np, g.N, g.W, tokens, entry, pages[:need], self.dummy_page, start,
+                            self.page_size)
         g.graph.replay()
         self.replays += 1
         return g.hidden

@@ -171,7 +171,8 @@ class Qwen36Program(CheckpointOps):
         if graphs and dev.type == "cuda" and self.model.ops.name == "fast":
             if self._spare_page is not None:
                 self.prefill_graphs = prefill_graphs.PrefillGraphs(
-                    self.model, config.page_size, self._spare_page, dev, prefill_graphs.graph_tokens(dims))
+                    self.model, config.page_size, self._spare_page, dev, prefill_graphs.graph_tokens(dims),
+                    config.max_model_len)
             self.graphs = DecodeGraphs(self.model, self._state, config.max_batch, config.max_model_len,
                                        config.page_size, dev)
             self.graphs.capture()
@@ -331,8 +332,8 @@ class Qwen36Program(CheckpointOps):
             graphed = (self._graph_step([s], [[s.tokens[start]]], [start], [s.slot], [entry])
                        if final and n == 1 and s.request.prompt_logprobs is None else None)
             if graphed is None and not keep_logits:
-                # NOTE: the prompt's first tokens (no prefix) replay a graph of the whole stage when it is
-                #       short: such a stage is host bound (prefill_graphs.py).
+                # NOTE: a short stage (over a prefix or not) replays a graph of the whole stage: such a stage
+                #       is host bound (prefill_graphs.py).
                 graphed = self._prefill_graph(s, start, end, entry, final)
                 if graphed is not None and not final:
                     s.frontier = end
@@ -364,14 +365,15 @@ class Qwen36Program(CheckpointOps):
             raise
 
     def _prefill_graph(self, s: _Seq, start: int, end: int, entry: int, final: bool) -> torch.Tensor | None:
-        """A stage of the prompt's first tokens (no prefix) through the prefill graph of its bucket, with
-        the stage's state in entry `entry` (the slot; a final stage's scratch entry, which gets the slot's
-        image first, as on the eager path). Returns the last token's fp32 logits [1, V] for a final stage,
-        the graph's hidden output otherwise (unread); None when no graph takes the stage (then the caller
-        runs it eagerly). Prompt log-probs need every row's hidden state: eager."""
+        """A stage of the prompt, tokens start..end-1 over the prefix before them (none at start 0), through
+        the prefill graph of its bucket, with the stage's state in entry `entry` (the slot; a final stage's
+        scratch entry, which gets the slot's image first, as on the eager path). Returns the last token's
+        fp32 logits [1, V] for a final stage, the graph's hidden output otherwise (unread); None when no
+        graph takes the stage (then the caller runs it eagerly). Prompt log-probs need every row's hidden
+        state: eager."""
         pg = self.prefill_graphs
         n = end - start
-        if (pg is None or not self.prefill_graphs_enabled or start != 0 or self.model.ops is not pg.ops
+        if (pg is None or not self.prefill_graphs_enabled or self.model.ops is not pg.ops
                 or s.request.prompt_logprobs is not None or not pg.fits(n)):
             return None
         if not pg.captured(n) and not self._capture_prefill(pg, n, entry if final else None):
@@ -379,7 +381,7 @@ class Qwen36Program(CheckpointOps):
         s.holding.table.ensure(end)
         if final:
             self._state.copy_entry(entry, s.slot)
-        hidden = pg.run(s.tokens[start:end], self._state.phys(entry), s.holding.table.pages)
+        hidden = pg.run(s.tokens[start:end], start, self._state.phys(entry), s.holding.table.pages)
         return self.model.logits(hidden) if final else hidden
 
     def _capture_prefill(self, pg: "prefill_graphs.PrefillGraphs", n: int, scratch: int | None) -> bool:
