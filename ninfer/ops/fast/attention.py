@@ -345,10 +345,13 @@ def prefix_splits(N: int, kv_heads: int, max_keys: int, block_t: int, block_n: i
     return max(1, min(128, triton.cdiv(max_keys, block_n), triton.cdiv(_TARGET_PROGRAMS, progs)))
 
 
-def prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale=None):
+def prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale=None, *, block_t=None,
+                          block_n=None, num_warps=None, num_stages=None, splits=None):
     """Prefill-graph form; see `ninfer.ops.attention.prefix_attention_rows`. q [N, Hq, D]; start and
     length [1] device tensors. No host read, no shape from them: capturable once, replayed at any
-    start and length (within the block table's W pages)."""
+    start and length (within the block table's W pages). block_t (tokens a program; its rows are
+    block_t x next_pow2(Hq / Hkv)) / block_n / num_warps / num_stages / splits: tile overrides for the
+    benchmark (bench/prefix_attention.py)."""
     N, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     rep = Hq // Hkv
@@ -358,12 +361,12 @@ def prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale
         return _ref.prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale)
     scale = _ref.check_gqa(q, k_cache, scale)
     BH = triton.next_power_of_2(rep)
-    BT = max(1, 64 // BH)
-    BN = 64 if D <= 128 else 32
+    BT = block_t or max(1, 64 // BH)
+    BN = block_n or (64 if D <= 128 else 32)
     bt = device_index(block_table, q.device)[0]
     st = device_index(start, q.device)
     ln = device_index(length, q.device)
-    nsplit = prefix_splits(N, Hkv, bt.numel() * page, BT, BN)
+    nsplit = splits or prefix_splits(N, Hkv, bt.numel() * page, BT, BN)
     out = torch.empty_like(q)
     split = nsplit > 1
     if split:
@@ -376,7 +379,8 @@ def prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         HQ=Hq, REP=rep, D=D, PAGE=page, BT=BT, BH=BH, BN=BN, SPLIT=split,
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4 if D <= 128 else 8, num_stages=2)
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=num_warps or (4 if D <= 128 else 8),
+        num_stages=num_stages or 2)
     if split:
         _prefix_merge_kernel[(N, Hq)](part_o, part_ml, ln, out, nsplit, out.stride(0), out.stride(1),
                                       HQ=Hq, D=D, BS=16, num_warps=4)
