@@ -361,8 +361,14 @@ def prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale
         return _ref.prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale)
     scale = _ref.check_gqa(q, k_cache, scale)
     BH = triton.next_power_of_2(rep)
-    BT = block_t or max(1, 64 // BH)
-    BN = block_n or (64 if D <= 128 else 32)
+    # NOTE: D 256 (both models): 16 tokens x 8 heads = 128 rows a program with 64-key blocks, which ran at
+    #       SDPA's rate over long prefixes, and 8 tokens for a stage of at most 8 rows (bench/NOTES.md session
+    #       20, bench/prefix_attention.py). The smaller heads (the tiny models) were not swept.
+    if D > 128:
+        BT = block_t or max(1, (128 if N > 8 else 64) // BH)
+    else:
+        BT = block_t or max(1, 64 // BH)
+    BN = block_n or 64
     bt = device_index(block_table, q.device)[0]
     st = device_index(start, q.device)
     ln = device_index(length, q.device)
