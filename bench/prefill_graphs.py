@@ -28,29 +28,8 @@ import torch
 
 from ninfer.bench.args import prefix_turn
 from ninfer.bench.prefill import PAGE, prefill_once
-from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
-
-
-def turn_once(prog, prompt: tuple[int, ...], prefix: int) -> float:
-    """ms of the final stage over a prefix of `prefix` tokens (prefilled first, untimed) to its first token."""
-    req = SequenceRequest(prompt_token_ids=prompt, max_output_tokens=2, sampling=SamplingParams(temperature=0.0))
-    h = prog.start_materialize(prog.plan_materialize(req)).sequence
-    step = None
-    try:
-        prog.prefill(h, prefix)
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        step = prog.prefill(h, len(prompt) - prefix)
-        torch.cuda.synchronize()
-        ms = (time.perf_counter() - t0) * 1e3
-        prog.commit(step.pending, [1])
-    finally:
-        if step is not None and step.pending is not None and not step.pending.consumed:
-            prog.abort_pending(step.pending)
-        prog.release(h)
-    return ms
 
 
 def _timed(rows, identity, label, fields, reps, prog, once) -> None:
@@ -89,7 +68,7 @@ def run_identity(identity: str, lengths: list[int], reps: int, turns: list[tuple
                    lambda: prefill_once(prog, fresh(L), chunk, "cuda"))
     for R, N in turns:
         _timed(rows, identity, f"turn {R:5d}+{N:<5d}", dict(prompt=R + N, staging="turn", prefix=R, new=N), reps,
-               prog, lambda: turn_once(prog, fresh(R + N), R))
+               prog, lambda: prefill_once(prog, fresh(R + N), 0, "cuda", prefix=R))
     print(f"[{identity}] prefill graphs: {len(pg._graphs)} captured in {pg.capture_s:.1f} s "
           f"(buckets {sorted(pg._graphs)}), {pg.replays} replays; memory reserved "
           f"+{(torch.cuda.memory_reserved() - reserved0) / 2**20:.0f} MiB over the run", flush=True)

@@ -19,7 +19,7 @@
                              stage's start and length read on the device (the prefill graphs' form): grid
                              (token block, kv head, split); a program holds BT tokens x the REP query heads
                              of one kv head as rows (GQA: K/V read once per kv head), walks its share of
-                             the keys 0..start + its last real token with an online softmax (exp2) and
+                             the keys 0..start + its last real token with an online softmax and
                              the causal mask; the split count is host-known (block-table width, row count),
                              each split's range is sized on the device, and a merge launch combines them
                              when there is more than one.
@@ -55,6 +55,30 @@ def _split_tokens(ctx, nsplit, BN: tl.constexpr):
     return tl.cdiv(tl.cdiv(ctx, nsplit), BN) * BN
 
 
+@triton.jit
+def _attend_block(qb, kc, vc, page, off, mn, allowed, m_i, l_i, acc, stride_kp, stride_ks, k_off, stride_vp,
+                  stride_vs, v_off, o_d, scale, PREC: tl.constexpr, GUARD: tl.constexpr):
+    """One online-softmax step of a paged attention program: the keys and values of one block (token
+    rows `page`, `off`, live where mn), scores of the rows qb where `allowed`, folded into (m_i, l_i, acc).
+    GUARD: a row may have no allowed key yet (m stays -inf; its p and alpha are 0, not NaN)."""
+    kb = tl.load(kc + page[:, None] * stride_kp + off[:, None] * stride_ks + k_off + o_d[None, :],
+                 mask=mn[:, None], other=0.0)
+    s = tl.dot(qb, tl.trans(kb), input_precision=PREC) * scale
+    s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    if GUARD:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    else:
+        m_ref = m_new
+    p = tl.exp(s - m_ref[:, None])
+    alpha = tl.exp(m_i - m_ref)
+    vb = tl.load(vc + page[:, None] * stride_vp + off[:, None] * stride_vs + v_off + o_d[None, :],
+                 mask=mn[:, None], other=0.0)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PREC)
+    return m_new, l_i, acc
+
+
 # NOTE: stride_bt not specialised, as sbt0 in `fused._qk_norm_rope_kernel` (the eager table's width).
 @triton.jit(do_not_specialize=["stride_bt"])
 def _paged_decode_kernel(
@@ -84,19 +108,9 @@ def _paged_decode_kernel(
         pos = n0 + tl.arange(0, BN)
         mn = pos < end
         page = tl.load(bt + i_b.to(tl.int64) * stride_bt + pos // PAGE, mask=mn, other=0).to(tl.int64)
-        off = pos % PAGE
-        kb = tl.load(kc + page[:, None] * stride_kp + off[:, None] * stride_ks + i_kv * stride_kh + o_d[None, :],
-                     mask=mn[:, None], other=0.0)
-        s = tl.dot(qb, tl.trans(kb), input_precision=PREC) * scale
-        s = tl.where(mn[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m_i - m_new)
-        vb = tl.load(vc + page[:, None] * stride_vp + off[:, None] * stride_vs + i_kv * stride_vh + o_d[None, :],
-                     mask=mn[:, None], other=0.0)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PREC)
-        m_i = m_new
+        m_i, l_i, acc = _attend_block(qb, kc, vc, page, pos % PAGE, mn, mn[None, :], m_i, l_i, acc, stride_kp,
+                                      stride_ks, i_kv * stride_kh, stride_vp, stride_vs, i_kv * stride_vh, o_d,
+                                      scale, PREC, False)
     if start < ctx:                      # the merge reads only the splits that hold tokens
         row = (i_b * HQ + heads) * nsplit + i_s                              # [BH]
         tl.store(part_o + row[:, None] * D + o_d[None, :], acc, mask=mh[:, None])
@@ -236,12 +250,10 @@ def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seq
     return out if out is not None else torch.empty_like(q)
 
 
-_LOG2E = 1.4426950408889634
-
 
 @triton.jit
 def _prefix_attn_kernel(
-    q, kc, vc, bt, start_ptr, len_ptr, out, part_o, part_ml, qk_scale, nsplit, N,
+    q, kc, vc, bt, start_ptr, len_ptr, out, part_o, part_ml, scale, nsplit, N,
     stride_qn, stride_qh, stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, stride_on, stride_oh,
     HQ: tl.constexpr, REP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BT: tl.constexpr,
     BH: tl.constexpr, BN: tl.constexpr, SPLIT: tl.constexpr, PREC: tl.constexpr = "tf32",
@@ -280,21 +292,10 @@ def _prefix_attn_kernel(
         pos = n0 + tl.arange(0, BN)
         mn = pos < hi
         page = tl.load(bt + pos // PAGE, mask=mn, other=0).to(tl.int64)
-        off = pos % PAGE
-        kb = tl.load(kc + page[:, None] * stride_kp + off[:, None] * stride_ks + i_kv * stride_kh + o_d[None, :],
-                     mask=mn[:, None], other=0.0)
-        s = tl.dot(qb, tl.trans(kb), input_precision=PREC) * qk_scale
-        s = tl.where(mn[None, :] & (pos[None, :] <= qpos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        # NOTE: a row with no key yet (every score so far masked) keeps m = -inf: exp2 of -inf - 0 is 0.
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        vb = tl.load(vc + page[:, None] * stride_vp + off[:, None] * stride_vs + i_kv * stride_vh + o_d[None, :],
-                     mask=mn[:, None], other=0.0)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vb.dtype), vb, input_precision=PREC)
-        m_i = m_new
+        # NOTE: a row's first keys may all lie past its position (a block's first tokens): GUARD.
+        m_i, l_i, acc = _attend_block(qb, kc, vc, page, pos % PAGE, mn, mn[None, :] & (pos[None, :] <= qpos[:, None]),
+                                      m_i, l_i, acc, stride_kp, stride_ks, i_kv * stride_kh, stride_vp, stride_vs,
+                                      i_kv * stride_vh, o_d, scale, PREC, True)
     if SPLIT:
         row = (tok.to(tl.int64) * HQ + head) * nsplit + i_s
         tl.store(part_o + row[:, None] * D + o_d[None, :], acc, mask=mrow[:, None])
@@ -310,8 +311,8 @@ def _prefix_attn_kernel(
 @triton.jit
 def _prefix_merge_kernel(part_o, part_ml, len_ptr, out, nsplit, stride_on, stride_oh,
                          HQ: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
-    """out[t, h] = the nsplit partials of (t, h) combined (exp2 domain; empty splits have m = -inf and
-    weigh 0); a padding token (t >= L) gets 0."""
+    """out[t, h] = the nsplit partials of (t, h) combined (empty splits have m = -inf and weigh 0); a
+    padding token (t >= L) gets 0."""
     i_t = tl.program_id(0)
     i_h = tl.program_id(1)
     L = tl.load(len_ptr).to(tl.int32)
@@ -328,8 +329,8 @@ def _prefix_merge_kernel(part_o, part_ml, len_ptr, out, nsplit, stride_on, strid
         part = tl.load(part_o + (base + o_s)[:, None] * D + o_d[None, :], mask=ms[:, None], other=0.0)
         m_new = tl.maximum(m_run, tl.max(m, 0))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        w = tl.where(m > float("-inf"), tl.exp2(m - m_safe), 0.0)
-        alpha = tl.exp2(m_run - m_safe)
+        w = tl.where(m > float("-inf"), tl.exp(m - m_safe), 0.0)
+        alpha = tl.exp(m_run - m_safe)
         l_run = l_run * alpha + tl.sum(l * w, 0)
         acc = acc * alpha + tl.sum(part * w[:, None], 0)
         m_run = m_new
@@ -381,7 +382,7 @@ def prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale
     else:
         part_o = part_ml = out
     _prefix_attn_kernel[(triton.cdiv(N, BT), Hkv, nsplit)](
-        q, k_cache, v_cache, bt, st, ln, out, part_o, part_ml, float(scale) * _LOG2E, nsplit, N,
+        q, k_cache, v_cache, bt, st, ln, out, part_o, part_ml, float(scale), nsplit, N,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         HQ=Hq, REP=rep, D=D, PAGE=page, BT=BT, BH=BH, BN=BN, SPLIT=split,
