@@ -365,11 +365,14 @@ def prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale
     # NOTE: D 256 (both models): 16 tokens x 8 heads = 128 rows a program with 64-key blocks, which ran at
     #       SDPA's rate over long prefixes, and 8 tokens for a stage of at most 8 rows (bench/NOTES.md session
     #       20, bench/prefix_attention.py). The smaller heads (the tiny models) were not swept.
-    if D > 128:
+    #       fp32 (tests, the fp32 Program) keeps the tiles that passed its GPU tests (call 1): with the 128-row
+    #       tiles every fp32 case at D 256 and more than 8 rows failed (call 2; the cause was not read).
+    if D > 128 and q.element_size() == 2:
         BT = block_t or max(1, (128 if N > 8 else 64) // BH)
+        BN = block_n or 64
     else:
         BT = block_t or max(1, 64 // BH)
-    BN = block_n or 64
+        BN = block_n or (64 if D <= 128 else 32)
     bt = device_index(block_table, q.device)[0]
     st = device_index(start, q.device)
     ln = device_index(length, q.device)
