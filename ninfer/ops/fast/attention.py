@@ -119,6 +119,30 @@ def _paged_decode_kernel(
 
 
 @triton.jit
+def _combine_splits(part_o, part_ml, base, n, o_d, D: tl.constexpr, BS: tl.constexpr):
+    """The split partials at rows base..base + n - 1 (part_o [*, D] acc, part_ml [*, 2] (m, l)) combined
+    BS at a time with a running max: (acc [D], l). The first split must hold keys (finite m); a later
+    empty one (m = -inf) weighs 0. With no live split l is 0 or NaN (the callers' guards)."""
+    m_run = float("-inf")
+    l_run = 0.0
+    acc = tl.zeros([D], dtype=tl.float32)
+    for s0 in range(0, n, BS):
+        o_s = s0 + tl.arange(0, BS)
+        ms = o_s < n
+        row = base + o_s
+        m = tl.load(part_ml + row * 2, mask=ms, other=float("-inf"))
+        l = tl.load(part_ml + row * 2 + 1, mask=ms, other=0.0)
+        part = tl.load(part_o + row[:, None] * D + o_d[None, :], mask=ms[:, None], other=0.0)
+        m_new = tl.maximum(m_run, tl.max(m, 0))
+        w = tl.where(m > float("-inf"), tl.exp(m - m_new), 0.0)
+        alpha = tl.exp(m_run - m_new)
+        l_run = l_run * alpha + tl.sum(l * w, 0)
+        acc = acc * alpha + tl.sum(part * w[:, None], 0)
+        m_run = m_new
+    return acc, l_run
+
+
+@triton.jit
 def _merge_kernel(part_o, part_ml, lens, out, gate, nsplit, stride_ob, stride_oh, stride_gb, stride_gh,
                   HQ: tl.constexpr, D: tl.constexpr, BN: tl.constexpr, BS: tl.constexpr, HAS_GATE: tl.constexpr,
                   PDL: tl.constexpr = False):
@@ -134,22 +158,7 @@ def _merge_kernel(part_o, part_ml, lens, out, gate, nsplit, stride_ob, stride_oh
     #       registers on sm_90 (`bench/kernels_sm90.py`); there ctx 0 gives an empty range without it.
     n_live = tl.cdiv(ctx, tl.maximum(_split_tokens(ctx, nsplit, BN), BN))
     o_d = tl.arange(0, D)
-    m_run = float("-inf")
-    l_run = 0.0
-    acc = tl.zeros([D], dtype=tl.float32)
-    for s0 in range(0, n_live, BS):
-        o_s = s0 + tl.arange(0, BS)
-        ms = o_s < n_live
-        row = (i_b * HQ + i_h) * nsplit + o_s
-        m = tl.load(part_ml + row * 2, mask=ms, other=float("-inf"))
-        l = tl.load(part_ml + row * 2 + 1, mask=ms, other=0.0)
-        part = tl.load(part_o + row[:, None] * D + o_d[None, :], mask=ms[:, None], other=0.0)
-        m_new = tl.maximum(m_run, tl.max(m, 0))
-        w = tl.where(m > float("-inf"), tl.exp(m - m_new), 0.0)
-        alpha = tl.exp(m_run - m_new)
-        l_run = l_run * alpha + tl.sum(l * w, 0)
-        acc = acc * alpha + tl.sum(part * w[:, None], 0)
-        m_run = m_new
+    acc, l_run = _combine_splits(part_o, part_ml, (i_b * HQ + i_h) * nsplit, n_live, o_d, D, BS)
     dt: tl.constexpr = out.dtype.element_ty
     o = acc / l_run
     if HAS_GATE:
@@ -250,7 +259,6 @@ def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seq
     return out if out is not None else torch.empty_like(q)
 
 
-
 @triton.jit
 def _prefix_attn_kernel(
     q, kc, vc, bt, start_ptr, len_ptr, out, part_o, part_ml, scale, nsplit, N,
@@ -311,29 +319,14 @@ def _prefix_attn_kernel(
 @triton.jit
 def _prefix_merge_kernel(part_o, part_ml, len_ptr, out, nsplit, stride_on, stride_oh,
                          HQ: tl.constexpr, D: tl.constexpr, BS: tl.constexpr):
-    """out[t, h] = the nsplit partials of (t, h) combined (empty splits have m = -inf and weigh 0); a
-    padding token (t >= L) gets 0."""
+    """out[t, h] = the nsplit partials of (t, h) combined; a padding token (t >= L) gets 0."""
     i_t = tl.program_id(0)
     i_h = tl.program_id(1)
     L = tl.load(len_ptr).to(tl.int32)
     o_d = tl.arange(0, D)
-    m_run = float("-inf")
-    l_run = 0.0
-    acc = tl.zeros([D], dtype=tl.float32)
-    base = (i_t.to(tl.int64) * HQ + i_h) * nsplit
-    for s0 in range(0, nsplit, BS):
-        o_s = s0 + tl.arange(0, BS)
-        ms = o_s < nsplit
-        m = tl.load(part_ml + (base + o_s) * 2, mask=ms, other=float("-inf"))
-        l = tl.load(part_ml + (base + o_s) * 2 + 1, mask=ms, other=0.0)
-        part = tl.load(part_o + (base + o_s)[:, None] * D + o_d[None, :], mask=ms[:, None], other=0.0)
-        m_new = tl.maximum(m_run, tl.max(m, 0))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        w = tl.where(m > float("-inf"), tl.exp(m - m_safe), 0.0)
-        alpha = tl.exp(m_run - m_safe)
-        l_run = l_run * alpha + tl.sum(l * w, 0)
-        acc = acc * alpha + tl.sum(part * w[:, None], 0)
-        m_run = m_new
+    # NOTE: a real token's first split holds keys (the splits fill from key 0); a padding token's hold none
+    #       (l is then NaN, and the token gets 0).
+    acc, l_run = _combine_splits(part_o, part_ml, (i_t.to(tl.int64) * HQ + i_h) * nsplit, nsplit, o_d, D, BS)
     o = tl.where((l_run > 0.0) & (i_t < L), acc / tl.where(l_run > 0.0, l_run, 1.0), 0.0)
     tl.store(out + i_t.to(tl.int64) * stride_on + i_h * stride_oh + o_d, o.to(out.dtype.element_ty))
 
