@@ -49,9 +49,9 @@ def test_fill_prefill_inputs_layout():
     assert a[N + 3:].reshape(2, W).tolist() == [[3, 9, 99, 99], [99, 99, 99, 99]]
     pgm.fill_prefill_inputs(a, N, W, [5], 11, [3], 99, 48, 16)        # the padding's last position, 63
     with pytest.raises(ValueError, match="17 tokens"):
-        pgm.fill_prefill_inputs(a, N, W, [1] * 17, 0, [], 99)
+        pgm.fill_prefill_inputs(a, N, W, [1] * 17, 0, [], 99, 0, 16)
     with pytest.raises(ValueError, match="5 pages"):
-        pgm.fill_prefill_inputs(a, N, W, [1], 0, [1] * 5, 99)
+        pgm.fill_prefill_inputs(a, N, W, [1], 0, [1] * 5, 99, 0, 16)
     with pytest.raises(ValueError, match="at 49 padded to 16 rows past tables of 4 pages"):
         pgm.fill_prefill_inputs(a, N, W, [1], 0, [1], 99, 49, 16)
     assert pgm.table_pages(16, 16, 100) == 8 and pgm.table_pages(8, 64, 8192) == 129

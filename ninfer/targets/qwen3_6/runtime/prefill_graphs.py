@@ -81,7 +81,7 @@ def bucket(L: int, max_tokens: int = MAX_TOKENS) -> int | None:
 
 
 def fill_prefill_inputs(a, N: int, W: int, tokens: Sequence[int], entry: int, pages: Sequence[int],
-                        dummy_page: int, start: int = 0, page_size: int = 1) -> None:
+                        dummy_page: int, start: int, page_size: int) -> None:
     """Write one stage's inputs into a prefill graph's int64 host buffer (numpy, `_Graph` layout): the
     tokens then zeros up to N, L, the state entry, the start, row 0 of the tables (the pages, then the
     dummy page up to W) and row 1 (the dummy page). The tables must reach the padding's last position
@@ -165,7 +165,7 @@ class _Graph(PinnedInputs):
 
 class PrefillGraphs:
     def __init__(self, model: Qwen36Model, page_size: int, dummy_page: int, device: torch.device,
-                 max_tokens: int = MAX_TOKENS, max_model_len: int = 8192) -> None:
+                 max_tokens: int, max_model_len: int) -> None:
         self.model = model
         self.ops = model.ops                  # the op set captured; another set runs eagerly
         self.page_size, self.dummy_page, self.device = page_size, dummy_page, device
