@@ -118,32 +118,34 @@ def test_prefill_graphs_equal_eager(identity, dtype):
                     assert graphed == want, (n, stages, mode, graphed)
                 (tg, lg, kg, fg), (te, le, ke, fe) = out["graph"], out["eager"]
                 assert torch.isfinite(lg).all() and torch.isfinite(kg).all() and torch.isfinite(fg).all()
+                # NOTE: bf16 MoE is chaotic: a token whose top-8 experts are near a tie may take another expert
+                #       when any sum rounds differently (the graph's attention is its own kernel, the GEMMs run at
+                #       the bucket's row count), and its later layers' KV, the state and so the next logits move.
+                #       The eager path alone, staged (63, 1) vs (64,), differs by rel. RMS 0.32 in the decode
+                #       logits and up to 0.33 in the first token's, 0.21 in the whole KV (bench/NOTES.md session
+                #       21). So for it each graphed stage's median token KV must agree within tol (most tokens
+                #       take the same experts; a wrong position, prefix or state moves them all), and the rest
+                #       only as the same computation: rel. RMS < 0.5, where unrelated logits or KV give ~1.4.
+                loose = 0.5 if routed else tol
                 if routed:
-                    # NOTE: bf16 MoE: the graph's attention rounds differently from the eager SDPA, and a token
-                    #       whose top-8 experts are near a tie may take another expert; its later layers' KV
-                    #       then differ (257 tokens as 128 + 129: rel. RMS 0.061, session 20 call 2). Each
-                    #       graphed stage's median token must still agree, and the whole within 10 x tol.
                     per = _per_token(kg, ke)
                     a = 0
                     for f in stages:
                         if 2 <= f <= 2048:
                             assert per[a:a + f].median() < tol, (n, stages, f, per[a:a + f].median().item())
                         a += f
-                    assert rel_rms(kg, ke) < 10 * tol, (n, stages, rel_rms(kg, ke))
-                else:
-                    assert rel_rms(kg, ke) < tol, (n, stages, rel_rms(kg, ke))
-                assert rel_rms(fg, fe) < (10 if routed else 1) * tol, (n, stages, rel_rms(fg, fe))
+                assert rel_rms(kg, ke) < loose, (n, stages, rel_rms(kg, ke))
+                assert rel_rms(fg, fe) < loose, (n, stages, rel_rms(fg, fe))
                 # NOTE: a token may differ only at a near-tie of the eager logits it was drawn from (the
                 #       first token's: since session 20 the graph's attention is its own kernel, not the
                 #       eager path's SDPA), and decode step j is compared while its input tokens 0..j agree.
                 diff = next((i for i, (a, b) in enumerate(zip(tg, te)) if a != b), len(tg))
                 j = min(diff, lg.shape[1])
                 if j:
-                    assert rel_rms(lg[:, :j], le[:, :j]) < (10 if routed else 1) * tol, (
-                        n, stages, rel_rms(lg[:, :j], le[:, :j]))
+                    assert rel_rms(lg[:, :j], le[:, :j]) < loose, (n, stages, rel_rms(lg[:, :j], le[:, :j]))
                 if diff < len(tg):
                     top = (le[0, diff - 1] if diff else fe).topk(2).values
-                    assert top[0] - top[1] < 10 * tol * top.abs().max(), (n, stages, tg, te)
+                    assert top[0] - top[1] < max(loose, 10 * tol) * top.abs().max(), (n, stages, tg, te)
     assert pg.failed is None
     assert set(pg._graphs) == {pgm.bucket(f) for n in LENGTHS for st in _stagings(n) for f in st if 2 <= f <= 2048}
     cap = prog.capacity()
