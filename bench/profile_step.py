@@ -65,7 +65,7 @@ def table(evs: list, per: int, top: int, total_ms: float | None = None) -> None:
     print(f"  kernel time per step {ksum:.3f} ms" + (f"; wall {total_ms:.3f} ms" if total_ms else ""))
 
 
-def decode(ident: str, batches: list[int], pdl: bool, top: int) -> None:
+def decode(ident: str, batches: list[int], pdl: bool, top: int, sequence: int = 0) -> None:
     w = DummyWeights(ident, device="cuda", dtype=torch.bfloat16, seed=1)
     pkg = importlib.import_module(w.package.module)
     cfg = ProgramConfig(device="cuda", dtype="bf16", page_size=64, num_pages=160, num_slots=8, max_model_len=2048,
@@ -93,6 +93,15 @@ def decode(ident: str, batches: list[int], pdl: bool, top: int) -> None:
                   f"{statistics.median(busy):.3f} ms, gaps {statistics.median(spans) - statistics.median(busy):.3f} ms "
                   f"({(statistics.median(spans) - statistics.median(busy)) / n * 1e3:.2f} us per kernel)")
             table(evs, reps, top, base)
+            if sequence:
+                chunk = evs[(reps - 1) * n:]
+                t0 = chunk[0].time_range.start
+                print(f"  the last replay's first {sequence} kernels: start, gap before, duration (us), name")
+                prev = t0
+                for e in chunk[:sequence]:
+                    a, b = e.time_range.start, e.time_range.end
+                    print(f"  {a - t0:8.2f} {a - prev:6.2f} {b - a:7.2f}  {short(e.name)}")
+                    prev = b
     if pdl:
         from ninfer.ops.fast import _pdl
         was = _pdl.enabled()
@@ -154,10 +163,12 @@ def main() -> None:
     ap.add_argument("--pdl", action="store_true", help="also time graphs captured with PDL switched the other way")
     ap.add_argument("--prefill", nargs="*", default=[], help="IDENTITY:LENGTH")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--sequence", type=int, default=0,
+                    help="also list the first N kernels of one decode replay in order (start, gap, duration)")
     a = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     for ident in a.decode:
-        decode(ident, a.batches, a.pdl, a.top)
+        decode(ident, a.batches, a.pdl, a.top, a.sequence)
     for spec in a.prefill:
         prefill(spec, a.top)
 
