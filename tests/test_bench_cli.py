@@ -113,3 +113,11 @@ def test_bench_rejects_bad_numbers_before_running(capsys, argv, message):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("error:") == 1
+
+
+def test_env_record_commit_names_the_tree(monkeypatch):
+    from ninfer.bench.common import env_record
+    monkeypatch.setenv("NINFER_COMMIT", "1234abc")
+    assert env_record()["commit"] == "1234abc"          # set: it wins over a (possibly stale) .git
+    monkeypatch.delenv("NINFER_COMMIT")
+    assert env_record()["commit"] != "1234abc"

@@ -36,15 +36,17 @@ def default_device() -> str:
 
 
 def env_record() -> dict:
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip() or "unknown"
-        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                                    text=True, timeout=10).stdout.strip())
-    except Exception:
-        commit, dirty = "unknown", False
-    if commit == "unknown":                    # NOTE: the device copy of the tree has no .git
-        commit, dirty = os.environ.get("NINFER_COMMIT", "unknown"), False
+    # NOTE: NINFER_COMMIT, when set, names the tree: the device machine's copy of the work tree may carry a
+    #       .git of an older commit (session 22: HEAD there read d0badf4+dirty on tree 7e5d31f).
+    commit, dirty = os.environ.get("NINFER_COMMIT", "") or "unknown", False
+    if commit == "unknown":
+        try:
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                    timeout=10).stdout.strip() or "unknown"
+            dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                                        capture_output=True, text=True, timeout=10).stdout.strip())
+        except Exception:
+            commit, dirty = "unknown", False
     try:
         import triton
         tv = triton.__version__
