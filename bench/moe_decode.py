@@ -5,7 +5,7 @@
 
 One MoE layer step at decode, T = 1, 2, 4, 8 tokens:
 
-    y   = ops.fast linear(x, shared_in)                     [T, 1281] (shared gate|up, shared gate, router)
+    y   = ops.fast linear(x, shared_in)                     [T, 1288] (shared gate|up, shared gate, router, 7 zero rows)
     old = route_topk(y[:, 1025:], 8) + moe_experts(legacy=True)     3 launches after the GEMV
     new = route_moe_experts(x, y[:, 1025:], 8, ...)                 2 launches (routing in the first)
     fixed = moe_experts(x, <routing computed before the capture>)    the same 2 kernels reading ids: what
@@ -13,7 +13,7 @@ One MoE layer step at decode, T = 1, 2, 4, 8 tokens:
     split = moe_experts(x, route_topk(y[:, 1025:], 8), ...)         3 launches: the routing kernel, then those
 
 Each variant is captured in one CUDA graph of `--layers` copies of the layer, every copy with its own
-weights (E=256 experts: gate_up [256, 1024, 2048], down [256, 2048, 512], shared_in [1281, 2048],
+weights (E=256 experts: gate_up [256, 1024, 2048], down [256, 2048, 512], shared_in [1281 + 7 zero rows, 2048],
 shared down [2048, 512]; 1.5 GiB per layer, 60 GiB for 40), so no weight stays in L2; the graph is
 replayed and timed with CUDA events: us per layer. "gemv" is the same graph with the shared_in GEMV
 only, so expert time = layer - gemv. Floor: the bytes a layer reads (shared_in, the distinct selected
@@ -35,6 +35,8 @@ import torch  # noqa: E402
 
 E, K, H, I, IS = 256, 8, 2048, 512, 512
 NS = 2 * IS + 1 + E                        # shared_in rows
+NS_PAD = -(-NS // 8) * 8                   # stored with zero rows up to a multiple of 8, as model_view does
+R = slice(2 * IS + 1, 2 * IS + 1 + E)      # its router rows
 TBS = 4.3e12
 SWEEP = [  # (up_bn, up_bk, up_warps, down_bn, down_bk, down_warps), the default first
     None, (1, 256, 2, 2, 512, 4), (1, 512, 4, 2, 512, 4), (1, 512, 8, 2, 512, 4), (1, 1024, 8, 2, 512, 4),
@@ -68,7 +70,8 @@ def main() -> None:
         return (torch.randn(*shape, generator=g, device=dev, dtype=dt) * scale)
 
     layers = [dict(gu=rnd(E, 2 * I, H, scale=H ** -0.5), dn=rnd(E, H, I, scale=I ** -0.5),
-                   si=torch.cat([rnd(2 * IS + 1, H, scale=H ** -0.5), rnd(E, H, scale=3 * H ** -0.5)]),
+                   si=torch.cat([rnd(2 * IS + 1, H, scale=H ** -0.5), rnd(E, H, scale=3 * H ** -0.5),
+                                 torch.zeros(NS_PAD - NS, H, device=dev, dtype=dt)]),
                    sd=rnd(H, IS, scale=IS ** -0.5)) for _ in range(L)]
     torch.cuda.synchronize()
     t_alloc = time.time() - t_start
@@ -81,10 +84,10 @@ def main() -> None:
         if variant == "fixed":
             return fm.moe_experts(x, w["routing"], w["gu"], w["dn"], shared=shared, config=cfg)
         if variant == "split":
-            return fm.moe_experts(x, fm.route_topk(y[:, 2 * IS + 1:], K), w["gu"], w["dn"], shared=shared, config=cfg)
+            return fm.moe_experts(x, fm.route_topk(y[:, R], K), w["gu"], w["dn"], shared=shared, config=cfg)
         if variant == "old":
-            return fm.moe_experts(x, fm.route_topk(y[:, 2 * IS + 1:], K), w["gu"], w["dn"], shared=shared, legacy=True)
-        return fm.route_moe_experts(x, y[:, 2 * IS + 1:], K, w["gu"], w["dn"], shared=shared, config=cfg)
+            return fm.moe_experts(x, fm.route_topk(y[:, R], K), w["gu"], w["dn"], shared=shared, legacy=True)
+        return fm.route_moe_experts(x, y[:, R], K, w["gu"], w["dn"], shared=shared, config=cfg)
 
     def timed(variant, x, cfg=None):
         """(us per layer, outputs of the last replay)."""
@@ -114,7 +117,7 @@ def main() -> None:
     def floor_us(x):
         n = 0
         for w in layers:
-            ids = fm.route_topk(gemv.linear(x, w["si"])[:, 2 * IS + 1:], K).ids
+            ids = fm.route_topk(gemv.linear(x, w["si"])[:, R], K).ids
             n += torch.unique(ids).numel()
         distinct = n / L
         nbytes = 2 * (NS * H + distinct * 3 * I * H + H * IS)
@@ -128,7 +131,7 @@ def main() -> None:
         t_old, o_old = timed("old", x)
         t_new, o_new = timed("new", x)
         for w in layers:
-            w["routing"] = fm.route_topk(gemv.linear(x, w["si"])[:, 2 * IS + 1:], K)
+            w["routing"] = fm.route_topk(gemv.linear(x, w["si"])[:, R], K)
         t_fixed, o_fixed = timed("fixed", x)
         t_split, o_split = timed("split", x)
         a, b = torch.stack(o_new).double(), torch.stack(o_old).double()

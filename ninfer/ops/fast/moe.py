@@ -722,16 +722,24 @@ def moe_experts(x: torch.Tensor, routing: MoeRouting, gate_up: torch.Tensor, dow
     return _prefill(x, ids, weights, gate_up, down, shared)
 
 
+# NOTE: from 2 tokens the routing runs once per token in its own kernel (`route_topk`) before the expert
+#       kernels, not in each of the gate|up kernel's T x I programs before their weight loads: per 35B-A3B
+#       MoE layer (bench/moe_decode.py, PDL on, session 22) T=1 25.25 us in-kernel vs 25.41 apart; T=2 46.34
+#       vs 44.74, T=4 73.14 vs 71.50, T=8 119.7 vs 114.8.
+ROUTE_APART_TOKENS = 2
+
+
 def route_moe_experts(x: torch.Tensor, router_logits: torch.Tensor, top_k: int, gate_up: torch.Tensor,
                       down: torch.Tensor, *, shared: SharedExpert | None = None, legacy: bool = False,
                       config: DecodeConfig | None = None) -> torch.Tensor:
     """See `ninfer.ops.moe.route_moe_experts`: `moe_experts(x, route_topk(router_logits, top_k), ...)`.
-    router_logits [T, E] (rows may be strided). At decode sizes the routing runs inside the first
-    expert kernel (two launches in all); legacy: the separate routing kernel and the old kernels."""
+    router_logits [T, E] (rows may be strided). For one token the routing runs inside the first expert
+    kernel (two launches in all), for 2..MAX_PAIRS / top_k tokens in its own kernel before them
+    (ROUTE_APART_TOKENS); legacy: the separate routing kernel and the old kernels."""
     T, E = router_logits.shape
     if not 0 < top_k <= E:
         raise ValueError(f"top_k must be in 1..{E}, got {top_k}")
-    if T == 0 or T * top_k > MAX_PAIRS or legacy:
+    if T == 0 or T * top_k > MAX_PAIRS or legacy or T >= ROUTE_APART_TOKENS:
         return moe_experts(x, route_topk(router_logits, top_k), gate_up, down, shared=shared, legacy=legacy,
                            config=config)
     lg = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
