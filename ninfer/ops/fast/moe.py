@@ -58,7 +58,7 @@ from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
 __all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DECODE_CONFIG", "DECODE_CONFIG_MANY",
-           "DECODE_CONFIG_WIDE", "decode_config", "MAX_PAIRS", "PREFILL_CHUNK", "PrefillTiles", "prefill_tiles"]
+           "decode_config", "MAX_PAIRS", "PREFILL_CHUNK", "PrefillTiles", "prefill_tiles"]
 
 MAX_PAIRS = 128          # (token, expert) pairs up to which the grouped GEMV (decode) path runs
 PREFILL_CHUNK = 8192     # tokens per grouped-GEMM pass
@@ -259,21 +259,20 @@ class DecodeConfig(NamedTuple):
 
 # NOTE: measured on the H200 (bench/moe_decode.py --sweep, 35B-A3B shapes, 40 layers per graph, PDL on): T=1
 #       (1, 1024, 4, 2, 512, 4) 25.98 us per layer vs 28.71 for (1, 512, ...); T=8 (1, 256, 2, 2, 512, 4) 118.0
-#       vs 128.9. DECODE_CONFIG is the few-token one; DECODE_CONFIG_MANY applies above 2 tokens (3-4 since session 22).
+#       vs 128.9. DECODE_CONFIG is the few-token one; DECODE_CONFIG_MANY applies above 2 tokens.
 #       Swept again with the 48-register down kernel (pass 8, bench/NOTES.md): in the real step
 #       (bench/step_ab.py moe=...) every alternative lost to these tiles by 0.015-0.24 ms per step.
-#       Session 22, with the routing apart from 2 tokens (ROUTE_APART_TOKENS), in the 35B-A3B step
-#       (bench/step_ab.py, replay ms, base vs (4, 256, 8, 2, 512, 4)): B=4 4.399 vs 4.424, B=5 5.375 vs
-#       4.800, B=6 5.715 vs 5.340, B=8 6.429 vs 6.294: DECODE_CONFIG_WIDE from 5 tokens.
+#       Session 22, with the routing apart from 2 tokens (ROUTE_APART_TOKENS), DECODE_CONFIG_MANY was
+#       (1, 256, 2, 2, 512, 4); in the 35B-A3B step (bench/step_ab.py, replay ms, that vs the one below):
+#       B=3 3.874 vs 3.752, B=4 4.399 vs 4.424, B=5 5.375 vs 4.800, B=6 5.715 vs 5.340, B=7 6.075 vs 5.982,
+#       B=8 6.429 vs 6.294.
 DECODE_CONFIG = DecodeConfig(1, 1024, 4, 2, 512, 4)
-DECODE_CONFIG_MANY = DecodeConfig(1, 256, 2, 2, 512, 4)
-DECODE_CONFIG_WIDE = DecodeConfig(4, 256, 8, 2, 512, 4)
-WIDE_TOKENS = 5
+DECODE_CONFIG_MANY = DecodeConfig(4, 256, 8, 2, 512, 4)
 
 
 def decode_config(tokens: int) -> DecodeConfig:
     """The default decode tiles for `tokens` rows (the one place the choice is made)."""
-    return DECODE_CONFIG if tokens <= 2 else DECODE_CONFIG_MANY if tokens < WIDE_TOKENS else DECODE_CONFIG_WIDE
+    return DECODE_CONFIG if tokens <= 2 else DECODE_CONFIG_MANY
 _TILE = 8192          # max elements of one expert-stacked weight tile per load (per gate / up / down)
 
 
