@@ -18,7 +18,8 @@ reference's signature and results and is tested against it (tests/test_fast_ops_
     moe.route_topk / moe_experts                  Triton routing (one kernel) and routed experts: grouped GEMV
                                                   at decode (shared expert folded in), grouped GEMM over pairs
                                                   sorted by expert at prefill; no host sync
-    moe.route_moe_experts                         routing + experts, the routing inside the first decode kernel at B=1
+    moe.route_moe_experts                         routing + experts; for one token the routing runs inside the first
+                                                  decode kernel, for more in its own kernel before them
     gemv.linear                                   skinny GEMM for M <= 8 where measured faster than cuBLAS
     gemv.linear_swiglu                            the same with the SwiGLU in its x load (shapes in
                                                   USE_TRITON_SWIGLU; else two ops)

@@ -729,7 +729,8 @@ def moe_experts(x: torch.Tensor, routing: MoeRouting, gate_up: torch.Tensor, dow
 # NOTE: from 2 tokens the routing runs once per token in its own kernel (`route_topk`) before the expert
 #       kernels, not in each of the gate|up kernel's T x I programs before their weight loads: per 35B-A3B
 #       MoE layer (bench/moe_decode.py, PDL on, session 22) T=1 25.25 us in-kernel vs 25.41 apart; T=2 46.34
-#       vs 44.74, T=4 73.14 vs 71.50, T=8 119.7 vs 114.8.
+#       vs 44.74, T=4 73.14 vs 71.50, T=8 119.7 vs 114.8; in the step (bench/step_ab.py) B=2 3.351 -> 3.247 ms,
+#       B=8 6.676 -> 6.450.
 ROUTE_APART_TOKENS = 2
 
 
