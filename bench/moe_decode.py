@@ -21,7 +21,7 @@ replayed and timed with CUDA events: us per layer. "gemv" is the same graph with
 only, so expert time = layer - gemv. Floor: the bytes a layer reads (shared_in, the distinct selected
 experts of this routing, the shared down) at 4.3 TB/s. err: relative RMS of new vs old over all
 layers' outputs. --sweep also times alternative `DecodeConfig`s of the new kernels (one knob set at a
-time) and reports the best.
+time, or --configs) on the --paths variants and reports the best.
 """
 from __future__ import annotations
 
@@ -54,6 +54,10 @@ def main() -> None:
     ap.add_argument("--tokens", default="1,2,4,8")
     ap.add_argument("--reps", type=int, default=20, help="graph replays timed per variant")
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--configs", default=None,
+                    help="the sweep's DecodeConfigs instead of SWEEP: ';'-separated comma lists (8 fields "
+                         "with up_stream, down_early)")
+    ap.add_argument("--paths", default="new", help="the variants each sweep config is timed on: new,split,fixed")
     ap.add_argument("--out", default=None, help="also append the JSON line to FILE")
     args = ap.parse_args()
     if not torch.cuda.is_available():
@@ -125,6 +129,8 @@ def main() -> None:
         nbytes = 2 * (NS * H + distinct * 3 * I * H + H * IS)
         return nbytes / TBS * 1e6, distinct
 
+    configs = ([tuple(int(v) for v in c.split(",")) for c in args.configs.split(";") if c] if args.configs
+               else SWEEP[1:])
     rows, results = [], []
     for T in [int(t) for t in args.tokens.split(",")]:
         x = torch.randn(T, H, generator=g, device=dev, dtype=dt)
@@ -142,14 +148,16 @@ def main() -> None:
         best = None
         if args.sweep:
             sweep = []
-            for c in SWEEP[1:]:
+            for c in configs:
                 cfg = fm.DecodeConfig(*c)
-                tc, oc = timed("new", x, cfg)
-                ec = ((torch.stack(oc).double() - b).norm() / b.norm()).item()
-                sweep.append({"config": list(cfg), "us": tc, "err": ec})
-            best = min(sweep + [{"config": list(fm.decode_config(T)), "us": t_new, "err": err}], key=lambda r: r["us"])
+                for path in args.paths.split(","):
+                    tc, oc = timed(path, x, cfg)
+                    ec = ((torch.stack(oc).double() - b).norm() / b.norm()).item()
+                    sweep.append({"config": list(cfg), "path": path, "us": tc, "err": ec})
+            best = min(sweep + [{"config": list(fm.decode_config(T)), "path": "new", "us": t_new, "err": err}],
+                       key=lambda r: r["us"])
             for r in sweep:
-                print(f"  T={T} config {r['config']}: {r['us']:.2f} us/layer, err {r['err']:.2e}")
+                print(f"  T={T} config {r['config']} {r['path']}: {r['us']:.2f} us/layer, err {r['err']:.2e}")
         err_alt = max(((torch.stack(o).double() - b).norm() / b.norm()).item() for o in (o_fixed, o_split))
         rows.append([T, round(distinct, 1), t_gemv, t_old, t_new, t_fixed, t_split, t_old - t_gemv, t_new - t_gemv,
                      t_fixed - t_gemv, fl, t_new / fl, t_old / t_new, max(err, err_alt), finite])

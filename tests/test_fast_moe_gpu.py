@@ -240,6 +240,26 @@ def test_route_moe_experts_tilings(config, shape, dtype, poisoned):
     _check_routed(shape, dtype, 3, True, seed=11, config=fm.DecodeConfig(*config))
 
 
+# (up_bn, up_bk, up_warps, down_bn, down_bk, down_warps, up_stream, down_early): one expert per gate|up
+# program with prefetched blocks; several blocks over H, one (and a masked one), rows past I; the down
+# kernel's early loads (one K block: down_bk >= I) and its K loop.
+STREAM_TILINGS = [(8, 32, 4, 2, 16, 4, 1, 0), (4, 16, 2, 2, 64, 4, 1, 1), (16, 128, 4, 4, 512, 4, 1, 1),
+                  (1, 1024, 4, 2, 512, 4, 0, 1)]
+
+
+@pytest.mark.parametrize("config", STREAM_TILINGS, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("shape", [ODD, WIDE] + ([] if _INTERPRET else [A3B]), ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 2, 3])
+def test_route_moe_experts_stream_tilings(config, shape, dtype, T, poisoned):
+    """`DecodeConfig.up_stream` / `down_early` against the reference and the legacy kernels: T = 1 routes
+    inside the gate|up kernel (down_early then has no effect), T >= 2 in its own kernel first."""
+    from ninfer.ops.fast import moe as fm
+    _check_routed(shape, dtype, T, True, seed=40 + T, config=fm.DecodeConfig(*config))
+    if T == 1:
+        _check_experts(shape, dtype, T, True, seed=50, config=fm.DecodeConfig(*config))
+
+
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("with_shared", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

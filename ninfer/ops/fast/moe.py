@@ -255,6 +255,8 @@ class DecodeConfig(NamedTuple):
     down_bn: int = 2
     down_bk: int = 512
     down_warps: int = 4
+    up_stream: int = 0      # 1: one expert per gate|up program, [up_bn, up_bk] blocks prefetched a block ahead
+    down_early: int = 0     # 1: the down kernel loads its weights before the PDL wait (routing from an earlier kernel)
 
 
 # NOTE: measured on the H200 (bench/moe_decode.py --sweep, 35B-A3B shapes, 40 layers per graph, PDL on): T=1
@@ -324,28 +326,100 @@ def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, strid
 
 
 @triton.jit
+def _gu_block(wg, wu, o_k, k0, H, EVEN: tl.constexpr):
+    """One [BN, BK] block of an expert's gate rows and of its up rows at K offset k0."""
+    if EVEN:
+        g = tl.load(wg + k0, eviction_policy="evict_first")
+        u = tl.load(wu + k0, eviction_policy="evict_first")
+    else:
+        mk = (o_k < H - k0)[None, :]
+        g = tl.load(wg + k0, mask=mk, other=0.0, eviction_policy="evict_first")
+        u = tl.load(wu + k0, mask=mk, other=0.0, eviction_policy="evict_first")
+    return g, u
+
+
+@triton.jit
+def _gu_products(accg, accu, g, u, xr, o_k, k0, H, EVEN: tl.constexpr):
+    if EVEN:
+        xv = tl.load(xr + k0 + o_k).to(tl.float32)
+    else:
+        xv = tl.load(xr + k0 + o_k, mask=o_k < H - k0, other=0.0).to(tl.float32)
+    return accg + g.to(tl.float32) * xv[None, :], accu + u.to(tl.float32) * xv[None, :]
+
+
+@triton.jit
+def _experts_gate_up_rows_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, stride_l, stride_we, stride_wn,
+                                 stride_act, TOPK: tl.constexpr, KB: tl.constexpr, ROUTE: tl.constexpr,
+                                 BE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
+                                 PDL: tl.constexpr = False):
+    """The act of `_experts_gate_up_kernel`, one expert per program (`DecodeConfig.up_stream`): program
+    (n-block, t·TOPK + j) streams [BN, BK] blocks of expert e_tj's gate rows and up rows over H, block
+    k+1 loaded before block k's products (the GEMV's prefetch tiles), products kept per lane and reduced
+    once at the end. ROUTE: every program takes the token's top TOPK (`_topk_of_row`) and its j-th; the
+    program of n-block 0, j = 0 stores them."""
+    _pdl.enter(PDL)
+    nb = tl.program_id(0)
+    p = tl.program_id(1).to(tl.int64)
+    t = p // TOPK
+    j = p - t * TOPK
+    if ROUTE:
+        wv, ev = _topk_of_row(logits + t * stride_l, E, TOPK, BE, KB)
+        o_j = tl.arange(0, KB)
+        if nb == 0 and j == 0:
+            tl.store(rw + t * TOPK + o_j, wv.to(rw.dtype.element_ty), mask=o_j < TOPK)
+            tl.store(ids + t * TOPK + o_j, ev, mask=o_j < TOPK)
+        e = tl.sum(tl.where(o_j == j, ev, 0), 0)
+    else:
+        e = tl.load(ids + p).to(tl.int64)
+    o_n = nb * BN + tl.arange(0, BN)
+    o_k = tl.arange(0, BK)
+    # NOTE: rows past I are clamped to I - 1 (in bounds, never stored), so only K needs a mask.
+    wg = w + e * stride_we + tl.minimum(o_n, I - 1).to(tl.int64)[:, None] * stride_wn + o_k[None, :]
+    wu = wg + I * stride_wn
+    xr = x + t * stride_x
+    accg = tl.zeros([BN, BK], dtype=tl.float32)
+    accu = tl.zeros([BN, BK], dtype=tl.float32)
+    g, u = _gu_block(wg, wu, o_k, 0, H, EVEN)
+    kc = 0
+    for k0 in range(BK, H, BK):
+        gn, un = _gu_block(wg, wu, o_k, k0, H, EVEN)
+        accg, accu = _gu_products(accg, accu, g, u, xr, o_k, kc, H, EVEN)
+        g, u, kc = gn, un, k0
+    accg, accu = _gu_products(accg, accu, g, u, xr, o_k, kc, H, EVEN)
+    a = tl.sum(accg, 1)
+    a = a / (1.0 + tl.exp(-a)) * tl.sum(accu, 1)
+    tl.store(act + p * stride_act + o_n, a.to(act.dtype.element_ty), mask=o_n < I)
+
+
+@triton.jit
 def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX,
                          stride_act, stride_de, stride_dn, stride_out, stride_sgu, stride_sg, stride_sdn,
                          TOPK: tl.constexpr, KB: tl.constexpr, HAS_SHARED: tl.constexpr, BN: tl.constexpr,
-                         BK: tl.constexpr, EVEN: tl.constexpr, ONE_BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+                         BK: tl.constexpr, EVEN: tl.constexpr, ONE_BLOCK: tl.constexpr, EARLY: tl.constexpr = False,
+                         PDL: tl.constexpr = False):
     """out[t, n] = Σ_j rw[t, j] Σ_i down[ids[t, j], n, i] act[t·TOPK + j, i]
                    (+ sigmoid(sg[t]) Σ_i sdown[n, i] silu(sgu[t, i]) sgu[t, Is + i]); KMAX = max(I, Is).
-    ONE_BLOCK (KMAX <= BK): no K loop."""
-    _pdl.enter(PDL)
+    ONE_BLOCK (KMAX <= BK): no K loop. EARLY (ONE_BLOCK only; `DecodeConfig.down_early`): ids, rw, the
+    shared inputs and every weight tile are loaded before the PDL wait. That is sound only when they were
+    written before the previous kernel (the gate|up kernel) started: a PDL kernel is scheduled only once
+    every program of its predecessor has passed its own wait, i.e. once everything before that has
+    completed. They are read past L1 (.cg)."""
+    if not EARLY:
+        _pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     o_n = tl.program_id(1) * BN + tl.arange(0, BN)
     mn = o_n < H
     o_j = tl.arange(0, KB)
     mj = o_j < TOPK
     o_k = tl.arange(0, BK)
-    e = tl.load(ids + t * TOPK + o_j, mask=mj, other=0).to(tl.int64)
-    wj = tl.load(rw + t * TOPK + o_j, mask=mj, other=0.0).to(tl.float32)
+    e = tl.load(ids + t * TOPK + o_j, mask=mj, other=0, cache_modifier=".cg").to(tl.int64)
+    wj = tl.load(rw + t * TOPK + o_j, mask=mj, other=0.0, cache_modifier=".cg").to(tl.float32)
     dp = down + e[:, None, None] * stride_de + o_n[None, :, None].to(tl.int64) * stride_dn + o_k[None, None, :]
     ap = act + (t * TOPK + o_j)[:, None] * stride_act + o_k[None, :]
     acc = tl.zeros([KB, BN], dtype=tl.float32)
     sacc = tl.zeros([BN], dtype=tl.float32)
     if HAS_SHARED:
-        gl = tl.load(sg + t * stride_sg).to(tl.float32)
+        gl = tl.load(sg + t * stride_sg, cache_modifier=".cg").to(tl.float32)
         sp = sdown + o_n[:, None].to(tl.int64) * stride_sdn + o_k[None, :]
         gp = sgu + t * stride_sgu + o_k
     else:
@@ -355,10 +429,14 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
     if ONE_BLOCK:
         # NOTE: one K block (KMAX <= BK, the 35B-A3B tiles) without a loop: 48 registers on sm_90 at the
         #       35B-A3B tiles, where the same loop (one trip) takes 128 (`bench/kernels_sm90.py`).
-        acc, sacc = _down_step(acc, sacc, dp, sp, gp, ap, 0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
+        d, sv, g, u = _down_weights(dp, sp, gp, 0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
+        if EARLY:
+            _pdl.enter(PDL)
+        acc, sacc = _down_products(acc, sacc, d, sv, g, u, ap, 0, I, mj, o_k, HAS_SHARED, EVEN)
     else:
         for k0 in range(0, KMAX, BK):
-            acc, sacc = _down_step(acc, sacc, dp, sp, gp, ap, k0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
+            d, sv, g, u = _down_weights(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
+            acc, sacc = _down_products(acc, sacc, d, sv, g, u, ap, k0, I, mj, o_k, HAS_SHARED, EVEN)
     res = tl.sum(acc * wj[:, None], 0)
     if HAS_SHARED:
         res += sacc / (1.0 + tl.exp(-gl))
@@ -366,10 +444,9 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
 
 
 @triton.jit
-def _down_step(acc, sacc, dp, sp, gp, ap, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl.constexpr, EVEN: tl.constexpr):
-    """One K block of the down kernel: acc += the routed experts' products ([KB, BN, BK] weights with the
-    act rows), sacc += the shared expert's ([BN, BK] weights with silu(gate) * up). The weights and the
-    shared inputs are loaded before act."""
+def _down_weights(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl.constexpr, EVEN: tl.constexpr):
+    """One K block's loads of the down kernel bar act: the routed experts' [KB, BN, BK] weights, the
+    shared expert's [BN, BK] weights and its gate / up inputs (fp32; zeros without a shared expert)."""
     if EVEN:
         d = tl.load(dp + k0, eviction_policy="evict_first")
     else:
@@ -379,13 +456,24 @@ def _down_step(acc, sacc, dp, sp, gp, ap, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl
     if HAS_SHARED:
         if EVEN:
             s = tl.load(sp + k0, eviction_policy="evict_first")
-            g = tl.load(gp + k0).to(tl.float32)
-            u = tl.load(gp + Is + k0).to(tl.float32)
+            g = tl.load(gp + k0, cache_modifier=".cg").to(tl.float32)
+            u = tl.load(gp + Is + k0, cache_modifier=".cg").to(tl.float32)
         else:
             ms = o_k < Is - k0
             s = tl.load(sp + k0, mask=mn[:, None] & ms[None, :], other=0.0, eviction_policy="evict_first")
-            g = tl.load(gp + k0, mask=ms, other=0.0).to(tl.float32)
-            u = tl.load(gp + Is + k0, mask=ms, other=0.0).to(tl.float32)
+            g = tl.load(gp + k0, mask=ms, other=0.0, cache_modifier=".cg").to(tl.float32)
+            u = tl.load(gp + Is + k0, mask=ms, other=0.0, cache_modifier=".cg").to(tl.float32)
+    else:
+        s = d
+        g = tl.zeros([o_k.shape[0]], dtype=tl.float32)
+        u = g
+    return d, s, g, u
+
+
+@triton.jit
+def _down_products(acc, sacc, d, s, g, u, ap, k0, I, mj, o_k, HAS_SHARED: tl.constexpr, EVEN: tl.constexpr):
+    """acc += the routed experts' products with the act rows' K block, sacc += the shared expert's with
+    silu(gate) * up."""
     if EVEN:
         a = tl.load(ap + k0)
     else:
@@ -431,12 +519,19 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
     #       (the next GEMV then reads its 1024 tiles' sums of squares) with shared_in's GEMV storing the
     #       normed row for these kernels, 80 launches fewer: +0.04 ms per step.
     bn1 = min(cfg.up_bn, triton.next_power_of_2(I))
-    bk1 = _tile_k(KB, bn1, cfg.up_bk, H)
     act = torch.empty(T * k, I, dtype=x.dtype, device=dev)
-    _experts_gate_up_kernel[(T, triton.cdiv(I, bn1))](
-        x, lg, ids, weights, gate_up, act, E, I, H, x.stride(0), stride_l, gate_up.stride(0), gate_up.stride(1),
-        act.stride(0), TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E), BN=bn1, BK=bk1,
-        EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, num_warps=cfg.up_warps, **_pdl.launch())
+    up_args = (x, lg, ids, weights, gate_up, act, E, I, H, x.stride(0), stride_l, gate_up.stride(0),
+               gate_up.stride(1), act.stride(0))
+    if cfg.up_stream:
+        bk1 = _tile_k(1, bn1, cfg.up_bk, H)
+        _experts_gate_up_rows_kernel[(triton.cdiv(I, bn1), T * k)](
+            *up_args, TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E), BN=bn1, BK=bk1, EVEN=H % bk1 == 0,
+            num_warps=cfg.up_warps, **_pdl.launch())
+    else:
+        bk1 = _tile_k(KB, bn1, cfg.up_bk, H)
+        _experts_gate_up_kernel[(T, triton.cdiv(I, bn1))](
+            *up_args, TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E), BN=bn1, BK=bk1,
+            EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, num_warps=cfg.up_warps, **_pdl.launch())
     out = torch.empty(T, H, dtype=x.dtype, device=dev)
     Is, s_args, s_strides = _shared_args(shared, act, I)
     kmax = max(I, Is)
@@ -447,7 +542,7 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
         act.stride(0), down.stride(0), down.stride(1), out.stride(0), *s_strides,
         TOPK=k, KB=KB, HAS_SHARED=shared is not None, BN=bn2, BK=bk2,
         EVEN=KB == k and H % bn2 == 0 and I == Is and I % bk2 == 0, ONE_BLOCK=kmax <= bk2,
-        num_warps=cfg.down_warps, **_pdl.launch())
+        EARLY=bool(cfg.down_early) and not route, num_warps=cfg.down_warps, **_pdl.launch())
     return out, weights, ids
 
 
