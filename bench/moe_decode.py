@@ -57,6 +57,8 @@ def main() -> None:
     ap.add_argument("--configs", default=None,
                     help="the sweep's DecodeConfigs instead of SWEEP: ';'-separated comma lists (8 fields "
                          "with up_stream, down_early)")
+    ap.add_argument("--pad", type=int, default=0,
+                    help="elements between consecutive experts' weight blocks (0: contiguous, as the model stores them)")
     ap.add_argument("--paths", default="new", help="the variants each sweep config is timed on: new,split,fixed")
     ap.add_argument("--out", default=None, help="also append the JSON line to FILE")
     args = ap.parse_args()
@@ -75,7 +77,12 @@ def main() -> None:
     def rnd(*shape, scale):
         return (torch.randn(*shape, generator=g, device=dev, dtype=dt) * scale)
 
-    layers = [dict(gu=rnd(E, 2 * I, H, scale=H ** -0.5), dn=rnd(E, H, I, scale=I ** -0.5),
+    def experts(rows, cols, scale):
+        """[E, rows, cols] with each expert's block args.pad elements apart (a stride that is not a power of two)."""
+        flat = rnd(E, rows * cols + args.pad, scale=scale)
+        return flat[:, :rows * cols].view(E, rows, cols)
+
+    layers = [dict(gu=experts(2 * I, H, H ** -0.5), dn=experts(H, I, I ** -0.5),
                    si=torch.cat([rnd(2 * IS + 1, H, scale=H ** -0.5), rnd(E, H, scale=3 * H ** -0.5),
                                  torch.zeros(NS_PAD - NS, H, device=dev, dtype=dt)]),
                    sd=rnd(H, IS, scale=IS ** -0.5)) for _ in range(L)]
@@ -171,6 +178,7 @@ def main() -> None:
     print_table(["T", "experts", "gemv", "old", "new", "fixed", "split", "old-gemv", "new-gemv", "fixed-gemv", "floor",
                  "new/floor", "speedup", "err", "finite"], rows)
     payload = {"dtype": "bf16", "model": "35B-A3B MoE layer (E=256, k=8, H=2048, I=512, Is=512)", "layers": L,
+               "pad": args.pad,
                "pdl": _pdl.enabled(), "config": {"few": list(fm.DECODE_CONFIG), "many": list(fm.DECODE_CONFIG_MANY)}, "floor_tbs": TBS / 1e12,
                "results": results, "env": env_record(), "alloc_s": round(t_alloc, 1),
                "wall_s": round(time.time() - t_start, 1)}

@@ -242,9 +242,11 @@ def test_route_moe_experts_tilings(config, shape, dtype, poisoned):
 
 # (up_bn, up_bk, up_warps, down_bn, down_bk, down_warps, up_stream, down_early): one expert per gate|up
 # program with prefetched blocks; several blocks over H, one (and a masked one), rows past I; the down
-# kernel's early loads (one K block: down_bk >= I) and its K loop.
+# kernel's early loads (one K block: down_bk >= I) and its K loop, where down_early must not apply (the
+# last two: down_bk < I here, or a [KB, 4, BK] tile capped under I = 512 on the A3B shape; on the GPU
+# with PDL such a kernel once read act before the gate|up kernel had written it).
 STREAM_TILINGS = [(8, 32, 4, 2, 16, 4, 1, 0), (4, 16, 2, 2, 64, 4, 1, 1), (16, 128, 4, 4, 512, 4, 1, 1),
-                  (1, 1024, 4, 2, 512, 4, 0, 1)]
+                  (1, 1024, 4, 2, 512, 4, 0, 1), (2, 32, 4, 2, 16, 4, 1, 1), (8, 256, 4, 4, 512, 4, 1, 1)]
 
 
 @pytest.mark.parametrize("config", STREAM_TILINGS, ids=lambda c: "x".join(map(str, c)))

@@ -399,7 +399,7 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
                          PDL: tl.constexpr = False):
     """out[t, n] = Σ_j rw[t, j] Σ_i down[ids[t, j], n, i] act[t·TOPK + j, i]
                    (+ sigmoid(sg[t]) Σ_i sdown[n, i] silu(sgu[t, i]) sgu[t, Is + i]); KMAX = max(I, Is).
-    ONE_BLOCK (KMAX <= BK): no K loop. EARLY (ONE_BLOCK only; `DecodeConfig.down_early`): ids, rw, the
+    ONE_BLOCK (KMAX <= BK): no K loop. EARLY (ONE_BLOCK only, asserted; `DecodeConfig.down_early`): ids, rw, the
     shared inputs and every weight tile are loaded before the PDL wait. That is sound only when they were
     written before the previous kernel (the gate|up kernel) started: a PDL kernel is scheduled only once
     every program of its predecessor has passed its own wait, i.e. once everything before that has
@@ -434,6 +434,7 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
             _pdl.enter(PDL)
         acc, sacc = _down_products(acc, sacc, d, sv, g, u, ap, 0, I, mj, o_k, HAS_SHARED, EVEN)
     else:
+        tl.static_assert(not EARLY, "EARLY needs ONE_BLOCK")
         for k0 in range(0, KMAX, BK):
             d, sv, g, u = _down_weights(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
             acc, sacc = _down_products(acc, sacc, d, sv, g, u, ap, k0, I, mj, o_k, HAS_SHARED, EVEN)
@@ -542,7 +543,7 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
         act.stride(0), down.stride(0), down.stride(1), out.stride(0), *s_strides,
         TOPK=k, KB=KB, HAS_SHARED=shared is not None, BN=bn2, BK=bk2,
         EVEN=KB == k and H % bn2 == 0 and I == Is and I % bk2 == 0, ONE_BLOCK=kmax <= bk2,
-        EARLY=bool(cfg.down_early) and not route, num_warps=cfg.down_warps, **_pdl.launch())
+        EARLY=bool(cfg.down_early) and not route and kmax <= bk2, num_warps=cfg.down_warps, **_pdl.launch())
     return out, weights, ids
 
 
