@@ -272,9 +272,12 @@ DECODE_CONFIG = DecodeConfig(1, 1024, 4, 2, 512, 4)
 DECODE_CONFIG_MANY = DecodeConfig(4, 256, 8, 2, 512, 4)
 
 
+MANY_TOKENS = 3          # the token count from which DECODE_CONFIG_MANY applies
+
+
 def decode_config(tokens: int) -> DecodeConfig:
     """The default decode tiles for `tokens` rows (the one place the choice is made)."""
-    return DECODE_CONFIG if tokens <= 2 else DECODE_CONFIG_MANY
+    return DECODE_CONFIG if tokens < MANY_TOKENS else DECODE_CONFIG_MANY
 _TILE = 8192          # max elements of one expert-stacked weight tile per load (per gate / up / down)
 
 
