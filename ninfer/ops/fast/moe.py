@@ -14,7 +14,10 @@ the logits' dtype, ids int64. Ties go to the lowest expert id (torch.topk leaves
 
 Each program handles all k experts of one token: its weight tiles are one [k, BN, BK] load (k
 experts' rows at once, 32-36 KiB at the 35B sizes), so the bytes in flight per SM are what a streaming
-read of HBM needs; the second kernel loads the shared expert's tile in the same step and applies the
+read of HBM needs. For 2-4 tokens (`DecodeConfig.up_stream`) the first kernel instead runs one program
+per (n-block, token, expert), grid (I/BN, T·k), streaming [BN, BK] blocks of that expert's gate and up
+rows a block ahead, as the GEMV's prefetch tiles do, and the second loads its weights before the PDL
+wait (`down_early`: the routing came from an earlier kernel). The second kernel loads the shared expert's tile in the same step and applies the
 weights, the shared sigmoid gate and the sum in registers (fp32), so no [T·k, H] intermediate, torch
 sum or cast is left. Expert ids stay on the GPU (CUDA-graph capturable).
 
@@ -57,8 +60,8 @@ from ninfer.ops.fast.fused import silu_mul_halves
 from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
-__all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DECODE_CONFIG", "DECODE_CONFIG_MANY",
-           "decode_config", "MAX_PAIRS", "PREFILL_CHUNK", "PrefillTiles", "prefill_tiles"]
+__all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DECODE_CONFIG", "DECODE_CONFIG_FEW",
+           "DECODE_CONFIG_MANY", "decode_config", "MAX_PAIRS", "PREFILL_CHUNK", "PrefillTiles", "prefill_tiles"]
 
 MAX_PAIRS = 128          # (token, expert) pairs up to which the grouped GEMV (decode) path runs
 PREFILL_CHUNK = 8192     # tokens per grouped-GEMM pass
@@ -247,8 +250,10 @@ class DecodeConfig(NamedTuple):
     """Tiles of the decode kernels. Gate|up: program (t, n-block) streams [KB, up_bn, up_bk] gate and up
     tiles (KB = next_pow2(k) experts at once) per step over H; down: program (t, n-block) streams a
     [KB, down_bn, down_bk] tile of the routed experts and [down_bn, down_bk] of the shared one per
-    step over I. `bench/moe_decode.py --sweep` times alternatives (H200 figures in bench/NOTES.md, decode
-    pass 4: the defaults below are the sweep's best at T = 1 and T = 8)."""
+    step over I. up_stream: gate|up program (n-block, t·k + j) streams [up_bn, up_bk] blocks of one expert
+    instead. down_early: the down kernel's weights are loaded before the PDL wait (only with one K block and
+    the routing from an earlier kernel; otherwise ignored). `bench/moe_decode.py --sweep` times alternatives
+    per layer, `bench/step_ab.py` in the step (H200 figures in bench/NOTES.md)."""
     up_bn: int = 1
     up_bk: int = 512
     up_warps: int = 4
@@ -261,23 +266,32 @@ class DecodeConfig(NamedTuple):
 
 # NOTE: measured on the H200 (bench/moe_decode.py --sweep, 35B-A3B shapes, 40 layers per graph, PDL on): T=1
 #       (1, 1024, 4, 2, 512, 4) 25.98 us per layer vs 28.71 for (1, 512, ...); T=8 (1, 256, 2, 2, 512, 4) 118.0
-#       vs 128.9. DECODE_CONFIG is the few-token one; DECODE_CONFIG_MANY applies above 2 tokens.
+#       vs 128.9. DECODE_CONFIG was then the one for up to 2 tokens, DECODE_CONFIG_MANY above.
 #       Swept again with the 48-register down kernel (pass 8, bench/NOTES.md): in the real step
 #       (bench/step_ab.py moe=...) every alternative lost to these tiles by 0.015-0.24 ms per step.
 #       Session 22, with the routing apart from 2 tokens (ROUTE_APART_TOKENS), DECODE_CONFIG_MANY was
 #       (1, 256, 2, 2, 512, 4); in the 35B-A3B step (bench/step_ab.py, replay ms, that vs the one below):
 #       B=3 3.874 vs 3.752, B=4 4.399 vs 4.424, B=5 5.375 vs 4.800, B=6 5.715 vs 5.340, B=7 6.075 vs 5.982,
 #       B=8 6.429 vs 6.294.
+#       Session 23 (bench/NOTES.md): the down kernel on [KB, 1, 512] tiles with one warp (16x the programs)
+#       from 2 tokens, and from 2 to 4 tokens the one-expert-per-program gate|up kernel with the down
+#       kernel's early loads; 35B-A3B step replay ms (bench/step_ab.py, one process, old -> new): B=2 3.522 ->
+#       3.317, B=4 4.878 -> 4.350, B=5 5.340 -> 4.762, B=8 7.238 -> 6.217. FEW at B=5 and 8: 4.904 and 6.436;
+#       MANY at B=2 and 4: 3.364 and 4.546. At one token every alternative tried lost (2.548 base vs 2.584-2.649).
 DECODE_CONFIG = DecodeConfig(1, 1024, 4, 2, 512, 4)
-DECODE_CONFIG_MANY = DecodeConfig(4, 256, 8, 2, 512, 4)
-
-
-MANY_TOKENS = 3          # the token count from which DECODE_CONFIG_MANY applies
+DECODE_CONFIG_FEW = DecodeConfig(8, 128, 4, 1, 512, 1, up_stream=1, down_early=1)
+DECODE_CONFIG_MANY = DecodeConfig(4, 256, 8, 1, 512, 1)
+FEW_TOKENS = 2           # the token count from which DECODE_CONFIG_FEW applies
+MANY_TOKENS = 5          # ... and DECODE_CONFIG_MANY
 
 
 def decode_config(tokens: int) -> DecodeConfig:
     """The default decode tiles for `tokens` rows (the one place the choice is made)."""
-    return DECODE_CONFIG if tokens < MANY_TOKENS else DECODE_CONFIG_MANY
+    if tokens < FEW_TOKENS:
+        return DECODE_CONFIG
+    return DECODE_CONFIG_FEW if tokens < MANY_TOKENS else DECODE_CONFIG_MANY
+
+
 _TILE = 8192          # max elements of one expert-stacked weight tile per load (per gate / up / down)
 
 
