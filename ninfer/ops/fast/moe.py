@@ -429,14 +429,21 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
     o_j = tl.arange(0, KB)
     mj = o_j < TOPK
     o_k = tl.arange(0, BK)
-    e = tl.load(ids + t * TOPK + o_j, mask=mj, other=0, cache_modifier=".cg").to(tl.int64)
-    wj = tl.load(rw + t * TOPK + o_j, mask=mj, other=0.0, cache_modifier=".cg").to(tl.float32)
+    if EARLY:
+        e = tl.load(ids + t * TOPK + o_j, mask=mj, other=0, cache_modifier=".cg").to(tl.int64)
+        wj = tl.load(rw + t * TOPK + o_j, mask=mj, other=0.0, cache_modifier=".cg").to(tl.float32)
+    else:
+        e = tl.load(ids + t * TOPK + o_j, mask=mj, other=0).to(tl.int64)
+        wj = tl.load(rw + t * TOPK + o_j, mask=mj, other=0.0).to(tl.float32)
     dp = down + e[:, None, None] * stride_de + o_n[None, :, None].to(tl.int64) * stride_dn + o_k[None, None, :]
     ap = act + (t * TOPK + o_j)[:, None] * stride_act + o_k[None, :]
     acc = tl.zeros([KB, BN], dtype=tl.float32)
     sacc = tl.zeros([BN], dtype=tl.float32)
     if HAS_SHARED:
-        gl = tl.load(sg + t * stride_sg, cache_modifier=".cg").to(tl.float32)
+        if EARLY:
+            gl = tl.load(sg + t * stride_sg, cache_modifier=".cg").to(tl.float32)
+        else:
+            gl = tl.load(sg + t * stride_sg).to(tl.float32)
         sp = sdown + o_n[:, None].to(tl.int64) * stride_sdn + o_k[None, :]
         gp = sgu + t * stride_sgu + o_k
     else:
@@ -446,14 +453,14 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
     if ONE_BLOCK:
         # NOTE: one K block (KMAX <= BK, the 35B-A3B tiles) without a loop: 48 registers on sm_90 at the
         #       35B-A3B tiles, where the same loop (one trip) takes 128 (`bench/kernels_sm90.py`).
-        d, sv, g, u = _down_weights(dp, sp, gp, 0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
+        d, sv, g, u = _down_weights(dp, sp, gp, 0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN, EARLY)
         if EARLY:
             _pdl.enter(PDL)
         acc, sacc = _down_products(acc, sacc, d, sv, g, u, ap, 0, I, mj, o_k, HAS_SHARED, EVEN)
     else:
         tl.static_assert(not EARLY, "EARLY needs ONE_BLOCK")
         for k0 in range(0, KMAX, BK):
-            d, sv, g, u = _down_weights(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN)
+            d, sv, g, u = _down_weights(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN, False)
             acc, sacc = _down_products(acc, sacc, d, sv, g, u, ap, k0, I, mj, o_k, HAS_SHARED, EVEN)
     res = tl.sum(acc * wj[:, None], 0)
     if HAS_SHARED:
@@ -462,9 +469,11 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
 
 
 @triton.jit
-def _down_weights(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl.constexpr, EVEN: tl.constexpr):
+def _down_weights(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl.constexpr, EVEN: tl.constexpr,
+                  EARLY: tl.constexpr):
     """One K block's loads of the down kernel bar act: the routed experts' [KB, BN, BK] weights, the
-    shared expert's [BN, BK] weights and its gate / up inputs (fp32; zeros without a shared expert)."""
+    shared expert's [BN, BK] weights and its gate / up inputs (fp32; zeros without a shared expert).
+    EARLY: the inputs past L1 (.cg), as before the PDL wait."""
     if EVEN:
         d = tl.load(dp + k0, eviction_policy="evict_first")
     else:
@@ -474,13 +483,21 @@ def _down_weights(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl.constexpr, 
     if HAS_SHARED:
         if EVEN:
             s = tl.load(sp + k0, eviction_policy="evict_first")
-            g = tl.load(gp + k0, cache_modifier=".cg").to(tl.float32)
-            u = tl.load(gp + Is + k0, cache_modifier=".cg").to(tl.float32)
+            if EARLY:
+                g = tl.load(gp + k0, cache_modifier=".cg").to(tl.float32)
+                u = tl.load(gp + Is + k0, cache_modifier=".cg").to(tl.float32)
+            else:
+                g = tl.load(gp + k0).to(tl.float32)
+                u = tl.load(gp + Is + k0).to(tl.float32)
         else:
             ms = o_k < Is - k0
             s = tl.load(sp + k0, mask=mn[:, None] & ms[None, :], other=0.0, eviction_policy="evict_first")
-            g = tl.load(gp + k0, mask=ms, other=0.0, cache_modifier=".cg").to(tl.float32)
-            u = tl.load(gp + Is + k0, mask=ms, other=0.0, cache_modifier=".cg").to(tl.float32)
+            if EARLY:
+                g = tl.load(gp + k0, mask=ms, other=0.0, cache_modifier=".cg").to(tl.float32)
+                u = tl.load(gp + Is + k0, mask=ms, other=0.0, cache_modifier=".cg").to(tl.float32)
+            else:
+                g = tl.load(gp + k0, mask=ms, other=0.0).to(tl.float32)
+                u = tl.load(gp + Is + k0, mask=ms, other=0.0).to(tl.float32)
     else:
         s = d
         g = tl.zeros([o_k.shape[0]], dtype=tl.float32)
