@@ -14,7 +14,7 @@ the logits' dtype, ids int64. Ties go to the lowest expert id (torch.topk leaves
 
 Each program handles all k experts of one token: its weight tiles are one [k, BN, BK] load (k
 experts' rows at once, 32-36 KiB at the 35B sizes), so the bytes in flight per SM are what a streaming
-read of HBM needs. For 2-4 tokens (`DecodeConfig.up_stream`) the first kernel instead runs one program
+read of HBM needs. For 2 tokens (`DecodeConfig.up_stream`) the first kernel instead runs one program
 per (n-block, token, expert), grid (I/BN, T·k), streaming [BN, BK] blocks of that expert's gate and up
 rows a block ahead, as the GEMV's prefetch tiles do, and the second loads its weights before the PDL
 wait (`down_early`: the routing came from an earlier kernel). The second kernel loads the shared expert's tile in the same step and applies the
@@ -274,15 +274,16 @@ class DecodeConfig(NamedTuple):
 #       B=3 3.874 vs 3.752, B=4 4.399 vs 4.424, B=5 5.375 vs 4.800, B=6 5.715 vs 5.340, B=7 6.075 vs 5.982,
 #       B=8 6.429 vs 6.294.
 #       Session 23 (bench/NOTES.md): the down kernel on [KB, 1, 512] tiles with one warp (16x the programs)
-#       from 2 tokens, and from 2 to 4 tokens the one-expert-per-program gate|up kernel with the down
-#       kernel's early loads; 35B-A3B step replay ms (bench/step_ab.py, one process, old -> new): B=2 3.522 ->
-#       3.317, B=4 4.878 -> 4.350, B=5 5.340 -> 4.762, B=8 7.238 -> 6.217. FEW at B=5 and 8: 4.904 and 6.436;
-#       MANY at B=2 and 4: 3.364 and 4.546. At one token every alternative tried lost (2.548 base vs 2.584-2.649).
+#       from 2 tokens, and at 2 tokens the one-expert-per-program gate|up kernel with the down kernel's early
+#       loads; 35B-A3B step replay ms (bench/step_ab.py, one process per row, old -> new): B=2 3.522 -> 3.317,
+#       B=4 4.878 -> 4.546, B=5 5.340 -> 4.762, B=8 7.238 -> 6.217. FEW instead at B=2 3.364 (MANY), at
+#       B=3 3.846-3.963 vs 3.682, B=4 4.324-4.350 vs 4.334, B=5 4.904, B=8 6.436. Two captures of one config
+#       differ by up to 0.12 ms. At one token every alternative tried lost (2.548 base vs 2.584-2.649).
 DECODE_CONFIG = DecodeConfig(1, 1024, 4, 2, 512, 4)
 DECODE_CONFIG_FEW = DecodeConfig(8, 128, 4, 1, 512, 1, up_stream=1, down_early=1)
 DECODE_CONFIG_MANY = DecodeConfig(4, 256, 8, 1, 512, 1)
 FEW_TOKENS = 2           # the token count from which DECODE_CONFIG_FEW applies
-MANY_TOKENS = 5          # ... and DECODE_CONFIG_MANY
+MANY_TOKENS = 3          # ... and DECODE_CONFIG_MANY
 
 
 def decode_config(tokens: int) -> DecodeConfig:
