@@ -58,7 +58,8 @@ def main() -> None:
                     help="the sweep's DecodeConfigs instead of SWEEP: ';'-separated comma lists (8 fields "
                          "with up_stream, down_early)")
     ap.add_argument("--pad", type=int, default=0,
-                    help="elements between consecutive experts' weight blocks (0: contiguous, as the model stores them)")
+                    help="elements between consecutive experts' weight blocks (0: contiguous, as the model "
+                         "stores them)")
     ap.add_argument("--paths", default="new", help="the variants each sweep config is timed on: new,split,fixed")
     ap.add_argument("--out", default=None, help="also append the JSON line to FILE")
     args = ap.parse_args()
@@ -174,7 +175,8 @@ def main() -> None:
                         "err_fixed_split_rel_rms": err_alt, "floor_us": fl,
                         "err_rel_rms": err, "finite": finite, "best": best, "config": list(fm.decode_config(T))})
     print(f"\nMoE decode layer, 35B-A3B shapes, bf16, {L} layers per graph, PDL={'on' if _pdl.enabled() else 'off'}, "
-          f"new = default tiles (fm.decode_config: T=1 {tuple(fm.DECODE_CONFIG)}, from {fm.FEW_TOKENS} {tuple(fm.DECODE_CONFIG_FEW)}, "
+          f"new = default tiles (fm.decode_config: T=1 {tuple(fm.DECODE_CONFIG)}, "
+          f"from {fm.FEW_TOKENS} {tuple(fm.DECODE_CONFIG_FEW)}, "
           f"from {fm.MANY_TOKENS} {tuple(fm.DECODE_CONFIG_MANY)}); us per layer (median of {args.reps} replays)")
     print_table(["T", "experts", "gemv", "old", "new", "fixed", "split", "old-gemv", "new-gemv", "fixed-gemv", "floor",
                  "new/floor", "speedup", "err", "finite"], rows)

@@ -17,9 +17,9 @@ experts' rows at once, 32-36 KiB at the 35B sizes), so the bytes in flight per S
 read of HBM needs. For 2 tokens (`DecodeConfig.up_stream`) the first kernel instead runs one program
 per (n-block, token, expert), grid (I/BN, T·k), streaming [BN, BK] blocks of that expert's gate and up
 rows a block ahead, as the GEMV's prefetch tiles do, and the second loads its weights before the PDL
-wait (`down_early`: the routing came from an earlier kernel). The second kernel loads the shared expert's tile in the same step and applies the
-weights, the shared sigmoid gate and the sum in registers (fp32), so no [T·k, H] intermediate, torch
-sum or cast is left. Expert ids stay on the GPU (CUDA-graph capturable).
+wait (`down_early`: the routing came from an earlier kernel). The second kernel loads the shared
+expert's tile in the same step and applies the weights, the shared sigmoid gate and the sum in
+registers (fp32), so no [T·k, H] intermediate, torch sum or cast is left. Expert ids stay on the GPU (CUDA-graph capturable).
 
 `route_moe_experts(x, router_logits, k, gate_up, down, shared=None)`: the same, with the routing
 computed inside the first kernel (every program of token t runs `_topk_of_row` on its E logits, the
@@ -358,6 +358,7 @@ def _gu_block(wg, wu, o_k, k0, H, EVEN: tl.constexpr):
 
 @triton.jit
 def _gu_products(accg, accu, g, u, xr, o_k, k0, H, EVEN: tl.constexpr):
+    """accg / accu += the gate / up block's lane-wise products with x's K block at k0 (fp32, not reduced)."""
     if EVEN:
         xv = tl.load(xr + k0 + o_k).to(tl.float32)
     else:
