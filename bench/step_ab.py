@@ -7,7 +7,7 @@ Each variant's logits are checked against the base graphs' (relative RMS, argmax
 A variant is a '+'-joined list of items, each either a `bench/gemv.py --out FILE` result overlaid on
 the committed GEMV tables (`load_tuning`, what $NINFER_GEMV_CONFIGS does at import) or a built-in:
     post-mixer-nofold the post-mixer leaf (MoE, dense MLP) takes a materialised norm, returns the plain sum
-    moe=A,B,C,D,E,F   the MoE decode tiles for <= 2 tokens (`ninfer.ops.fast.moe.DECODE_CONFIG`, DecodeConfig fields)
+    moe=A,B,C,...     the MoE decode tiles for one token (`ninfer.ops.fast.moe.DECODE_CONFIG`, DecodeConfig fields)
     op:NAME=FILE      the OpSet's op NAME replaced by the function NAME in the module file FILE (e.g. an
                       older tree's copy of a fast-op module: before/after of a kernel in one process)
     set:MOD.ATTR=V    module attribute MOD.ATTR set to the int V while the variant's graphs are captured
