@@ -254,8 +254,9 @@ STREAM_TILINGS = [(8, 32, 4, 2, 16, 4, 1, 0), (4, 16, 2, 2, 64, 4, 1, 1), (16, 1
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 2, 3])
 def test_route_moe_experts_stream_tilings(config, shape, dtype, T, poisoned):
-    """`DecodeConfig.up_stream` / `down_early` against the reference and the legacy kernels: T = 1 routes
-    inside the gate|up kernel (down_early then has no effect), T >= 2 in its own kernel first."""
+    """`DecodeConfig.up_stream` / `down_early` against the reference and the legacy kernels. T = 1 with the
+    old gate|up kernel routes inside it (down_early then has no effect); the one-expert kernel and T >= 2
+    route in their own kernel first. At T = 1 also from a given routing (`moe_experts`)."""
     from ninfer.ops.fast import moe as fm
     _check_routed(shape, dtype, T, True, seed=40 + T, config=fm.DecodeConfig(*config))
     if T == 1:

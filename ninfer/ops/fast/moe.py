@@ -57,6 +57,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.fast.fused import silu_mul_halves
+from ninfer.ops.fast.gemv import _gemv_block, _load_w
 from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
@@ -344,67 +345,36 @@ def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, strid
 
 
 @triton.jit
-def _gu_block(wg, wu, o_k, k0, H, EVEN: tl.constexpr):
-    """One [BN, BK] block of an expert's gate rows and of its up rows at K offset k0."""
-    if EVEN:
-        g = tl.load(wg + k0, eviction_policy="evict_first")
-        u = tl.load(wu + k0, eviction_policy="evict_first")
-    else:
-        mk = (o_k < H - k0)[None, :]
-        g = tl.load(wg + k0, mask=mk, other=0.0, eviction_policy="evict_first")
-        u = tl.load(wu + k0, mask=mk, other=0.0, eviction_policy="evict_first")
-    return g, u
-
-
-@triton.jit
-def _gu_products(accg, accu, g, u, xr, o_k, k0, H, EVEN: tl.constexpr):
-    """accg / accu += the gate / up block's lane-wise products with x's K block at k0 (fp32, not reduced)."""
-    if EVEN:
-        xv = tl.load(xr + k0 + o_k).to(tl.float32)
-    else:
-        xv = tl.load(xr + k0 + o_k, mask=o_k < H - k0, other=0.0).to(tl.float32)
-    return accg + g.to(tl.float32) * xv[None, :], accu + u.to(tl.float32) * xv[None, :]
-
-
-@triton.jit
-def _experts_gate_up_rows_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, stride_l, stride_we, stride_wn,
-                                 stride_act, TOPK: tl.constexpr, KB: tl.constexpr, ROUTE: tl.constexpr,
-                                 BE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
+def _experts_gate_up_rows_kernel(x, ids, w, act, I, H, stride_x, stride_we, stride_wn, stride_act,
+                                 TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
                                  PDL: tl.constexpr = False):
-    """The act of `_experts_gate_up_kernel`, one expert per program (`DecodeConfig.up_stream`): program
-    (n-block, t·TOPK + j) streams [BN, BK] blocks of expert e_tj's gate rows and up rows over H, block
-    k+1 loaded before block k's products (the GEMV's prefetch tiles), products kept per lane and reduced
-    once at the end. ROUTE: every program takes the token's top TOPK (`_topk_of_row`) and its j-th; the
-    program of n-block 0, j = 0 stores them."""
+    """The act of `_experts_gate_up_kernel` from a routing (ids), one expert per program
+    (`DecodeConfig.up_stream`): program (n-block, t·TOPK + j) streams [BN, BK] blocks of expert e_tj's gate
+    rows and up rows over H with the GEMV's one-row blocks (`gemv._load_w` / `_gemv_block`: products kept
+    per lane, reduced once at the end), block k+1 loaded before block k's products."""
     _pdl.enter(PDL)
     nb = tl.program_id(0)
     p = tl.program_id(1).to(tl.int64)
-    t = p // TOPK
-    j = p - t * TOPK
-    if ROUTE:
-        wv, ev = _topk_of_row(logits + t * stride_l, E, TOPK, BE, KB)
-        o_j = tl.arange(0, KB)
-        if nb == 0 and j == 0:
-            tl.store(rw + t * TOPK + o_j, wv.to(rw.dtype.element_ty), mask=o_j < TOPK)
-            tl.store(ids + t * TOPK + o_j, ev, mask=o_j < TOPK)
-        e = tl.sum(tl.where(o_j == j, ev, 0), 0)
-    else:
-        e = tl.load(ids + p).to(tl.int64)
+    e = tl.load(ids + p).to(tl.int64)
     o_n = nb * BN + tl.arange(0, BN)
-    o_k = tl.arange(0, BK)
     # NOTE: rows past I are clamped to I - 1 (in bounds, never stored), so only K needs a mask.
-    wg = w + e * stride_we + tl.minimum(o_n, I - 1).to(tl.int64)[:, None] * stride_wn + o_k[None, :]
-    wu = wg + I * stride_wn
-    xr = x + t * stride_x
+    g_rows = w + e * stride_we + tl.minimum(o_n, I - 1).to(tl.int64)[:, None] * stride_wn
+    u_rows = g_rows + I * stride_wn
+    x_row = x + (p // TOPK) * stride_x
     accg = tl.zeros([BN, BK], dtype=tl.float32)
     accu = tl.zeros([BN, BK], dtype=tl.float32)
-    g, u = _gu_block(wg, wu, o_k, 0, H, EVEN)
-    kc = 0
+    offs_k = tl.arange(0, BK)
+    g = _load_w(g_rows, offs_k, H, EVEN, BK)
+    u = _load_w(u_rows, offs_k, H, EVEN, BK)
     for k0 in range(BK, H, BK):
-        gn, un = _gu_block(wg, wu, o_k, k0, H, EVEN)
-        accg, accu = _gu_products(accg, accu, g, u, xr, o_k, kc, H, EVEN)
-        g, u, kc = gn, un, k0
-    accg, accu = _gu_products(accg, accu, g, u, xr, o_k, kc, H, EVEN)
+        offs_next = k0 + tl.arange(0, BK)
+        g_next = _load_w(g_rows, offs_next, H, EVEN, BK)
+        u_next = _load_w(u_rows, offs_next, H, EVEN, BK)
+        accg = _gemv_block(accg, g, x_row, offs_k, H, H, 1, False, EVEN, "ieee", False, BK, x, 0.0, False)
+        accu = _gemv_block(accu, u, x_row, offs_k, H, H, 1, False, EVEN, "ieee", False, BK, x, 0.0, False)
+        g, u, offs_k = g_next, u_next, offs_next
+    accg = _gemv_block(accg, g, x_row, offs_k, H, H, 1, False, EVEN, "ieee", False, BK, x, 0.0, False)
+    accu = _gemv_block(accu, u, x_row, offs_k, H, H, 1, False, EVEN, "ieee", False, BK, x, 0.0, False)
     a = tl.sum(accg, 1)
     a = a / (1.0 + tl.exp(-a)) * tl.sum(accu, 1)
     tl.store(act + p * stride_act + o_n, a.to(act.dtype.element_ty), mask=o_n < I)
@@ -431,21 +401,14 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
     o_j = tl.arange(0, KB)
     mj = o_j < TOPK
     o_k = tl.arange(0, BK)
-    if EARLY:
-        e = tl.load(ids + t * TOPK + o_j, mask=mj, other=0, cache_modifier=".cg").to(tl.int64)
-        wj = tl.load(rw + t * TOPK + o_j, mask=mj, other=0.0, cache_modifier=".cg").to(tl.float32)
-    else:
-        e = tl.load(ids + t * TOPK + o_j, mask=mj, other=0).to(tl.int64)
-        wj = tl.load(rw + t * TOPK + o_j, mask=mj, other=0.0).to(tl.float32)
+    e = _load_input(ids + t * TOPK + o_j, mj, 0, EARLY).to(tl.int64)
+    wj = _load_input(rw + t * TOPK + o_j, mj, 0.0, EARLY).to(tl.float32)
     dp = down + e[:, None, None] * stride_de + o_n[None, :, None].to(tl.int64) * stride_dn + o_k[None, None, :]
     ap = act + (t * TOPK + o_j)[:, None] * stride_act + o_k[None, :]
     acc = tl.zeros([KB, BN], dtype=tl.float32)
     sacc = tl.zeros([BN], dtype=tl.float32)
     if HAS_SHARED:
-        if EARLY:
-            gl = tl.load(sg + t * stride_sg, cache_modifier=".cg").to(tl.float32)
-        else:
-            gl = tl.load(sg + t * stride_sg).to(tl.float32)
+        gl = _load_input(sg + t * stride_sg, None, None, EARLY).to(tl.float32)
         sp = sdown + o_n[:, None].to(tl.int64) * stride_sdn + o_k[None, :]
         gp = sgu + t * stride_sgu + o_k
     else:
@@ -471,6 +434,14 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
 
 
 @triton.jit
+def _load_input(ptrs, mask, other, EARLY: tl.constexpr):
+    """A load of what an earlier kernel wrote: past L1 (.cg) when EARLY (before the PDL wait)."""
+    if EARLY:
+        return tl.load(ptrs, mask=mask, other=other, cache_modifier=".cg")
+    return tl.load(ptrs, mask=mask, other=other)
+
+
+@triton.jit
 def _down_weights(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl.constexpr, EVEN: tl.constexpr,
                   EARLY: tl.constexpr):
     """One K block's loads of the down kernel bar act: the routed experts' [KB, BN, BK] weights, the
@@ -485,21 +456,13 @@ def _down_weights(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl.constexpr, 
     if HAS_SHARED:
         if EVEN:
             s = tl.load(sp + k0, eviction_policy="evict_first")
-            if EARLY:
-                g = tl.load(gp + k0, cache_modifier=".cg").to(tl.float32)
-                u = tl.load(gp + Is + k0, cache_modifier=".cg").to(tl.float32)
-            else:
-                g = tl.load(gp + k0).to(tl.float32)
-                u = tl.load(gp + Is + k0).to(tl.float32)
+            g = _load_input(gp + k0, None, None, EARLY).to(tl.float32)
+            u = _load_input(gp + Is + k0, None, None, EARLY).to(tl.float32)
         else:
             ms = o_k < Is - k0
             s = tl.load(sp + k0, mask=mn[:, None] & ms[None, :], other=0.0, eviction_policy="evict_first")
-            if EARLY:
-                g = tl.load(gp + k0, mask=ms, other=0.0, cache_modifier=".cg").to(tl.float32)
-                u = tl.load(gp + Is + k0, mask=ms, other=0.0, cache_modifier=".cg").to(tl.float32)
-            else:
-                g = tl.load(gp + k0, mask=ms, other=0.0).to(tl.float32)
-                u = tl.load(gp + Is + k0, mask=ms, other=0.0).to(tl.float32)
+            g = _load_input(gp + k0, ms, 0.0, EARLY).to(tl.float32)
+            u = _load_input(gp + Is + k0, ms, 0.0, EARLY).to(tl.float32)
     else:
         s = d
         g = tl.zeros([o_k.shape[0]], dtype=tl.float32)
@@ -527,12 +490,18 @@ def _tile_k(kb: int, bn: int, bk: int, length: int) -> int:
 
 def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None, config=None):
     """Routed (+ shared) experts at decode sizes, two launches. Either ids/weights [T, k] (a routing)
-    or logits [T, E] (routing inside the gate|up kernel). Returns (out [T, H], weights, ids)."""
+    or logits [T, E] (routing inside the gate|up kernel; with `up_stream` tiles in `route_topk`'s kernel
+    first). Returns (out [T, H], weights, ids)."""
     T, H = x.shape
     cfg = config or decode_config(T)
     E, I = down.shape[0], down.shape[-1]
     KB = triton.next_power_of_2(k)
     dev = x.device
+    if logits is not None and cfg.up_stream:
+        # NOTE: the one-expert-per-program kernel reads ids: every program routing the token itself was
+        #       measured slower (bench/NOTES.md session 23: 28.71 vs 26.66 us per layer at T=1).
+        weights, ids = route_topk(logits, k)
+        logits = None
     route = logits is not None
     if route:
         weights = torch.empty(T, k, dtype=logits.dtype, device=dev)
@@ -557,29 +526,29 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
     #       normed row for these kernels, 80 launches fewer: +0.04 ms per step.
     bn1 = min(cfg.up_bn, triton.next_power_of_2(I))
     act = torch.empty(T * k, I, dtype=x.dtype, device=dev)
-    up_args = (x, lg, ids, weights, gate_up, act, E, I, H, x.stride(0), stride_l, gate_up.stride(0),
-               gate_up.stride(1), act.stride(0))
     if cfg.up_stream:
         bk1 = _tile_k(1, bn1, cfg.up_bk, H)
         _experts_gate_up_rows_kernel[(triton.cdiv(I, bn1), T * k)](
-            *up_args, TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E), BN=bn1, BK=bk1, EVEN=H % bk1 == 0,
-            num_warps=cfg.up_warps, **_pdl.launch())
+            x, ids, gate_up, act, I, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
+            TOPK=k, BN=bn1, BK=bk1, EVEN=H % bk1 == 0, num_warps=cfg.up_warps, **_pdl.launch())
     else:
         bk1 = _tile_k(KB, bn1, cfg.up_bk, H)
         _experts_gate_up_kernel[(T, triton.cdiv(I, bn1))](
-            *up_args, TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E), BN=bn1, BK=bk1,
-            EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, num_warps=cfg.up_warps, **_pdl.launch())
+            x, lg, ids, weights, gate_up, act, E, I, H, x.stride(0), stride_l, gate_up.stride(0),
+            gate_up.stride(1), act.stride(0), TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E), BN=bn1,
+            BK=bk1, EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, num_warps=cfg.up_warps, **_pdl.launch())
     out = torch.empty(T, H, dtype=x.dtype, device=dev)
     Is, s_args, s_strides = _shared_args(shared, act, I)
     kmax = max(I, Is)
     bn2 = min(cfg.down_bn, triton.next_power_of_2(H))
     bk2 = _tile_k(KB, bn2, cfg.down_bk, kmax)
+    one_block = kmax <= bk2
     _experts_down_kernel[(T, triton.cdiv(H, bn2))](
         act, ids, weights, down, out, *s_args, H, I, Is, kmax,
         act.stride(0), down.stride(0), down.stride(1), out.stride(0), *s_strides,
         TOPK=k, KB=KB, HAS_SHARED=shared is not None, BN=bn2, BK=bk2,
-        EVEN=KB == k and H % bn2 == 0 and I == Is and I % bk2 == 0, ONE_BLOCK=kmax <= bk2,
-        EARLY=bool(cfg.down_early) and not route and kmax <= bk2, num_warps=cfg.down_warps, **_pdl.launch())
+        EVEN=KB == k and H % bn2 == 0 and I == Is and I % bk2 == 0, ONE_BLOCK=one_block,
+        EARLY=bool(cfg.down_early) and not route and one_block, num_warps=cfg.down_warps, **_pdl.launch())
     return out, weights, ids
 
 
