@@ -21,12 +21,17 @@ pytestmark = GPU_MARKS
 SHAPES = [(2, 6, 32, 32)] if _INTERPRET else [(16, 48, 128, 128), (2, 6, 32, 32)]
 
 
+@pytest.mark.parametrize("early", [1, 0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("B", [1, 3, 8])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_gdn_conv_recurrent_vs_reference(dtype, B, shape):
+def test_gdn_conv_recurrent_vs_reference(dtype, B, shape, early, monkeypatch):
+    """early: the kernel's loads of the states before the PDL wait (`EARLY_STATE`) or after it."""
     from ninfer.ops import fused as ref
+    from ninfer.ops.fast import gdn_decode
     from ninfer.ops.fast.gdn_decode import gdn_conv_recurrent
+
+    monkeypatch.setattr(gdn_decode, "EARLY_STATE", early)
 
     H, HV, K, V = shape
     C = 2 * H * K + HV * V

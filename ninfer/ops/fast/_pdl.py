@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-__all__ = ["enabled", "launch", "enter"]
+__all__ = ["enabled", "launch", "enter", "load_input"]
 
 
 @functools.cache
@@ -49,3 +49,15 @@ def enter(PDL: tl.constexpr):
     if PDL:
         gdc_wait()
         gdc_launch_dependents()
+
+
+@triton.jit
+def load_input(ptrs, mask, other, EARLY: tl.constexpr):
+    """A load of what an earlier kernel of the stream wrote: past L1 (.cg) when EARLY (issued before `enter`).
+
+    Before `enter` a kernel may also read what was written before its predecessor started: a PDL
+    kernel is scheduled only once every program of its predecessor has passed that one's own wait,
+    i.e. once everything before the predecessor has completed."""
+    if EARLY:
+        return tl.load(ptrs, mask=mask, other=other, cache_modifier=".cg")
+    return tl.load(ptrs, mask=mask, other=other)

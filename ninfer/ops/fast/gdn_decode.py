@@ -29,18 +29,27 @@ from ninfer.ops.fast import _pdl
 
 __all__ = ["gdn_conv_recurrent"]
 
+EARLY_STATE = 1      # load the entries, state tile and conv windows before the PDL wait (read at call time)
+
 
 @triton.jit
-def _conv_step(x_row, w, cs_src, cs_dst, ch, m, WRITE: tl.constexpr, OUT_TY: tl.constexpr):
+def _conv_window(w, cs_src, ch, m, EARLY: tl.constexpr):
+    """Channels ch's three past conv inputs at src and four taps (fp32): nothing this step writes."""
+    s0 = _pdl.load_input(cs_src + ch * 3 + 0, m, 0.0, EARLY).to(tl.float32)
+    s1 = _pdl.load_input(cs_src + ch * 3 + 1, m, 0.0, EARLY).to(tl.float32)
+    s2 = _pdl.load_input(cs_src + ch * 3 + 2, m, 0.0, EARLY).to(tl.float32)
+    w0 = tl.load(w + ch * 4 + 0, mask=m, other=0.0).to(tl.float32)
+    w1 = tl.load(w + ch * 4 + 1, mask=m, other=0.0).to(tl.float32)
+    w2 = tl.load(w + ch * 4 + 2, mask=m, other=0.0).to(tl.float32)
+    w3 = tl.load(w + ch * 4 + 3, mask=m, other=0.0).to(tl.float32)
+    return s0, s1, s2, w0, w1, w2, w3
+
+
+@triton.jit
+def _conv_step(x_row, s0, s1, s2, w0, w1, w2, w3, cs_dst, ch, m, WRITE: tl.constexpr, OUT_TY: tl.constexpr):
     """silu(conv) of channels ch (rounded to the activation dtype like the unfused op), state stepped at dst."""
-    s0 = tl.load(cs_src + ch * 3 + 0, mask=m, other=0.0).to(tl.float32)
-    s1 = tl.load(cs_src + ch * 3 + 1, mask=m, other=0.0).to(tl.float32)
-    s2 = tl.load(cs_src + ch * 3 + 2, mask=m, other=0.0).to(tl.float32)
     xt = tl.load(x_row + ch, mask=m, other=0.0).to(tl.float32)
-    acc = (tl.load(w + ch * 4 + 0, mask=m, other=0.0).to(tl.float32) * s0
-           + tl.load(w + ch * 4 + 1, mask=m, other=0.0).to(tl.float32) * s1
-           + tl.load(w + ch * 4 + 2, mask=m, other=0.0).to(tl.float32) * s2
-           + tl.load(w + ch * 4 + 3, mask=m, other=0.0).to(tl.float32) * xt)
+    acc = w0 * s0 + w1 * s1 + w2 * s2 + w3 * xt
     acc = acc / (1.0 + tl.exp(-acc))
     if WRITE:
         ty = cs_dst.dtype.element_ty
@@ -55,15 +64,20 @@ def _gdn_conv_recurrent_kernel(
     x, w, conv, a, b, A_log, dt_bias, o, state, src, dst, scale,
     stride_x, stride_cs, stride_a, stride_b,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    PDL: tl.constexpr = False,
+    EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    _pdl.enter(PDL)
+    """EARLY (`EARLY_STATE`): the entries, the state tile and the conv windows are loaded before the PDL
+    wait. Sound in the decode step: the entries come from the step's input copy and the states at src
+    from earlier steps; no kernel of the step writes them (src is never written; dst is written here
+    only). Only x, a and b come from the previous kernel (the in-projection)."""
+    if not EARLY:
+        _pdl.enter(PDL)
     i_b = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_v = tl.program_id(2)
     i_h = i_hv // (HV // H)
-    s_src = tl.load(src + i_b).to(tl.int64)
-    s_dst = tl.load(dst + i_b).to(tl.int64)
+    s_src = _pdl.load_input(src + i_b, None, None, EARLY).to(tl.int64)
+    s_dst = _pdl.load_input(dst + i_b, None, None, EARLY).to(tl.int64)
     x_row = x + i_b.to(tl.int64) * stride_x
     cs_src = conv + s_src * stride_cs
     cs_dst = conv + s_dst * stride_cs
@@ -76,25 +90,34 @@ def _gdn_conv_recurrent_kernel(
     #       gate math below instead of following it.
     ms = mk[:, None] & mv[None, :]
     p_s = state + s_src * (HV * K * V) + i_hv * (K * V) + o_k[:, None] * V + o_v[None, :]
-    S = tl.load(p_s, mask=ms, other=0.0)
+    S = _pdl.load_input(p_s, ms, 0.0, EARLY)
+    ch_q = i_h * K + o_k
+    ch_k = H * K + i_h * K + o_k
+    ch_v = 2 * H * K + i_hv * V + o_v
+    q0, q1, q2, qw0, qw1, qw2, qw3 = _conv_window(w, cs_src, ch_q, mk, EARLY)
+    k0, k1, k2, kw0, kw1, kw2, kw3 = _conv_window(w, cs_src, ch_k, mk, EARLY)
+    v0, v1, v2, vw0, vw1, vw2, vw3 = _conv_window(w, cs_src, ch_v, mv, EARLY)
+    ga = tl.load(A_log + i_hv).to(tl.float32)
+    gdt = tl.load(dt_bias + i_hv).to(tl.float32)
+    if EARLY:
+        _pdl.enter(PDL)
     # NOTE: one program per key head writes its q/k conv state (the first value head of the group,
     #       first V block); every program writes its own value channels.
     qk_writer = (i_v == 0) & (i_hv % (HV // H) == 0)
     if qk_writer:
-        bq = _conv_step(x_row, w, cs_src, cs_dst, i_h * K + o_k, mk, True, out_ty)
-        bk = _conv_step(x_row, w, cs_src, cs_dst, H * K + i_h * K + o_k, mk, True, out_ty)
+        bq = _conv_step(x_row, q0, q1, q2, qw0, qw1, qw2, qw3, cs_dst, ch_q, mk, True, out_ty)
+        bk = _conv_step(x_row, k0, k1, k2, kw0, kw1, kw2, kw3, cs_dst, ch_k, mk, True, out_ty)
     else:
-        bq = _conv_step(x_row, w, cs_src, cs_dst, i_h * K + o_k, mk, False, out_ty)
-        bk = _conv_step(x_row, w, cs_src, cs_dst, H * K + i_h * K + o_k, mk, False, out_ty)
-    bv = _conv_step(x_row, w, cs_src, cs_dst, 2 * H * K + i_hv * V + o_v, mv, True, out_ty)
+        bq = _conv_step(x_row, q0, q1, q2, qw0, qw1, qw2, qw3, cs_dst, ch_q, mk, False, out_ty)
+        bk = _conv_step(x_row, k0, k1, k2, kw0, kw1, kw2, kw3, cs_dst, ch_k, mk, False, out_ty)
+    bv = _conv_step(x_row, v0, v1, v2, vw0, vw1, vw2, vw3, cs_dst, ch_v, mv, True, out_ty)
     # NOTE: gates as `ops.gdn_gates`: g = -exp(A_log) * softplus(a + dt_bias) (torch's threshold 20,
     #       log1p kept exact for tiny exp), beta = sigmoid(b) rounded to b's dtype.
-    xa = (tl.load(a + i_b.to(tl.int64) * stride_a + i_hv).to(tl.float32)
-          + tl.load(dt_bias + i_hv).to(tl.float32))
+    xa = tl.load(a + i_b.to(tl.int64) * stride_a + i_hv).to(tl.float32) + gdt
     u = tl.exp(tl.minimum(xa, 20.0))
     w1 = 1.0 + u
     lp = tl.where(w1 == 1.0, u, tl.log(w1) * (u / tl.where(w1 == 1.0, 1.0, w1 - 1.0)))
-    bg = -tl.exp(tl.load(A_log + i_hv).to(tl.float32)) * tl.where(xa > 20.0, xa, lp)
+    bg = -tl.exp(ga) * tl.where(xa > 20.0, xa, lp)
     bv_raw = tl.load(b + i_b.to(tl.int64) * stride_b + i_hv).to(tl.float32)
     bb = (1.0 / (1.0 + tl.exp(-bv_raw))).to(b.dtype.element_ty).to(tl.float32)
     bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
@@ -136,5 +159,5 @@ def gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_s
     _gdn_conv_recurrent_kernel[(B, HV, triton.cdiv(V, BV))](
         qkv, w, conv_state, a, b, A_log, dt_bias, o, rec_state, src_i, dst_i, float(K ** -0.5),
         qkv.stride(0), conv_state.stride(0), a.stride(0), b.stride(0),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, num_warps=4, **_pdl.launch())
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, EARLY=bool(EARLY_STATE), num_warps=4, **_pdl.launch())
     return o

@@ -401,14 +401,14 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
     o_j = tl.arange(0, KB)
     mj = o_j < TOPK
     o_k = tl.arange(0, BK)
-    e = _load_input(ids + t * TOPK + o_j, mj, 0, EARLY).to(tl.int64)
-    wj = _load_input(rw + t * TOPK + o_j, mj, 0.0, EARLY).to(tl.float32)
+    e = _pdl.load_input(ids + t * TOPK + o_j, mj, 0, EARLY).to(tl.int64)
+    wj = _pdl.load_input(rw + t * TOPK + o_j, mj, 0.0, EARLY).to(tl.float32)
     dp = down + e[:, None, None] * stride_de + o_n[None, :, None].to(tl.int64) * stride_dn + o_k[None, None, :]
     ap = act + (t * TOPK + o_j)[:, None] * stride_act + o_k[None, :]
     acc = tl.zeros([KB, BN], dtype=tl.float32)
     sacc = tl.zeros([BN], dtype=tl.float32)
     if HAS_SHARED:
-        gl = _load_input(sg + t * stride_sg, None, None, EARLY).to(tl.float32)
+        gl = _pdl.load_input(sg + t * stride_sg, None, None, EARLY).to(tl.float32)
         sp = sdown + o_n[:, None].to(tl.int64) * stride_sdn + o_k[None, :]
         gp = sgu + t * stride_sgu + o_k
     else:
@@ -434,14 +434,6 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
 
 
 @triton.jit
-def _load_input(ptrs, mask, other, EARLY: tl.constexpr):
-    """A load of what an earlier kernel wrote: past L1 (.cg) when EARLY (before the PDL wait)."""
-    if EARLY:
-        return tl.load(ptrs, mask=mask, other=other, cache_modifier=".cg")
-    return tl.load(ptrs, mask=mask, other=other)
-
-
-@triton.jit
 def _down_weights(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl.constexpr, EVEN: tl.constexpr,
                   EARLY: tl.constexpr):
     """One K block's loads of the down kernel bar act: the routed experts' [KB, BN, BK] weights, the
@@ -456,13 +448,13 @@ def _down_weights(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl.constexpr, 
     if HAS_SHARED:
         if EVEN:
             s = tl.load(sp + k0, eviction_policy="evict_first")
-            g = _load_input(gp + k0, None, None, EARLY).to(tl.float32)
-            u = _load_input(gp + Is + k0, None, None, EARLY).to(tl.float32)
+            g = _pdl.load_input(gp + k0, None, None, EARLY).to(tl.float32)
+            u = _pdl.load_input(gp + Is + k0, None, None, EARLY).to(tl.float32)
         else:
             ms = o_k < Is - k0
             s = tl.load(sp + k0, mask=mn[:, None] & ms[None, :], other=0.0, eviction_policy="evict_first")
-            g = _load_input(gp + k0, ms, 0.0, EARLY).to(tl.float32)
-            u = _load_input(gp + Is + k0, ms, 0.0, EARLY).to(tl.float32)
+            g = _pdl.load_input(gp + k0, ms, 0.0, EARLY).to(tl.float32)
+            u = _pdl.load_input(gp + Is + k0, ms, 0.0, EARLY).to(tl.float32)
     else:
         s = d
         g = tl.zeros([o_k.shape[0]], dtype=tl.float32)
