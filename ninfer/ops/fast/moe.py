@@ -280,11 +280,14 @@ class DecodeConfig(NamedTuple):
 #       B=4 4.878 -> 4.546, B=5 5.340 -> 4.762, B=8 7.238 -> 6.217. FEW instead at B=2 3.364 (MANY), at
 #       B=3 3.846-3.963 vs 3.682, B=4 4.324-4.350 vs 4.334, B=5 4.904, B=8 6.436. Two captures of one config
 #       differ by up to 0.12 ms. At one token every alternative tried lost (2.548 base vs 2.584-2.649).
+#       Session 24, another machine, at B=2: FEW 3.293-3.296, the one-token tiles 3.238, MANY 3.149-3.152 (two
+#       processes). So 2 tokens run MANY now, and the FEW tier is empty (MANY_TOKENS = FEW_TOKENS): it is the
+#       A/B knob for that (set:...FEW_TOKENS=2+set:...MANY_TOKENS=3 restores session 23's choice).
 DECODE_CONFIG = DecodeConfig(1, 1024, 4, 2, 512, 4)
 DECODE_CONFIG_FEW = DecodeConfig(8, 128, 4, 1, 512, 1, up_stream=1, down_early=1)
 DECODE_CONFIG_MANY = DecodeConfig(4, 256, 8, 1, 512, 1)
 FEW_TOKENS = 2           # the token count from which DECODE_CONFIG_FEW applies
-MANY_TOKENS = 3          # ... and DECODE_CONFIG_MANY
+MANY_TOKENS = 2          # ... and DECODE_CONFIG_MANY (FEW applies from FEW_TOKENS up to MANY_TOKENS - 1)
 
 
 def decode_config(tokens: int) -> DecodeConfig:
