@@ -176,13 +176,12 @@ def main() -> None:
                         "err_rel_rms": err, "finite": finite, "best": best, "config": list(fm.decode_config(T))})
     print(f"\nMoE decode layer, 35B-A3B shapes, bf16, {L} layers per graph, PDL={'on' if _pdl.enabled() else 'off'}, "
           f"new = default tiles (fm.decode_config: T=1 {tuple(fm.DECODE_CONFIG)}, "
-          f"from {fm.FEW_TOKENS} {tuple(fm.DECODE_CONFIG_FEW)}, "
           f"from {fm.MANY_TOKENS} {tuple(fm.DECODE_CONFIG_MANY)}); us per layer (median of {args.reps} replays)")
     print_table(["T", "experts", "gemv", "old", "new", "fixed", "split", "old-gemv", "new-gemv", "fixed-gemv", "floor",
                  "new/floor", "speedup", "err", "finite"], rows)
     payload = {"dtype": "bf16", "model": "35B-A3B MoE layer (E=256, k=8, H=2048, I=512, Is=512)", "layers": L,
                "pad": args.pad,
-               "pdl": _pdl.enabled(), "config": {"one": list(fm.DECODE_CONFIG), "few": list(fm.DECODE_CONFIG_FEW),
+               "pdl": _pdl.enabled(), "config": {"one": list(fm.DECODE_CONFIG),
                                                 "many": list(fm.DECODE_CONFIG_MANY)}, "floor_tbs": TBS / 1e12,
                "results": results, "env": env_record(), "alloc_s": round(t_alloc, 1),
                "wall_s": round(time.time() - t_start, 1)}

@@ -14,7 +14,8 @@ the logits' dtype, ids int64. Ties go to the lowest expert id (torch.topk leaves
 
 Each program handles all k experts of one token: its weight tiles are one [k, BN, BK] load (k
 experts' rows at once, 32-36 KiB at the 35B sizes), so the bytes in flight per SM are what a streaming
-read of HBM needs. For 2 tokens (`DecodeConfig.up_stream`) the first kernel instead runs one program
+read of HBM needs. With `DecodeConfig.up_stream` tiles (measured, not a default: session 23 chose them for
+2 tokens, session 24's machine ran them 0.13-0.16 ms slower) the first kernel instead runs one program
 per (n-block, token, expert), grid (I/BN, T·k), streaming [BN, BK] blocks of that expert's gate and up
 rows a block ahead, as the GEMV's prefetch tiles do, and the second loads its weights before the PDL
 wait (`down_early`: the routing came from an earlier kernel). The second kernel loads the shared
@@ -61,7 +62,7 @@ from ninfer.ops.fast.gemv import _gemv_block, _load_w
 from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
-__all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DECODE_CONFIG", "DECODE_CONFIG_FEW",
+__all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DECODE_CONFIG",
            "DECODE_CONFIG_MANY", "decode_config", "MAX_PAIRS", "PREFILL_CHUNK", "PrefillTiles", "prefill_tiles"]
 
 MAX_PAIRS = 128          # (token, expert) pairs up to which the grouped GEMV (decode) path runs
@@ -280,21 +281,18 @@ class DecodeConfig(NamedTuple):
 #       B=4 4.878 -> 4.546, B=5 5.340 -> 4.762, B=8 7.238 -> 6.217. FEW instead at B=2 3.364 (MANY), at
 #       B=3 3.846-3.963 vs 3.682, B=4 4.324-4.350 vs 4.334, B=5 4.904, B=8 6.436. Two captures of one config
 #       differ by up to 0.12 ms. At one token every alternative tried lost (2.548 base vs 2.584-2.649).
-#       Session 24, another machine, at B=2: FEW 3.293-3.296, the one-token tiles 3.238, MANY 3.149-3.152 (two
-#       processes). So 2 tokens run MANY now, and the FEW tier is empty (MANY_TOKENS = FEW_TOKENS): it is the
-#       A/B knob for that (set:...FEW_TOKENS=2+set:...MANY_TOKENS=3 restores session 23's choice).
+#       Session 24, another machine, at B=2 (three processes): FEW (8, 128, 4, 1, 512, 1, up_stream=1,
+#       down_early=1) 3.293-3.327, the one-token tiles 3.238-3.241, MANY 3.149-3.166. So 2 tokens run MANY
+#       and the FEW tier is gone; its tiles stay selectable (bench/step_ab.py set:...DECODE_CONFIG_MANY=FIELDS
+#       at --batch 2 is that comparison).
 DECODE_CONFIG = DecodeConfig(1, 1024, 4, 2, 512, 4)
-DECODE_CONFIG_FEW = DecodeConfig(8, 128, 4, 1, 512, 1, up_stream=1, down_early=1)
 DECODE_CONFIG_MANY = DecodeConfig(4, 256, 8, 1, 512, 1)
-FEW_TOKENS = 2           # the token count from which DECODE_CONFIG_FEW applies
-MANY_TOKENS = 2          # ... and DECODE_CONFIG_MANY (FEW applies from FEW_TOKENS up to MANY_TOKENS - 1)
+MANY_TOKENS = 2          # the token count from which DECODE_CONFIG_MANY applies
 
 
 def decode_config(tokens: int) -> DecodeConfig:
     """The default decode tiles for `tokens` rows (the one place the choice is made)."""
-    if tokens < FEW_TOKENS:
-        return DECODE_CONFIG
-    return DECODE_CONFIG_FEW if tokens < MANY_TOKENS else DECODE_CONFIG_MANY
+    return DECODE_CONFIG if tokens < MANY_TOKENS else DECODE_CONFIG_MANY
 
 
 _TILE = 8192          # max elements of one expert-stacked weight tile per load (per gate / up / down)
