@@ -136,7 +136,11 @@ def gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_s
                        head_k_dim, head_v_dim):
     """See `ninfer.ops.fused.gdn_conv_recurrent`. qkv [B, C] (unit last stride), a, b [B, HV] raw
     projections (column slices allowed), A_log, dt_bias [HV], conv_state [S, C, 3], rec_state
-    [S, HV, K, V] fp32, src/dst [B] -> o [B, HV, V]."""
+    [S, HV, K, V] fp32, src/dst [B] -> o [B, HV, V].
+
+    With PDL on and EARLY_STATE set, src, dst and both states at src are read before the wait for the
+    previous kernel of the stream: that kernel must not write them (in the decode step it is the
+    in-projection, which writes qkv, a and b only)."""
     B, C = qkv.shape
     H, K, V = num_k_heads, head_k_dim, head_v_dim
     HV = a.shape[-1]
