@@ -125,6 +125,77 @@ def test_split_k_deterministic_counters_reset():
     assert rel_rms(y3, y1) < 1e-2
 
 
+# (N, K, router start, router columns, top-k, config): the 35B-A3B's shared_in (1288 rows: shared gate|up,
+# the shared gate row, 256 router rows, 7 zero rows) on its decode tiles; router columns starting and ending
+# inside tiles; one router tile; the interpreter's smaller forms.
+ROUTE_CASES = [(1288, 2048, 1025, 256, 8, None), (300, 333, 37, 150, 4, (16, 128, 1, 4, 1)),
+               (64, 256, 0, 64, 8, (64, 256, 1, 4, 1)), (1288, 2048, 1025, 256, 8, (8, 512, 1, 4, 1, False, True))]
+if _INTERPRET:
+    ROUTE_CASES = [(200, 256, 61, 128, 8, (8, 128, 1, 4, 1, False, True)), (300, 333, 37, 150, 4, (16, 128, 1, 4, 1)),
+                   (64, 256, 0, 64, 8, (64, 256, 1, 4, 1))]
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+@pytest.mark.parametrize("case", ROUTE_CASES)
+def test_route_epilogue_matches_route_topk(case):
+    """gemv(route=...): y as without it, and the routing exactly `route_topk` of y's router columns
+    (ids and weights), from NaN-poisoned outputs, with the arrival counter back at 0 after each of
+    several launches (with different inputs: no state carried over)."""
+    from ninfer.ops import moe as ref_moe
+    from ninfer.ops.fast import gemv
+    n, k, start, num, top_k, cfg = case
+    cfg = gemv.config_for(n, k, 1) if cfg is None else gemv.GemvConfig(*cfg)
+    dt = torch.float32 if _INTERPRET else torch.bfloat16
+    for rep in range(3):
+        x = randn(1, k, dtype=dt, seed=10 + rep)
+        w = randn(n, k, dtype=dt, seed=20 + rep)
+        poison_allocator()
+        y, routing = gemv.gemv(x, w, cfg, route=gemv.RouterCols(start, num, top_k))
+        assert torch.equal(y, gemv.gemv(x, w, cfg))
+        want = ref_moe.route_topk(y[:, start:start + num], top_k)
+        assert routing.ids.shape == (1, top_k) and routing.ids.dtype == torch.int64
+        assert routing.weights.dtype == dt
+        assert torch.equal(routing.ids, want.ids), (routing.ids, want.ids)
+        assert torch.allclose(routing.weights.float(), want.weights.float(), rtol=1e-2 if dt != torch.float32 else 1e-5,
+                              atol=1e-6)
+        assert int(gemv._ROUTE_COUNTER[x.device].item()) == 0
+
+
+@pytest.mark.gpu
+@_NEEDS_KERNEL
+def test_route_epilogue_rejects_what_it_cannot_route():
+    from ninfer.ops.fast import gemv
+    x = randn(2, 256, dtype=torch.float32, seed=1)
+    w = randn(64, 256, dtype=torch.float32, seed=2)
+    for xx, r, cfg in ((x, gemv.RouterCols(0, 64, 8), None),                       # two rows
+                       (x[:1], gemv.RouterCols(10, 64, 8), None),                  # past N
+                       (x[:1], gemv.RouterCols(0, 8, 9), None),                    # top_k > columns
+                       (x[:1], gemv.RouterCols(0, 64, 8), gemv.GemvConfig(16, 64, 2, 4, 1))):   # split-K
+        with pytest.raises(ValueError, match="gemv route"):
+            gemv.gemv(xx, w, cfg if cfg is not None else gemv.GemvConfig(16, 64, 1, 4, 1), route=r)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_linear_route_dispatch(monkeypatch):
+    """The op: at one row on the kernel's path a routing equal to route_topk's; at two rows, with the
+    switch off, or on cuBLAS shapes, the plain product and None (the caller routes)."""
+    from ninfer.ops import moe as ref_moe
+    from ninfer.ops.fast import gemv
+    n, k, start, num, top_k = 1288, 2048, 1025, 256, 8
+    x = randn(2, k, dtype=torch.bfloat16, seed=3)
+    w = randn(n, k, dtype=torch.bfloat16, seed=4)
+    assert gemv.use_triton(n, k, 1)
+    y, routing = gemv.linear_route(x[:1], w, start, num, top_k)
+    assert torch.equal(routing.ids, ref_moe.route_topk(y[:, start:start + num], top_k).ids)
+    y2, none = gemv.linear_route(x, w, start, num, top_k)
+    assert none is None and rel_rms(y2, reference(x, w)) < TOL[torch.bfloat16]
+    monkeypatch.setattr(gemv, "ROUTE_IN_GEMV", 0)
+    y1, none = gemv.linear_route(x[:1], w, start, num, top_k)
+    assert none is None and torch.equal(y1, y)
+
+
 @pytest.mark.gpu
 @_NEEDS_KERNEL
 def test_bad_inputs_rejected():
