@@ -90,13 +90,6 @@ def linear(x: "torch.Tensor | NormedRows", weight: torch.Tensor, residual: torch
     return F.linear(normed(x), weight)
 
 
-def linear_route(x: "torch.Tensor | NormedRows", weight: torch.Tensor, start: int, num: int, top_k: int):
-    """(x @ weight.T, None): columns [start, start + num) of the product are router logits, which a fast
-    implementation may route in the same launch and return as a `MoeRouting` (top_k experts, as
-    `ninfer.ops.moe.route_topk`); None means the caller routes them."""
-    return linear(x, weight), None
-
-
 def linear_swiglu(gu: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
     """gu [N, 2I] (gate | up) -> silu_mul_halves(gu) @ weight[H, I].T  [N, H] in gu.dtype (`residual`
     as in `linear`: never folded here)."""

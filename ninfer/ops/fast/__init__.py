@@ -72,7 +72,6 @@ class OpSet(NamedTuple):
     route_moe_experts: Callable        # (x, router_logits, k, gate_up, down, *, shared) -> moe_experts(x, route_topk(..))
     qk_norm_rope_write_kv: Callable    # (q, k, v, wq, wk, cos, sin, eps, kc, vc, bt, pos, rows) -> q'; k', v into pages
     prefix_attention_rows: Callable    # (q, kc, vc, bt, start, length) a padded stage over its prefix (prefill graphs)
-    linear_route: Callable             # (x, w, start, num, k) -> (x @ w.T, MoeRouting of columns start.. or None)
 
 
 @functools.cache
@@ -84,8 +83,7 @@ def reference_ops() -> OpSet:
                  attention.chunk_paged_attention, attention.decode_paged_attention, moe.moe_experts,
                  fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, attention.attention_output_gate,
                  gated_delta.gdn_gates, moe.route_topk, fused.linear, fused.gdn_conv_recurrent, fused.linear_swiglu,
-                 moe.route_moe_experts, attention.qk_norm_rope_write_kv, attention.prefix_attention_rows,
-                 fused.linear_route)
+                 moe.route_moe_experts, attention.qk_norm_rope_write_kv, attention.prefix_attention_rows)
 
 
 @functools.cache
@@ -113,7 +111,7 @@ def fast_ops() -> OpSet:
         fused.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention,
         moe.moe_experts, fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, fused.sigmoid_gate_mul,
         fused.gdn_gates, moe.route_topk, gemv.linear, gdn_decode.gdn_conv_recurrent, gemv.linear_swiglu,
-        moe.route_moe_experts, fused.qk_norm_rope_write_kv, attention.prefix_attention_rows, gemv.linear_route)
+        moe.route_moe_experts, fused.qk_norm_rope_write_kv, attention.prefix_attention_rows)
 
 
 def select_ops(device: torch.device | str) -> OpSet:

@@ -53,8 +53,7 @@ def enter(PDL: tl.constexpr):
 
 @triton.jit
 def load_input(ptrs, mask, other, EARLY: tl.constexpr):
-    """A load past L1 (.cg) when EARLY: of what an earlier kernel of the stream wrote, issued before `enter`,
-    or of what other programs of the same launch wrote (after an acquire).
+    """A load of what an earlier kernel of the stream wrote: past L1 (.cg) when EARLY (issued before `enter`).
 
     Before `enter` a kernel may also read what was written before its predecessor started: a PDL
     kernel is scheduled only once every program of its predecessor has passed that one's own wait,

@@ -51,9 +51,7 @@ import triton.language as tl
 
 from ninfer.ops.fast.fused import add_rms_norm as _fast_add_rms_norm, silu_mul_halves as _fast_silu_mul_halves
 from ninfer.ops.fused import NormedRows, Residual
-from ninfer.ops.moe import MoeRouting
 from ninfer.ops.fast import _pdl
-from ninfer.ops.fast._topk import _topk_of_row
 
 __all__ = ["GemvConfig", "RowNorm", "CONFIGS", "USE_TRITON", "USE_TRITON_SWIGLU",
            "MAX_ROWS", "linear", "linear_swiglu", "gemv", "use_triton", "concurrent_ok", "m_bucket", "config_for",
@@ -362,12 +360,11 @@ def _gemv_block(acc, w, x_rows, offs_k, k_end, K, M_PAD: tl.constexpr, DOT: tl.c
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, stride_wn, stride_ym, k_per_split,
-                 res_ptr, stride_rm, parts_ptr, n_parts, nw_ptr, eps, rw_ptr, rid_ptr, rcnt_ptr, route_lo, n_route,
+                 res_ptr, stride_rm, parts_ptr, n_parts, nw_ptr, eps,
                  M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr,
                  DOT: tl.constexpr, EVEN_K: tl.constexpr, PREC: tl.constexpr, SWIGLU: tl.constexpr = False,
                  RESID: tl.constexpr = False, NORM: tl.constexpr = False, BP: tl.constexpr = 1,
-                 PREFETCH: tl.constexpr = False, ROUTE: tl.constexpr = False, TOPK: tl.constexpr = 1,
-                 BE: tl.constexpr = 1, BKK: tl.constexpr = 1, PDL: tl.constexpr = False):
+                 PREFETCH: tl.constexpr = False, PDL: tl.constexpr = False):
     """y[m, n] = sum_k x[m, k] w[n, k]; program (pid_n, pid_k) covers rows pid_n*BLOCK_N.. and the K range
     [pid_k * k_per_split, +k_per_split) (k_per_split a multiple of BLOCK_K).
     SWIGLU: x_ptr holds [gate | up] rows of 2K and x[m, k] = silu(gate[m, k]) * up[m, k], rounded as
@@ -375,11 +372,7 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
     RESID: y = residual + (x @ w.T rounded to y's dtype), rounded (the schedule's residual add), and
     parts[m, pid_n] = sum over the tile's columns of y^2 in fp32 (n_parts = number of N tiles).
     NORM (M == 1): x is the residual row h; x = rms_norm(h) = h * rsqrt(sum(parts[0, :n_parts]) / K + eps)
-    * (1 + nw) on the fly, the parts written by the RESID launch that produced h.
-    ROUTE (M == 1, not SPLIT): columns [route_lo, route_lo + n_route) of y are router logits; the programs
-    whose tiles hold them count their arrivals on rcnt after storing y, and the last to arrive reads the
-    n_route logits back (.cg, after its acquire), stores the top-TOPK routing (rw in y's dtype, rid int64:
-    `ninfer.ops.fast.moe.route_topk`'s result) and resets the counter for the next launch."""
+    * (1 + nw) on the fly, the parts written by the RESID launch that produced h."""
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -449,19 +442,6 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
             tl.store(cnt_ptr + pid_n, 0)
     else:
         _store_y(res, y_ptr, stride_ym, offs_m, offs_n, mask, res_ptr, stride_rm, parts_ptr, n_parts, pid_n, M, RESID)
-        if ROUTE:
-            first = route_lo // BLOCK_N
-            last = (route_lo + n_route - 1) // BLOCK_N
-            if (pid_n >= first) & (pid_n <= last):
-                # NOTE: as the split-K arrival: every thread's stores of y precede the (release) arrival.
-                tl.debug_barrier()
-                arrived = tl.atomic_add(rcnt_ptr, 1, sem="acq_rel", scope="gpu")
-                if arrived == last - first:
-                    wv, iv = _topk_of_row(y_ptr + route_lo, n_route, TOPK, BE, BKK, True)
-                    o_t = tl.arange(0, BKK)
-                    tl.store(rw_ptr + o_t, wv.to(rw_ptr.dtype.element_ty), mask=o_t < TOPK)
-                    tl.store(rid_ptr + o_t, iv, mask=o_t < TOPK)
-                    tl.store(rcnt_ptr, 0)
 
 
 @triton.jit
@@ -518,7 +498,7 @@ def _torch_parts(h: torch.Tensor, block_n: int) -> torch.Tensor:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, swiglu: bool = False,
-         residual: torch.Tensor | None = None, norm: RowNorm | None = None, route: "RouterCols | None" = None):
+         residual: torch.Tensor | None = None, norm: RowNorm | None = None):
     """The kernel, forced: x [M, K] (unit last stride, 1 <= M <= 8) @ w[N, K].T -> [M, N] in x.dtype.
     fp32 accumulation; fp32 inputs are allowed (tests) and use IEEE fp32 dot products.
     swiglu: x is [M, 2K] = [gate | up] and the product is silu_mul(gate, up) @ w.T (one launch).
@@ -526,10 +506,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
       as `F.linear` then the residual add round them) and parts [M, n_tiles] fp32, the sums of h^2 per
       column tile, for a later `gemv(h, w2, norm=RowNorm(parts, weight, eps))`.
     norm (M == 1, not with swiglu): x is a residual row h; the product is rms_norm(h) @ w.T with the
-      norm's sum of squares from norm.parts (one launch instead of the norm kernel + the GEMV).
-    route (M == 1, no residual, one K split, route.num <= ROUTE_MAX): returns (y, MoeRouting): the
-      top-route.top_k routing of y[:, route.start:route.start + route.num] (`route_topk`'s), computed by
-      the launch's last router tile (ValueError when the shape does not allow it; `route_ok` says)."""
+      norm's sum of squares from norm.parts (one launch instead of the norm kernel + the GEMV)."""
     M, K = x.shape
     if swiglu:
         if K % 2:
@@ -551,20 +528,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
     cfg = config if config is not None else config_for(N, K, M, x.device)
     bn, bk = cfg.block_n, cfg.block_k
     n_tiles = triton.cdiv(N, bn)
-    if route is not None and not _route_shape_ok(M, N, K, cfg, residual, route):
-        raise ValueError(f"gemv route: needs one row, no residual, one K split and 0 < top_k <= num <= {ROUTE_MAX} "
-                         f"columns inside the {N} (got M={M}, {route}, split_k={cfg.split_k})")
     y = torch.empty(M, N, dtype=x.dtype, device=x.device)
     parts = torch.empty(M, n_tiles, dtype=torch.float32, device=x.device) if residual is not None else None
-    if route is not None:
-        rcnt = _route_counter(x.device)
-        if rcnt is None:
-            raise ValueError("gemv route: its arrival counter is first needed during a CUDA-graph capture "
-                             "(call `route_ok` outside the capture first)")
-        rw = torch.empty(1, route.top_k, dtype=x.dtype, device=x.device)
-        rid = torch.empty(1, route.top_k, dtype=torch.int64, device=x.device)
-    else:
-        rcnt, rw, rid = y, y, y                            # unused (ROUTE=False)
     if N == 0 or K == 0:
         if K == 0:
             y.zero_()
@@ -572,7 +537,10 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
             return y
         h = residual + y
         return h, _torch_parts(h, bn)
-    split, k_per_split = _splits(K, cfg)
+    kblocks = triton.cdiv(K, bk)
+    split = max(1, min(cfg.split_k, kblocks))
+    k_per_split = triton.cdiv(kblocks, split) * bk
+    split = triton.cdiv(K, k_per_split)                    # no empty splits
     if split > 1:
         cnt = _counters(x.device, n_tiles)
         if cnt is None:
@@ -597,50 +565,12 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
     _gemv_kernel[(n_tiles, split)](
         x, w, y, ws, cnt, M, N, K, x.stride(0), w.stride(0), y.stride(0), k_per_split,
         res, res.stride(0), pp, n_parts, norm.weight if norm is not None else w,
-        float(norm.eps) if norm is not None else 0.0, rw, rid, rcnt, route.start if route else 0,
-        route.num if route else 1,
+        float(norm.eps) if norm is not None else 0.0,
         M_PAD=m_pad, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1, DOT=cfg.dot, EVEN_K=K % bk == 0, PREC=prec,
         SWIGLU=swiglu, RESID=residual is not None, NORM=norm is not None, PREFETCH=cfg.prefetch,
-        BP=triton.next_power_of_2(n_parts) if norm is not None else 1, ROUTE=route is not None,
-        TOPK=route.top_k if route else 1, BE=triton.next_power_of_2(route.num) if route else 1,
-        BKK=triton.next_power_of_2(route.top_k) if route else 1,
+        BP=triton.next_power_of_2(n_parts) if norm is not None else 1,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl.launch())
-    if route is not None:
-        return y, MoeRouting(rw, rid)
     return y if residual is None else (y, parts)
-
-
-class RouterCols(NamedTuple):
-    """Columns [start, start + num) of a GEMV's output are router logits; route them to top_k experts."""
-    start: int
-    num: int
-    top_k: int
-
-
-ROUTE_MAX = 1024          # router columns one program's top-k holds in registers
-_ROUTE_COUNTER: dict[torch.device, torch.Tensor] = {}
-
-
-def _splits(K: int, cfg: GemvConfig) -> tuple[int, int]:
-    """(K splits, K per split) of a launch: no empty splits."""
-    kblocks = triton.cdiv(K, cfg.block_k)
-    k_per_split = triton.cdiv(kblocks, max(1, min(cfg.split_k, kblocks))) * cfg.block_k
-    return triton.cdiv(K, k_per_split), k_per_split
-
-
-def _route_shape_ok(M: int, N: int, K: int, cfg: GemvConfig, residual, route: RouterCols) -> bool:
-    return (M == 1 and residual is None and K > 0 and 0 < route.top_k <= route.num <= ROUTE_MAX
-            and route.start >= 0 and route.start + route.num <= N and _splits(K, cfg)[0] == 1)
-
-
-def _route_counter(device: torch.device) -> torch.Tensor | None:
-    """The device's zeroed router-arrival counter; None when it would be allocated during a capture."""
-    c = _ROUTE_COUNTER.get(device)
-    if c is None:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            return None
-        c = _ROUTE_COUNTER[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return c
 
 
 def _eligible(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -680,24 +610,6 @@ def linear(x: "torch.Tensor | NormedRows", w: torch.Tensor, residual: torch.Tens
                 return Residual(h.reshape(*x.shape[:-1], w.shape[0]), parts)
             return gemv(x2, w).reshape(*x.shape[:-1], w.shape[0])
     return F.linear(x, w)
-
-
-ROUTE_IN_GEMV = 1         # linear_route computes the routing in the GEMV's epilogue (read at call time)
-
-
-def linear_route(x, w: torch.Tensor, start: int, num: int, top_k: int):
-    """(x @ w.T, routing | None) (`ninfer.ops.fused.linear_route`). For one row on the kernel's path the
-    launch's last router tile routes columns [start, start + num) of the product (`gemv(route=...)`),
-    so the expert kernels read a routing instead of recomputing it; otherwise `linear` and None (the
-    caller routes the logits)."""
-    if ROUTE_IN_GEMV and isinstance(x, torch.Tensor) and x.dim() == 2 and x.shape[0] == 1 and _eligible(x, w):
-        N, K = w.shape
-        r = RouterCols(start, num, top_k)
-        if use_triton(N, K, 1):
-            cfg = config_for(N, K, 1, x.device)
-            if _route_shape_ok(1, N, K, cfg, None, r) and _route_counter(x.device) is not None:
-                return gemv(x, w, cfg, route=r)
-    return linear(x, w), None
 
 
 def linear_swiglu(gu: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None):

@@ -59,7 +59,6 @@ import triton.language as tl
 
 from ninfer.ops.fast.fused import silu_mul_halves
 from ninfer.ops.fast.gemv import _gemv_block, _load_w
-from ninfer.ops.fast._topk import _topk_of_row
 from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
@@ -73,6 +72,34 @@ PREFILL_CHUNK = 8192     # tokens per grouped-GEMM pass
 # ------------------------------------------------------------------------------------------------
 # routing
 # ------------------------------------------------------------------------------------------------
+@triton.jit
+def _topk_of_row(row, E, K: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
+    """Top-K of one row of E router logits: (renormalised weights [BK] fp32, ids [BK] int64), slots >= K
+    hold 0. fp32 softmax over all E; by decreasing probability, the lowest id wins a tie."""
+    o_e = tl.arange(0, BE)
+    me = o_e < E
+    lg = tl.load(row + o_e, mask=me, other=float("-inf")).to(tl.float32)
+    ex = tl.where(me, tl.exp(lg - tl.max(lg, 0)), 0.0)
+    p = ex / tl.sum(ex, 0)
+    # NOTE: one max per round on a packed key: p >= 0, so its fp32 bits order like the values; the low
+    #       word (BE - 1 - e) makes the lowest id win a tie. Taken and padding lanes hold -1.
+    key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BE - 1 - o_e).to(tl.int64)
+    key = tl.where(me, key, -1)
+    o_k = tl.arange(0, BK)
+    wv = tl.zeros([BK], dtype=tl.float32)
+    iv = tl.zeros([BK], dtype=tl.int64)
+    for j in tl.static_range(K):
+        best = tl.max(key, 0)
+        hi = best >> 32
+        v = hi.to(tl.int32).to(tl.float32, bitcast=True)
+        idx = BE - 1 - (best - (hi << 32))
+        idx = tl.minimum(tl.maximum(idx, 0), E - 1)   # NaN logits: stay in range (no stray weight reads)
+        wv = tl.where(o_k == j, v, wv)
+        iv = tl.where(o_k == j, idx, iv)
+        key = tl.where(key == best, -1, key)
+    return wv / tl.sum(wv, 0), iv
+
+
 @triton.jit
 def _route_topk_kernel(logits, w_out, id_out, E, stride_l, K: tl.constexpr, BE: tl.constexpr,
                        BK: tl.constexpr, PDL: tl.constexpr = False):

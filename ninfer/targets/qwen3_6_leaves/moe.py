@@ -13,8 +13,7 @@ class SparseMoE:
     # NOTE: the schedule passes its OpSet (`ops`): routing and the routed experts follow the op
     #       selection (the fast ones have no host sync, so decode is CUDA-graph capturable). Routing and
     #       the shared expert's down projection and gate run inside `ops.route_moe_experts` (the fast
-    #       one routes inside its first kernel, or at one row in the shared_in GEMV's epilogue:
-    #       `ops.linear_route`), so a decode step is one GEMM and two expert kernels.
+    #       one routes inside its first kernel), so a decode step is one GEMM and two expert kernels.
 
     def __init__(self, dims: Qwen36Dims) -> None:
         if not dims.is_moe:
@@ -29,12 +28,9 @@ class SparseMoE:
         shape = h.shape
         x2 = h.reshape(-1, shape[-1])
         Is = mlp["shared_expert.gate_proj.weight"].shape[0]
-        r0 = 2 * Is + 1
-        y, routing = ops.linear_route(x2, mlp["shared_in.weight"], r0, self.num_experts, self.top_k)
+        y = ops.linear(x2, mlp["shared_in.weight"])
         shared = SharedExpert(y[:, :2 * Is], y[:, 2 * Is:2 * Is + 1], mlp["shared_expert.down_proj.weight"])
-        if routing is not None:     # routed by the GEMV's launch (the fast one-row path)
-            out = ops.moe_experts(x2, routing, mlp["experts.gate_up_proj"], mlp["experts.down_proj"], shared=shared)
-        else:
-            out = ops.route_moe_experts(x2, y[:, r0:r0 + self.num_experts], self.top_k, mlp["experts.gate_up_proj"],
-                                        mlp["experts.down_proj"], shared=shared)
+        r0 = 2 * Is + 1
+        out = ops.route_moe_experts(x2, y[:, r0:r0 + self.num_experts], self.top_k, mlp["experts.gate_up_proj"],
+                                    mlp["experts.down_proj"], shared=shared)
         return out.reshape(shape)
