@@ -38,11 +38,12 @@ GEMV_BASE = dict(M_PAD=1, SPLIT=False, DOT=False, EVEN_K=True, PREC="tf32", SWIG
 # MoE decode at T=1 (DECODE_CONFIG): gate|up [8, 1, 1024] tiles, down [8, 2, 512]
 UP_BASE = dict(TOPK=8, KB=8, ROUTE=True, BE=256, BN=1, BK=1024, EVEN=True, PDL=True)
 UP_VARIANTS = {"moe gate|up route": {}, "moe gate|up route 8x1x512": dict(BK=512)}
-DOWN_BASE = dict(TOPK=8, KB=8, HAS_SHARED=True, BN=2, BK=512, EVEN=True, ONE_BLOCK=True, PDL=True)
-DOWN_VARIANTS = {"moe down": {}, "moe down (as a loop)": dict(ONE_BLOCK=False)}
+DOWN_BASE = dict(TOPK=8, KB=8, HAS_SHARED=True, BN=2, BK=512, EVEN=True, ONE_BLOCK=True, EARLY=False, PDL=True)
+DOWN_VARIANTS = {"moe down": {}, "moe down (as a loop)": dict(ONE_BLOCK=False),
+                 "moe down, early loads": dict(EARLY=True)}
 # GDN decode state step, 27B heads (H=16, HV=48, K=V=128), BV=16 (B=1)
-GDN_BASE = dict(H=16, HV=48, K=128, V=128, BK=128, BV=16, PDL=True)
-GDN_VARIANTS = {"gdn conv+recurrent": {}}
+GDN_BASE = dict(H=16, HV=48, K=128, V=128, BK=128, BV=16, EARLY=True, PDL=True)
+GDN_VARIANTS = {"gdn conv+recurrent": {}, "gdn conv+recurrent, loads after the wait": dict(EARLY=False)}
 # paged decode attention at the 35B-A3B heads (16 q, 2 kv, 256): the split kernel and the merge
 ATTN_SPLIT = dict(HQ=16, REP=8, D=256, PAGE=64, BH=16, BN=32, PREC="tf32", PDL=True)
 ATTN_MERGE = dict(HQ=16, D=256, BN=32, BS=16, HAS_GATE=False, PDL=True)

@@ -26,7 +26,9 @@ SHAPES = [(2, 6, 32, 32)] if _INTERPRET else [(16, 48, 128, 128), (2, 6, 32, 32)
 @pytest.mark.parametrize("B", [1, 3, 8])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_gdn_conv_recurrent_vs_reference(dtype, B, shape, early, monkeypatch):
-    """early: the kernel's loads of the states before the PDL wait (`EARLY_STATE`) or after it."""
+    """early: the kernel's loads of the states before the PDL wait (`EARLY_STATE`) or after it. Here the
+    op's predecessor is a torch copy (not PDL-aware: the op starts after it completes); the decode graph
+    tests (test_cuda_graphs_gpu.py) run it after the in-projection's PDL GEMV."""
     from ninfer.ops import fused as ref
     from ninfer.ops.fast import gdn_decode
     from ninfer.ops.fast.gdn_decode import gdn_conv_recurrent

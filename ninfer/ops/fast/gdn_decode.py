@@ -29,7 +29,7 @@ from ninfer.ops.fast import _pdl
 
 __all__ = ["gdn_conv_recurrent"]
 
-EARLY_STATE = 1      # load the entries, state tile and conv windows before the PDL wait (read at call time)
+EARLY_STATE = 1      # load the entries, states, conv taps, A_log, dt_bias before the PDL wait (read at call time)
 
 
 @triton.jit
@@ -66,10 +66,10 @@ def _gdn_conv_recurrent_kernel(
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
     EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
-    """EARLY (`EARLY_STATE`): the entries, the state tile and the conv windows are loaded before the PDL
-    wait. Sound in the decode step: the entries come from the step's input copy and the states at src
-    from earlier steps; no kernel of the step writes them (src is never written; dst is written here
-    only). Only x, a and b come from the previous kernel (the in-projection)."""
+    """EARLY (`EARLY_STATE`): the entries, the state tile, the conv windows and taps, A_log and dt_bias
+    are loaded before the PDL wait, x, a and b (the in-projection's output) after it. Sound in the
+    decode step: the entries come from the step's input copy and the states at src from earlier steps;
+    no kernel of the step writes them (src is never written; dst is written here only)."""
     if not EARLY:
         _pdl.enter(PDL)
     i_b = tl.program_id(0)
@@ -138,9 +138,9 @@ def gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_s
     projections (column slices allowed), A_log, dt_bias [HV], conv_state [S, C, 3], rec_state
     [S, HV, K, V] fp32, src/dst [B] -> o [B, HV, V].
 
-    With PDL on and EARLY_STATE set, src, dst and both states at src are read before the wait for the
-    previous kernel of the stream: that kernel must not write them (in the decode step it is the
-    in-projection, which writes qkv, a and b only)."""
+    With PDL on and EARLY_STATE set, src, dst, both states at src and the weights are read before the
+    wait for the previous kernel of the stream: that kernel must not write them (in the decode step it
+    is the in-projection, or its gate rows' GEMV after it, which write qkv, a, b and z only)."""
     B, C = qkv.shape
     H, K, V = num_k_heads, head_k_dim, head_v_dim
     HV = a.shape[-1]

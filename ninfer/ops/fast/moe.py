@@ -15,7 +15,7 @@ the logits' dtype, ids int64. Ties go to the lowest expert id (torch.topk leaves
 Each program handles all k experts of one token: its weight tiles are one [k, BN, BK] load (k
 experts' rows at once, 32-36 KiB at the 35B sizes), so the bytes in flight per SM are what a streaming
 read of HBM needs. With `DecodeConfig.up_stream` tiles (measured, not a default: session 23 chose them for
-2 tokens, session 24's machine ran them 0.13-0.16 ms slower) the first kernel instead runs one program
+2 tokens, session 24's machine ran them 0.14-0.16 ms slower) the first kernel instead runs one program
 per (n-block, token, expert), grid (I/BN, T·k), streaming [BN, BK] blocks of that expert's gate and up
 rows a block ahead, as the GEMV's prefetch tiles do, and the second loads its weights before the PDL
 wait (`down_early`: the routing came from an earlier kernel). The second kernel loads the shared
@@ -282,7 +282,7 @@ class DecodeConfig(NamedTuple):
 #       B=3 3.846-3.963 vs 3.682, B=4 4.324-4.350 vs 4.334, B=5 4.904, B=8 6.436. Two captures of one config
 #       differ by up to 0.12 ms. At one token every alternative tried lost (2.548 base vs 2.584-2.649).
 #       Session 24, another machine, at B=2 (three processes): FEW (8, 128, 4, 1, 512, 1, up_stream=1,
-#       down_early=1) 3.293-3.327, the one-token tiles 3.238-3.241, MANY 3.149-3.166. So 2 tokens run MANY
+#       down_early=1) 3.293-3.327, the one-token tiles 3.237-3.241, MANY 3.149-3.166. So 2 tokens run MANY
 #       and the FEW tier is gone; its tiles stay selectable (bench/step_ab.py set:...DECODE_CONFIG_MANY=FIELDS
 #       at --batch 2 is that comparison).
 DECODE_CONFIG = DecodeConfig(1, 1024, 4, 2, 512, 4)
