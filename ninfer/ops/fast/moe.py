@@ -262,6 +262,8 @@ class DecodeConfig(NamedTuple):
     down_bn: int = 2
     down_bk: int = 512
     down_warps: int = 4
+    # NOTE: neither is set by a default tile set (session 24: slower at 2 tokens on its machine, a tie or a loss
+    #       elsewhere; bench/NOTES.md). They stay as tested alternatives for bench/step_ab.py and moe_decode.py.
     up_stream: int = 0      # 1: one expert per gate|up program, [up_bn, up_bk] blocks prefetched a block ahead
     down_early: int = 0     # 1: the down kernel loads its weights before the PDL wait (routing from an earlier kernel)
 
