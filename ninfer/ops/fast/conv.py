@@ -35,13 +35,11 @@ def _silu(x):
 
 @triton.jit
 def _conv_fwd_kernel(x, w, state, idx, cu, y, C, T_total, S1, S2, stride_x, stride_sn,
-                     BT: tl.constexpr, BC: tl.constexpr, ACT: tl.constexpr, DH: tl.constexpr,
-                     NORM: tl.constexpr = False):
+                     BT: tl.constexpr, BC: tl.constexpr, ACT: tl.constexpr, NORM_D: tl.constexpr = 0):
     # NOTE: one program = BT tokens x BC channels of one sequence, walked token by token (unrolled)
     #       with the three previous inputs carried in registers: every input row is read once
     #       (plus a 3-row halo per program) with channel-contiguous vector loads, and only the
-    #       sequence's first block reads the old state. The BC channels are held as [BC / DH, DH]
-    #       (DH = BC, or the head width with NORM: a head's sum of squares is then a row reduction).
+    #       sequence's first block reads the old state.
     i_c = tl.program_id(0)
     i_t = tl.program_id(1)
     i_n = tl.program_id(2)
@@ -51,7 +49,7 @@ def _conv_fwd_kernel(x, w, state, idx, cu, y, C, T_total, S1, S2, stride_x, stri
     if t0 >= eos:
         return
     c0 = i_c * BC
-    o_c = c0 + tl.arange(0, BC // DH)[:, None] * DH + tl.arange(0, DH)[None, :]
+    o_c = c0 + tl.arange(0, BC)
     mc = o_c < C
     w0 = tl.load(w + o_c * 4 + 0, mask=mc, other=0.0).to(tl.float32)
     w1 = tl.load(w + o_c * 4 + 1, mask=mc, other=0.0).to(tl.float32)
@@ -83,13 +81,13 @@ def _conv_fwd_kernel(x, w, state, idx, cu, y, C, T_total, S1, S2, stride_x, stri
         if ACT:
             acc = _silu(acc)
         out = acc.to(y.dtype.element_ty)
-        if NORM:
-            if c0 < S2:
-                # NOTE: q and k L2-normalised per head from the rounded output, as fla-core's
-                #       l2norm_fwd reads it (x / sqrt(sum x^2 + 1e-6), rounded again).
-                r = out.to(tl.float32)
-                rstd = 1 / tl.sqrt(tl.sum(r * r, 1) + 1e-6)
-                out = (r * rstd[:, None]).to(y.dtype.element_ty)
+        if NORM_D > 0:
+            # NOTE: q and k (channels below S2) L2-normalised per head of NORM_D channels, from the
+            #       rounded output as fla-core's l2norm_fwd reads it (a head lies inside one block).
+            r = tl.reshape(out.to(tl.float32), [BC // NORM_D, NORM_D])
+            rstd = 1 / tl.sqrt(tl.sum(r * r, 1) + 1e-6)
+            normed = tl.reshape(r * rstd[:, None], [BC]).to(y.dtype.element_ty)
+            out = tl.where(c0 < S2, normed, out)
         tl.store(p_y + t * width, out, mask=m)
         s0 = s1
         s1 = s2
@@ -260,10 +258,9 @@ def chunk_causal_conv1d(x, weight, conv_state=None, *, cu_seqlens=None, state_in
     nw = num_warps or max(1, min(8, BC // 256))
     D = l2norm_heads or 0
     late_norm = D and (BC % D or D & (D - 1))       # a head not inside one block: normed after the kernel
-    norm = bool(D) and not late_norm
     _conv_fwd_kernel[(triton.cdiv(C, BC), triton.cdiv(max_len, BT), N)](
         x2, w, pool, idx, cu, buf, C, B * T, S1, S2, x2.stride(0), pool.stride(0), BT=BT, BC=BC, ACT=act,
-        DH=D if norm else BC, NORM=norm, num_warps=nw)
+        NORM_D=0 if late_norm else D, num_warps=nw)
     BS = 128
     _conv_state_kernel[(N, triton.cdiv(C, BS))](x2, pool, idx, cu, C, x2.stride(0), pool.stride(0), BC=BS,
                                                  num_warps=4)
