@@ -117,26 +117,3 @@ def test_chunk_split_returns_contiguous_channel_slices():
     torch.testing.assert_close(st2, st, rtol=0, atol=0)
     with pytest.raises(ValueError, match="split"):
         chunk_causal_conv1d(x, w, split=(3, 3))
-
-
-def test_chunk_l2norm_heads_normalises_q_and_k_per_head():
-    """l2norm_heads=D: the split's first two slices are l2norm'd per head of D channels (fp32 math on the
-    output, rounded to x.dtype again), v is untouched; a split that is not (q, k, v) of whole heads is refused."""
-    from ninfer.ops.norms import l2norm
-    torch.manual_seed(1)
-    for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(1, 7, 24).to(dtype)
-        w = torch.randn(24, 4).to(dtype)
-        (q, k, v), st = chunk_causal_conv1d(x, w, split=(8, 8, 8))
-        (qn, kn, vn), st2 = chunk_causal_conv1d(x, w, split=(8, 8, 8), l2norm_heads=4)
-        for raw, normed in ((q, qn), (k, kn)):
-            assert normed.dtype == dtype and normed.is_contiguous()
-            want = l2norm(raw.unflatten(-1, (2, 4))).flatten(-2).to(dtype)
-            torch.testing.assert_close(normed, want, rtol=0, atol=0)
-            norms = normed.float().unflatten(-1, (2, 4)).norm(dim=-1)
-            torch.testing.assert_close(norms, torch.ones_like(norms), rtol=0, atol=2e-2)
-        torch.testing.assert_close(vn, v, rtol=0, atol=0)
-        torch.testing.assert_close(st2, st, rtol=0, atol=0)
-    for bad in (dict(split=None), dict(split=(8, 16)), dict(split=(6, 10, 8))):
-        with pytest.raises(ValueError, match="l2norm_heads"):
-            chunk_causal_conv1d(x, w, l2norm_heads=4, **bad)

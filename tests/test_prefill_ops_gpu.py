@@ -97,28 +97,6 @@ def test_conv_no_activation_and_odd_channels():
         assert torch.equal(ns, rns)
 
 
-@pytest.mark.parametrize("T", [1, 65] if INTERPRET else [1, 63, 65, 500])
-def test_conv_l2norm_heads(T):
-    """l2norm_heads: q and k normalised per head inside the output kernel (blocks of whole heads) and after
-    it (a head wider than the channel block), both == the reference's l2norm of its split; v untouched."""
-    from ninfer.ops.fast import conv
-    g = gen(14)
-    for split, D, bc in (((256, 256, 512), 128, None), ((64, 64, 128), 32, 16)):
-        C = sum(split)
-        x = randn(1, T, C, dtype=torch.bfloat16, g=g)
-        w = randn(C, 4, dtype=torch.bfloat16, g=g, scale=0.5)
-        st = randn(1, C, 3, dtype=torch.bfloat16, g=g)
-        poison_allocator()
-        (q, k, v), ns = conv.chunk_causal_conv1d(x, w, st, split=split, l2norm_heads=D, block_c=bc)
-        (rq, rk, rv), rns = ref.chunk_causal_conv1d(x, w, st, split=split, l2norm_heads=D)
-        for part, want in ((q, rq), (k, rk), (v, rv)):
-            assert part.is_contiguous() and part.shape == want.shape
-            assert rel_rms(part, want) < TOL[torch.bfloat16] / STRICT
-        norms = q.float().unflatten(-1, (-1, D)).norm(dim=-1)
-        assert (norms - 1).abs().max() < 2e-2
-        assert torch.equal(ns, rns)
-
-
 def test_conv_split_rejects_bad_widths():
     from ninfer.ops.fast import conv
     x = randn(1, 4, 64)

@@ -17,16 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.ops._state import read_state, seq_bounds, write_state
-from ninfer.ops.norms import l2norm
 
 __all__ = ["chunk_causal_conv1d", "causal_conv1d_update"]
-
-
-def check_l2norm_heads(D: int, split: Sequence[int] | None) -> None:
-    """`l2norm_heads` needs a (q, k, v) split whose q and k widths are whole heads of D channels."""
-    if split is None or len(split) != 3 or D < 1 or split[0] % D or split[1] % D:
-        raise ValueError(f"l2norm_heads={D} needs a split of three widths with the first two multiples of it, "
-                         f"got split {None if split is None else tuple(split)}")
 
 
 def _act(y: torch.Tensor, activation: str | None) -> torch.Tensor:
@@ -46,7 +38,6 @@ def chunk_causal_conv1d(
     state_indices: torch.Tensor | None = None,
     activation: str | None = "silu",
     split: Sequence[int] | None = None,
-    l2norm_heads: int | None = None,
 ) -> tuple[torch.Tensor | tuple[torch.Tensor, ...], torch.Tensor]:
     """Prompt (prefill) form: convolve a chunk of T new inputs per sequence, continuing from the state.
 
@@ -59,9 +50,6 @@ def chunk_causal_conv1d(
         activation: "silu" (model) or None.
         split: channel widths summing to C: y is returned as the tuple of its contiguous channel slices
             (the GDN schedule's q, k, v; the fast op writes them in place of a split-and-copy).
-        l2norm_heads: D, with a split of three widths: the first two slices (q, k) are L2-normalised per
-            head of D channels (`ninfer.ops.norms.l2norm` of the x.dtype output, rounded to x.dtype
-            again), what the gated delta rule's `use_qk_l2norm_in_kernel` does, so the rule can skip it.
     Returns:
         (y [B, T, C] or [1, T_total, C] in x.dtype (a tuple of slices with `split`),
          new_state [N, C, K-1] = the last K-1 inputs of cat(old state, chunk), in conv_state's dtype
@@ -84,10 +72,6 @@ def chunk_causal_conv1d(
         if sum(split) != C:
             raise ValueError(f"chunk_causal_conv1d: split {tuple(split)} does not sum to {C} channels")
         y = tuple(t.contiguous() for t in torch.split(y, list(split), dim=-1))
-    if l2norm_heads is not None:
-        check_l2norm_heads(l2norm_heads, split)
-        y = tuple(l2norm(t.unflatten(-1, (-1, l2norm_heads))).flatten(-2).to(x.dtype) if i < 2 else t
-                  for i, t in enumerate(y))
     if conv_state is None:
         return y, new_state.to(x.dtype)
     return y, write_state(conv_state, state_indices, new_state)

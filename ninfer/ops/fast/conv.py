@@ -7,8 +7,7 @@ kernel width K = 4 (other widths fall back to the reference), plus `gather_final
     chunk_causal_conv1d    x [B, T, C] or packed [1, T_total, C] + cu_seqlens [N+1] (rows past its end:
                            padding, left unwritten); weight [C, 4]
                            state [S|N, C, 3] (oldest first); split=(w0, w1, w2): the output as
-                           contiguous channel slices [B, T, w_i] (fla-core's q, k, v); l2norm_heads=D:
-                           q and k L2-normalised per head of D channels in the same kernel
+                           contiguous channel slices [B, T, w_i] (fla-core's q, k, v)
     causal_conv1d_update   x [B, C] or [B, T, C] (small T); same state
 Compute in fp32, output in x.dtype. Prefill is two launches: the outputs (every program reads
 the old state) and then the state update, so no program overwrites state another still reads.
@@ -23,7 +22,6 @@ import triton.language as tl
 
 from ninfer.ops import conv as _ref
 from ninfer.ops.fast._index import device_index
-from ninfer.ops.norms import l2norm
 
 __all__ = ["chunk_causal_conv1d", "causal_conv1d_update"]
 
@@ -35,7 +33,7 @@ def _silu(x):
 
 @triton.jit
 def _conv_fwd_kernel(x, w, state, idx, cu, y, C, T_total, S1, S2, stride_x, stride_sn,
-                     BT: tl.constexpr, BC: tl.constexpr, ACT: tl.constexpr, NORM_D: tl.constexpr = 0):
+                     BT: tl.constexpr, BC: tl.constexpr, ACT: tl.constexpr):
     # NOTE: one program = BT tokens x BC channels of one sequence, walked token by token (unrolled)
     #       with the three previous inputs carried in registers: every input row is read once
     #       (plus a 3-row halo per program) with channel-contiguous vector loads, and only the
@@ -80,15 +78,7 @@ def _conv_fwd_kernel(x, w, state, idx, cu, y, C, T_total, S1, S2, stride_x, stri
         acc = w0 * s0 + w1 * s1 + w2 * s2 + w3 * xt
         if ACT:
             acc = _silu(acc)
-        out = acc.to(y.dtype.element_ty)
-        if NORM_D > 0:
-            # NOTE: q and k (channels below S2) L2-normalised per head of NORM_D channels, from the
-            #       rounded output as fla-core's l2norm_fwd reads it (a head lies inside one block).
-            r = tl.reshape(out.to(tl.float32), [BC // NORM_D, NORM_D])
-            rstd = 1 / tl.sqrt(tl.sum(r * r, 1) + 1e-6)
-            normed = tl.reshape(r * rstd[:, None], [BC]).to(y.dtype.element_ty)
-            out = tl.where(c0 < S2, normed, out)
-        tl.store(p_y + t * width, out, mask=m)
+        tl.store(p_y + t * width, acc.to(y.dtype.element_ty), mask=m)
         s0 = s1
         s1 = s2
         s2 = xt
@@ -217,22 +207,20 @@ def _outputs(buf: torch.Tensor, B: int, T: int, C: int, split):
 
 
 def chunk_causal_conv1d(x, weight, conv_state=None, *, cu_seqlens=None, state_indices=None, activation="silu",
-                        gather_final_state=True, split=None, l2norm_heads=None, block_t=32, block_c=None,
-                        num_warps=None):
+                        gather_final_state=True, split=None, block_t=32, block_c=None, num_warps=None):
     """Prefill form; see `ninfer.ops.conv.chunk_causal_conv1d`.
 
     split: channel widths (w0, w1[, w2]) summing to C: the output is then a tuple of contiguous
     [B, T, w_i] tensors, each the matching channel slice of y (written there by the kernel: no
     split-and-copy; the GDN schedule passes (q, k, v) widths, the layout fla-core reads).
-    l2norm_heads: q and k L2-normalised per head in the output kernel (see the reference): fla-core's
-    two l2norm launches (~2 x 33 us per 27B layer at 8k tokens) and their 4 x 34 MB of traffic go.
     block_t / block_c / num_warps: tile overrides for the benchmark (defaults: 32 tokens, <= 1024
     channels, 8 channels per thread)."""
-    if l2norm_heads is not None:
-        _ref.check_l2norm_heads(l2norm_heads, split)
     if not _usable(weight, conv_state, state_indices):
-        return _ref.chunk_causal_conv1d(x, weight, conv_state, cu_seqlens=cu_seqlens, state_indices=state_indices,
-                                        activation=activation, split=split, l2norm_heads=l2norm_heads)
+        y, st = _ref.chunk_causal_conv1d(x, weight, conv_state, cu_seqlens=cu_seqlens,
+                                         state_indices=state_indices, activation=activation)
+        if split is not None:
+            y = tuple(t.contiguous() for t in torch.split(y, list(split), dim=-1))
+        return y, st
     act = _act_flag(activation)
     B, T, C = x.shape
     S1, S2 = _split_bounds(C, split)
@@ -256,18 +244,13 @@ def chunk_causal_conv1d(x, weight, conv_state=None, *, cu_seqlens=None, state_in
     if split is not None and any(wd % BC for wd in split):
         raise ValueError(f"block_c {BC} must divide every split width {tuple(split)}")
     nw = num_warps or max(1, min(8, BC // 256))
-    D = l2norm_heads or 0
-    late_norm = D and (BC % D or D & (D - 1))       # a head not inside one block: normed after the kernel
     _conv_fwd_kernel[(triton.cdiv(C, BC), triton.cdiv(max_len, BT), N)](
         x2, w, pool, idx, cu, buf, C, B * T, S1, S2, x2.stride(0), pool.stride(0), BT=BT, BC=BC, ACT=act,
-        NORM_D=0 if late_norm else D, num_warps=nw)
+        num_warps=nw)
     BS = 128
     _conv_state_kernel[(N, triton.cdiv(C, BS))](x2, pool, idx, cu, C, x2.stride(0), pool.stride(0), BC=BS,
                                                  num_warps=4)
-    y = _outputs(buf, B, T, C, split)
-    if late_norm:
-        y = tuple(l2norm(t.unflatten(-1, (-1, D))).flatten(-2).to(x.dtype) if i < 2 else t for i, t in enumerate(y))
-    return y, _ret_state(pool, idx, is_slot, gather_final_state)
+    return _outputs(buf, B, T, C, split), _ret_state(pool, idx, is_slot, gather_final_state)
 
 
 def causal_conv1d_update(x, weight, conv_state, *, state_indices=None, activation="silu", gather_final_state=True,

@@ -264,11 +264,8 @@ class Qwen36Model:
         else:
             # NOTE: the conv returns q, k, v as three contiguous tensors (the layout fla-core reads; the
             #       fast op writes them directly: no split-and-copy of a [1, N, C] output).
-            # NOTE: the conv also L2-normalises q and k per head (the rule's use_qk_l2norm_in_kernel, in
-            #       the kernel that writes them: no separate pass over q and k).
             (q, k, v), _ = ops.chunk_causal_conv1d(qkv.unsqueeze(0), w.conv1d, conv_pool, cu_seqlens=meta.cu_seqlens,
-                                                   state_indices=idx, split=self._qkv_split,
-                                                   l2norm_heads=d.linear_key_head_dim)
+                                                   state_indices=idx, split=self._qkv_split)
             g, beta = g.unsqueeze(0), beta.unsqueeze(0)
             cu = meta.cu_seqlens
             if meta.valid is not None:
@@ -283,7 +280,7 @@ class Qwen36Model:
         v = v.reshape(Bq, T, d.linear_num_value_heads, d.linear_value_head_dim)
         rule = ops.fused_recurrent_gated_delta_rule if meta.decode else ops.chunk_gated_delta_rule
         o, _ = rule(q, k, v, g, beta, initial_state=rec_pool, state_indices=idx,
-                    use_qk_l2norm_in_kernel=meta.decode, cu_seqlens=cu)
+                    use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
         o = o.reshape(-1, d.linear_num_value_heads, d.linear_value_head_dim)          # [N, nv, dv]
         return self.leaves.gdn.output(w, o, z, ops, residual=residual)
 
