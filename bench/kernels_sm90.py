@@ -36,8 +36,9 @@ GEMV_VARIANTS = {
 GEMV_BASE = dict(M_PAD=1, SPLIT=False, DOT=False, EVEN_K=True, PREC="tf32", SWIGLU=False, RESID=False, NORM=False,
                  BP=1, PREFETCH=False, PDL=True)
 # MoE decode at T=1 (DECODE_CONFIG): gate|up [8, 1, 1024] tiles, down [8, 2, 512]
-UP_BASE = dict(TOPK=8, KB=8, ROUTE=True, BE=256, BN=1, BK=1024, EVEN=True, PDL=True)
-UP_VARIANTS = {"moe gate|up route": {}, "moe gate|up route 8x1x512": dict(BK=512)}
+UP_BASE = dict(TOPK=8, KB=8, ROUTE=True, BE=256, BN=1, BK=1024, EVEN=True, PDL=True, ROUTE_GROUPS=0)
+UP_VARIANTS = {"moe gate|up route": {}, "moe gate|up route 8x1x512": dict(BK=512),
+               "moe gate|up route, one group per warp": dict(ROUTE_GROUPS=4)}
 DOWN_BASE = dict(TOPK=8, KB=8, HAS_SHARED=True, BN=2, BK=512, EVEN=True, ONE_BLOCK=True, EARLY=False, PDL=True)
 DOWN_VARIANTS = {"moe down": {}, "moe down (as a loop)": dict(ONE_BLOCK=False),
                  "moe down, early loads": dict(EARLY=True)}
@@ -65,11 +66,22 @@ def arg_type(name: str) -> str:
     return "*bf16" if name.endswith("_ptr") or name in _MOE_PTRS | _ATTN_PTRS else "i32"
 
 
-def compile_report(kernel, name: str, cx: dict, num_warps: int) -> None:
+def divisible(name: str, ty: str) -> bool:
+    """What the JIT sees at the model's shapes: pointers 16-byte aligned and the integer arguments (sizes,
+    strides) multiples of 16, which Triton's launcher specialises on."""
+    return ty.startswith("*") or ty == "i32"
+
+
+def compile_report(kernel, name: str, cx: dict, num_warps: int, hints: bool = True) -> None:
+    """hints: mark the pointers and integers divisible by 16 as Triton's launcher does for such values
+    (without them the weight loads compile to 2-byte loads and the register counts are not the real ones)."""
     order = kernel.arg_names
     cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
     sig = {a: ("constexpr" if a in cx else arg_type(a)) for a in order}
-    src = ASTSource(fn=kernel, signature=sig, constexprs={(order.index(k),): val for k, val in cx.items()})
+    attrs = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(order)
+             if hints and a not in cx and divisible(a, sig[a])}
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(order.index(k),): val for k, val in cx.items()},
+                    attrs=attrs)
     try:
         k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": 1})
     except Exception as e:  # noqa: BLE001 - report the variant that does not compile, try the rest

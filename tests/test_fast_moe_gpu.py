@@ -230,6 +230,34 @@ def test_route_moe_experts_tied_logits(dtype, with_shared, poisoned):
     assert r.ids[3].tolist() == list(range(1, 16, 2))
 
 
+@pytest.mark.parametrize("groups", [0, 1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_one_token_routing_in_the_gate_up_kernel_equals_route_topk(groups, dtype, monkeypatch):
+    """At one token the gate|up kernel routes itself (plain, or on one group of logits per warp: ROUTE_GROUPS):
+    the ids it stores equal `route_topk`'s, ties included, and the weights match."""
+    from ninfer.ops.fast import moe as fm
+    monkeypatch.setattr(fm, "ROUTE_GROUPS", groups)
+    E, k, H, I, Is = WIDE
+    g = gen(12)
+    gate_up, down = experts(WIDE, dtype, g)
+    x = randn(1, H, dtype=dtype, g=g)
+    rows = randn(8, E, dtype=dtype, g=g, scale=2.0)
+    rows[0, [3, 77, 200]] = 5.0
+    rows[1, :7] = 6.0
+    rows[1, [50, 9, 130]] = 4.0
+    rows[2] = 0.25
+    rows[3, ::2] = -1.0
+    rows[3, 1::2] = 1.5
+    rows[4, 250:] = 9.0                                         # the top 6 in the last group
+    rows[5, 60:68] = 7.0                                        # the top 8 straddle two groups
+    for r in range(rows.shape[0]):
+        lg = rows[r:r + 1]
+        _, w, ids = fm._decode(x, gate_up, down, None, k, logits=lg)
+        want = fm.route_topk(lg, k)
+        assert ids.tolist() == want.ids.tolist(), r
+        torch.testing.assert_close(w.float(), want.weights.float(), rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize("config", [(2, 32, 4, 2, 16, 4), (4, 16, 2, 8, 32, 2), (1, 4096, 8, 16, 1024, 8)],
                          ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("shape", [ODD, WIDE], ids=lambda s: "x".join(map(str, s)))
