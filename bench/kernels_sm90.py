@@ -36,9 +36,8 @@ GEMV_VARIANTS = {
 GEMV_BASE = dict(M_PAD=1, SPLIT=False, DOT=False, EVEN_K=True, PREC="tf32", SWIGLU=False, RESID=False, NORM=False,
                  BP=1, PREFETCH=False, PDL=True)
 # MoE decode at T=1 (DECODE_CONFIG): gate|up [8, 1, 1024] tiles, down [8, 2, 512]
-UP_BASE = dict(TOPK=8, KB=8, ROUTE=True, BE=256, BN=1, BK=1024, EVEN=True, PDL=True, ROUTE_GROUPS=0)
-UP_VARIANTS = {"moe gate|up route": {}, "moe gate|up route 8x1x512": dict(BK=512),
-               "moe gate|up route, one group per warp": dict(ROUTE_GROUPS=4)}
+UP_BASE = dict(TOPK=8, KB=8, ROUTE=True, BE=256, BN=1, BK=1024, EVEN=True, PDL=True)
+UP_VARIANTS = {"moe gate|up route": {}, "moe gate|up route 8x1x512": dict(BK=512)}
 DOWN_BASE = dict(TOPK=8, KB=8, HAS_SHARED=True, BN=2, BK=512, EVEN=True, ONE_BLOCK=True, EARLY=False, PDL=True)
 DOWN_VARIANTS = {"moe down": {}, "moe down (as a loop)": dict(ONE_BLOCK=False),
                  "moe down, early loads": dict(EARLY=True)}

@@ -101,43 +101,6 @@ def _topk_of_row(row, E, K: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
 
 
 @triton.jit
-def _topk_of_row_grouped(row, E, K: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr, W: tl.constexpr):
-    """`_topk_of_row` with the E logits held as [W, BE / W] groups: each group's top K by K rounds of a
-    max along its row, then the top K of the W x K candidates. Same keys, so the same result."""
-    G: tl.constexpr = BE // W
-    o_e = tl.arange(0, W)[:, None] * G + tl.arange(0, G)[None, :]
-    me = o_e < E
-    lg = tl.load(row + o_e, mask=me, other=float("-inf")).to(tl.float32)
-    ex = tl.where(me, tl.exp(lg - tl.max(tl.max(lg, 1), 0)), 0.0)
-    p = ex / tl.sum(tl.sum(ex, 1), 0)
-    key = (p.to(tl.int32, bitcast=True).to(tl.int64) << 32) | (BE - 1 - o_e).to(tl.int64)
-    key = tl.where(me, key, -1)
-    o_c = tl.arange(0, BK)[None, :]
-    cand = tl.full([W, BK], -1, tl.int64)
-    for j in tl.static_range(K):
-        best = tl.max(key, 1)[:, None]
-        cand = tl.where(o_c == j, best, cand)
-        key = tl.where(key == best, -1, key)
-    # NOTE: every group row gets all W x K candidates (one exchange), so the last K rounds reduce inside a
-    #       warp too; the rows' equal results are collapsed at the end.
-    ck = tl.broadcast_to(tl.reshape(cand, [W * BK])[None, :], [W, W * BK])
-    o_k = tl.arange(0, BK)[None, :]
-    wv = tl.zeros([W, BK], dtype=tl.float32)
-    iv = tl.zeros([W, BK], dtype=tl.int64)
-    for j in tl.static_range(K):
-        best = tl.max(ck, 1)[:, None]
-        hi = best >> 32
-        v = hi.to(tl.int32).to(tl.float32, bitcast=True)
-        idx = BE - 1 - (best - (hi << 32))
-        idx = tl.minimum(tl.maximum(idx, 0), E - 1)   # NaN logits: stay in range (no stray weight reads)
-        wv = tl.where(o_k == j, v, wv)
-        iv = tl.where(o_k == j, idx, iv)
-        ck = tl.where(ck == best, -1, ck)
-    wv = wv / tl.sum(wv, 1)[:, None]
-    return tl.max(wv, 0), tl.max(iv, 0)
-
-
-@triton.jit
 def _route_topk_kernel(logits, w_out, id_out, E, stride_l, K: tl.constexpr, BE: tl.constexpr,
                        BK: tl.constexpr, PDL: tl.constexpr = False):
     _pdl.enter(PDL)
@@ -327,14 +290,6 @@ class DecodeConfig(NamedTuple):
 DECODE_CONFIG = DecodeConfig(1, 1024, 4, 2, 512, 4)
 DECODE_CONFIG_MANY = DecodeConfig(4, 256, 8, 1, 512, 1)
 MANY_TOKENS = 2          # the token count from which DECODE_CONFIG_MANY applies
-ROUTE_GROUPS = 1         # 1: the gate|up kernel routes on one group of logits per warp (read at call time)
-
-
-def _route_groups(E: int, warps: int) -> int:
-    """Groups of `_topk_of_row_grouped` for the gate|up kernel's routing: one per warp, 0 (the plain
-    `_topk_of_row`) when switched off or when the groups would hold fewer than 8 logits."""
-    be = triton.next_power_of_2(E)
-    return warps if ROUTE_GROUPS and warps > 1 and be // warps >= 8 else 0
 
 
 def decode_config(tokens: int) -> DecodeConfig:
@@ -349,7 +304,7 @@ _TILE = 8192          # max elements of one expert-stacked weight tile per load 
 def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, stride_l, stride_we, stride_wn,
                             stride_act, TOPK: tl.constexpr, KB: tl.constexpr, ROUTE: tl.constexpr,
                             BE: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr,
-                            PDL: tl.constexpr = False, ROUTE_GROUPS: tl.constexpr = 0):
+                            PDL: tl.constexpr = False):
     """act[t·TOPK + j, n] = silu(Σ_h w[e_tj, n, h] x[t, h]) · Σ_h w[e_tj, I + n, h] x[t, h] for all j.
     ROUTE: e_t (and the weights) from the router logits of token t (`_topk_of_row`); programs of
     n-block 0 store them to ids / rw [T, TOPK] for the down kernel. Otherwise e_t is read from ids."""
@@ -359,10 +314,7 @@ def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, strid
     o_j = tl.arange(0, KB)
     mj = o_j < TOPK
     if ROUTE:
-        if ROUTE_GROUPS > 0:
-            wv, e = _topk_of_row_grouped(logits + t * stride_l, E, TOPK, BE, KB, ROUTE_GROUPS)
-        else:
-            wv, e = _topk_of_row(logits + t * stride_l, E, TOPK, BE, KB)
+        wv, e = _topk_of_row(logits + t * stride_l, E, TOPK, BE, KB)
         if nb == 0:
             tl.store(rw + t * TOPK + o_j, wv.to(rw.dtype.element_ty), mask=mj)
             tl.store(ids + t * TOPK + o_j, e, mask=mj)
@@ -579,8 +531,7 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
         _experts_gate_up_kernel[(T, triton.cdiv(I, bn1))](
             x, lg, ids, weights, gate_up, act, E, I, H, x.stride(0), stride_l, gate_up.stride(0),
             gate_up.stride(1), act.stride(0), TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E), BN=bn1,
-            BK=bk1, EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, num_warps=cfg.up_warps,
-            ROUTE_GROUPS=_route_groups(E, cfg.up_warps) if route else 0, **_pdl.launch())
+            BK=bk1, EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, num_warps=cfg.up_warps, **_pdl.launch())
     out = torch.empty(T, H, dtype=x.dtype, device=dev)
     Is, s_args, s_strides = _shared_args(shared, act, I)
     kmax = max(I, Is)
