@@ -142,33 +142,3 @@ def test_cuda_bf16_close_to_fp32_and_rolls_back(kind):
     prog.release(seq)
     prog.release(other)
     prog.check_integrity()
-
-
-@pytest.mark.parametrize("kind", ["dense", "moe"])
-def test_prefill_side_stream_equals_one_stream(kind, monkeypatch):
-    """The eager prefill with the mixers' gate rows (GDN z, the attention gate) as a second GEMM on the
-    side stream (model.SIDE_PREFILL_ROWS; forked after the main rows' GEMM or before it) gives the logits
-    and tokens of the one-stream prefill, and its sequences' state continues the same: the joins order
-    every read of a gate after its write. The stream really is used: the side GEMMs' count is checked."""
-    from ninfer.targets.qwen3_6.runtime import model as M
-    ids = prompt(150, seed=6)
-    results, pairs = {}, []
-    pair = M.SideGemv.pair
-    monkeypatch.setattr(M.SideGemv, "pair", lambda self, *a: pairs.append((self.after, a[1].shape[0])) or pair(self, *a))
-    for rows, after in ((0, 1), (64, 1), (64, 0)):
-        monkeypatch.setattr(M, "SIDE_PREFILL_ROWS", rows)
-        monkeypatch.setattr(M, "SIDE_PREFILL_AFTER", after)
-        prog = _program(kind, "bf16")
-        prog.prefill_graphs_enabled = False
-        pairs.clear()
-        seq, logits, toks = _run(prog, ids, 100, 4)       # stages of 100 and 50 tokens, then 4 decode steps
-        results[(rows, after)] = (logits, toks)
-        layers = len(prog.dims.layer_types)
-        # the 100-token stage forks once per mixer layer, the 50-token stage not (one-row decode graphs may)
-        assert [p for p in pairs if p[1] > 1] == ([(bool(after), 100)] * layers if rows else []), (rows, after)
-        prog.release(seq)
-        prog.check_integrity()
-    base_logits, base_toks = results[(0, 1)]
-    for key, (logits, toks) in results.items():
-        assert toks == base_toks, key
-        assert rel_rms(logits, base_logits) < 1e-3, key

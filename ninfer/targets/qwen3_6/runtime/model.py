@@ -47,14 +47,6 @@ from ninfer.targets.qwen3_6.runtime.model_view import LayerView, ModelView
 #       waiting for it only before exiting (27B 14.071-14.328 over four main-row tiles, vs 13.807-13.961);
 #       a higher priority for the capture stream than the side stream did not help (27B 13.915 vs 13.726).
 SIDE_GATE = True
-# NOTE: the eager prefill's form (`forward`, read per call): from this many tokens the gate rows' GEMM is
-#       issued on the side stream, forked after the main rows' GEMM (SIDE_PREFILL_AFTER; 0: before it),
-#       so it runs beside the GDN conv + chunk delta rule (SIDE_PREFILL_GDN) and the attention's q/k norm +
-#       SDPA (SIDE_PREFILL_ATTN). 0 turns it off. Measured: bench/NOTES.md, session 26.
-SIDE_PREFILL_ROWS = 1024
-SIDE_PREFILL_AFTER = 1
-SIDE_PREFILL_GDN = 1
-SIDE_PREFILL_ATTN = 1
 
 
 class SideGemv:
@@ -64,27 +56,20 @@ class SideGemv:
     Used for one-row graphs only: at B=8 the 27B's replay was 15.373 ms with it against 15.042 without
     (bench/NOTES.md pass 11; the M > 1 tiles of the split shapes were not tuned)."""
 
-    def __init__(self, device: torch.device, after: bool = False) -> None:
+    def __init__(self, device: torch.device) -> None:
         from ninfer.ops.fast import gemv
         self._gemv = gemv
         self.stream = torch.cuda.Stream(device)
-        self.after = after
 
     def pair(self, ops, h, w: torch.Tensor, split: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(h @ w[:split].T on the current stream, h @ w[split:].T on the side stream); the caller joins
         (`join`, or an op's `gate_stream=`) before reading the second. A split-K half keeps the second
         GEMV on the current stream, after the first (the split-K GEMV's arrival counters are shared by
-        every launch of a device); the fork and join then order nothing.
-        `after` (constructor): fork once the first product is issued, so the second starts when it ends (a
-        prefill's GEMMs each fill the GPU: the second then runs beside what the caller issues next)."""
+        every launch of a device); the fork and join then order nothing."""
         main = torch.cuda.current_stream()
-        if not self.after:
-            self.stream.wait_stream(main)
+        self.stream.wait_stream(main)
         y = ops.linear(h, w[:split])
-        if self.after:
-            self.stream.wait_stream(main)
-        rows = h.shape[0] if len(h.shape) == 2 else 1
-        beside = all(self._gemv.concurrent_ok(n, w.shape[1], rows) for n in (split, w.shape[0] - split))
+        beside = all(self._gemv.concurrent_ok(n, w.shape[1], 1) for n in (split, w.shape[0] - split))
         # NOTE: the side output is allocated on the side stream and read on the main one after the join;
         #       it is not recorded on the main stream: the side stream's next allocation comes after its
         #       next fork, which orders it after everything the main stream issued before (its readers).
@@ -97,8 +82,8 @@ class SideGemv:
 
 
 @functools.cache
-def _side_gemv(device: torch.device, after: bool = False) -> SideGemv:
-    return SideGemv(device, after)
+def _side_gemv(device: torch.device) -> SideGemv:
+    return SideGemv(device)
 
 
 class ForwardBatch(NamedTuple):
@@ -145,11 +130,7 @@ class Qwen36Model:
         cos, sin = mrope_cos_sin(pos, head_dim=d.head_dim, partial_rotary_factor=d.partial_rotary_factor,
                                  mrope_section=d.mrope_section, rope_theta=d.rope_theta,
                                  interleaved=d.mrope_interleaved)
-        meta = _RowMeta.of(fb, x.device)
-        N = x.shape[0]
-        if SIDE_PREFILL_ROWS and N >= SIDE_PREFILL_ROWS and not meta.decode and x.is_cuda and self.ops.name == "fast":
-            meta = meta._replace(side=_side_gemv(x.device, bool(SIDE_PREFILL_AFTER)))
-        return self._layers(x, cos, sin, fb, meta)
+        return self._layers(x, cos, sin, fb, _RowMeta.of(fb, x.device))
 
     def decode_static(self, input_ids: torch.Tensor, positions: torch.Tensor, state_entries: torch.Tensor,
                       block_tables: torch.Tensor, context_lens: torch.Tensor, rows: torch.Tensor,
@@ -238,7 +219,7 @@ class Qwen36Model:
         ops = self.ops
         # NOTE: the leaf's q/k norm + rotary op writes the new tokens' k, v into the pages (one launch).
         kv = (k_cache, v_cache, fb.block_tables, fb.positions, meta.rows)
-        side = meta.side if meta.decode or SIDE_PREFILL_ATTN else None
+        side = meta.side
         q, gate = self.leaves.attention.project(w, h, cos, sin, kv, ops, side=side)
         if meta.decode:
             # NOTE: the attention's merge applies the output gate (one launch fewer); the leaf then skips it.
@@ -253,8 +234,6 @@ class Qwen36Model:
             # NOTE: host copies of the row bounds: the op loops over rows on the host (no sync).
             o = ops.chunk_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.host_context_lens,
                                           meta.host_cu_seqlens)
-        if side is not None and not meta.decode:
-            side.join()
         return self.leaves.attention.output(w, o, gate, ops, residual=residual)
 
     def _gdn(self, layer: LayerView, h, fb: ForwardBatch, meta: "_RowMeta", residual: torch.Tensor | None = None):
@@ -276,8 +255,7 @@ class Qwen36Model:
             if side is not None:
                 side.join()
             return self.leaves.gdn.output(w, o, z, ops, residual=residual)
-        side = meta.side if SIDE_PREFILL_GDN and not meta.decode else None
-        qkv, z, g, beta = self.leaves.gdn.project(w, h, ops, side=side)
+        qkv, z, g, beta = self.leaves.gdn.project(w, h, ops)
         if meta.decode:
             u, _ = ops.causal_conv1d_update(qkv, w.conv1d, conv_pool, state_indices=idx)            # [B, C]
             q, k, v = torch.split(u.unsqueeze(1), self._qkv_split, dim=-1)               # [B, 1, *]
@@ -304,8 +282,6 @@ class Qwen36Model:
         o, _ = rule(q, k, v, g, beta, initial_state=rec_pool, state_indices=idx,
                     use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
         o = o.reshape(-1, d.linear_num_value_heads, d.linear_value_head_dim)          # [N, nv, dv]
-        if side is not None:
-            side.join()
         return self.leaves.gdn.output(w, o, z, ops, residual=residual)
 
 
@@ -317,7 +293,7 @@ class _RowMeta(NamedTuple):
     src_entries: torch.Tensor | None = None   # decode: state read here, written at state_entries
     host_cu_seqlens: torch.Tensor | None = None     # CPU copies of cu_seqlens / context_lens for the
     host_context_lens: torch.Tensor | None = None   # ops that loop over rows on the host (no sync)
-    side: SideGemv | None = None       # decode graph body / long eager prefill: the mixers' gate rows on a side stream
+    side: SideGemv | None = None       # decode graph body: the mixers' gate rows on a side stream
     valid: torch.Tensor | None = None  # prefill graph body: [N] bool, False on the padding rows
     start: torch.Tensor | None = None  # prefill graph body: [1] int64 position of the stage's first row
 
