@@ -22,6 +22,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
+from torch.profiler import record_function  # noqa: E402
 
 from ninfer.bench.common import json_line  # noqa: E402
 from ninfer.runtime.contract.types import Refusal, SamplingParams, SequenceRequest  # noqa: E402
@@ -36,16 +37,26 @@ def first_token(prog, prompt: tuple[int, ...]) -> tuple[float, int]:
     req = SequenceRequest(prompt_token_ids=prompt, max_output_tokens=2, sampling=SamplingParams(temperature=0.0))
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    plan = prog.plan_materialize(req)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    with record_function("ab.plan_materialize"):
+        plan = prog.plan_materialize(req)
     if isinstance(plan, Refusal):
         raise SystemExit(f"prefill_ab: prompt of {len(prompt)} tokens refused: {plan.reason}")
-    h = prog.start_materialize(plan).sequence
+    with record_function("ab.start_materialize"):
+        h = prog.start_materialize(plan).sequence
     step = None
     try:
-        step = prog.prefill(h, len(prompt))
+        with record_function("ab.prefill"):
+            step = prog.prefill(h, len(prompt))
+        t1 = time.perf_counter()
+        e1.record()
         tok = step.pending.rows[0].tokens[0]
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
+        if os.environ.get("AB_PHASES"):
+            print(f"      prefill returned at {(t1 - t0) * 1e3:.1f} ms, GPU events {e0.elapsed_time(e1):.1f} ms, "
+                  f"wall {ms:.1f} ms", flush=True)
     finally:
         if step is not None and step.pending is not None and not step.pending.consumed:
             prog.abort_pending(step.pending)
@@ -53,15 +64,55 @@ def first_token(prog, prompt: tuple[int, ...]) -> tuple[float, int]:
     return ms, tok
 
 
-def kernel_ms(prog, prompt) -> tuple[float, list[tuple[str, float]]]:
+def kernel_ms(prog, prompt) -> tuple[float, list[tuple[str, float]], list[str]]:
+    """(the kernels' summed time, the 12 largest kernels by time, notes on the GPU's idle time: the span
+    from the first kernel's start to the last one's end, the idle time in it, its 6 largest gaps with
+    the kernels around them, and the host runtime calls of over 0.5 ms (synchronisations))."""
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as p:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
         first_token(prog, prompt)
     per = collections.Counter()
+    spans, slow_calls = [], []
     for e in p.events():
         if e.device_type.name == "CUDA" and e.device_time > 0:
             per[e.name[:60]] += e.device_time / 1e3
-    return sum(per.values()), per.most_common(12)
+            spans.append((e.time_range.start, e.time_range.end, e.name[:40]))
+        elif e.device_type.name == "CPU" and e.name.startswith("cuda") and e.time_range.elapsed_us() > 500:
+            slow_calls.append(f"{e.name} {e.time_range.elapsed_us() / 1e3:.2f} ms")
+    spans.sort()
+    gaps, end, idle = [], spans[0][1] if spans else 0, 0.0
+    for (s0, e0, n0), (s1, e1, n1) in zip(spans, spans[1:]):
+        if s1 > end:
+            idle += s1 - end
+            gaps.append(((s1 - end) / 1e3, n0, n1))
+        end = max(end, e1)
+    notes = [f"kernel span {(end - spans[0][0]) / 1e3:.1f} ms, idle in it {idle / 1e3:.2f} ms" if spans else "no kernels"]
+    notes += [f"gap {g:.2f} ms after {a} before {b}" for g, a, b in sorted(gaps, reverse=True)[:6]]
+    notes += slow_calls[:10]
+    # NOTE: the host's part of the wall time: top-level host ops (no parent) before the first kernel and
+    #       after the last one, in the profiler's clock.
+    tops = sorted((e for e in p.events() if e.device_type.name == "CPU" and (
+        e.cpu_parent is None or e.cpu_parent.name.startswith("ab.")) and not e.name.startswith("ab.")),
+        key=lambda e: e.time_range.start)
+    for e in p.events():
+        if e.device_type.name == "CPU" and e.name.startswith("ab.") and spans:
+            notes.append(f"{e.name}: {e.time_range.elapsed_us() / 1e3:.2f} ms, starts "
+                         f"{(e.time_range.start - spans[0][0]) / 1e3:.2f} ms after the first kernel")
+    if tops and spans:
+        k0, k1 = spans[0][0], end
+        notes.append(f"host: first op {(k0 - tops[0].time_range.start) / 1e3:.2f} ms before the first kernel, "
+                     f"last op ends {(max(e.time_range.end for e in tops) - k1) / 1e3:.2f} ms after the last kernel")
+        pre = collections.Counter()
+        for e in tops:
+            if e.time_range.start < k0:
+                pre[e.name[:50]] += e.time_range.elapsed_us() / 1e3
+        notes += [f"before the first kernel: {n} {t:.2f} ms" for n, t in pre.most_common(8)]
+        post = collections.Counter()
+        for e in tops:
+            if e.time_range.end > k1:
+                post[e.name[:50]] += e.time_range.elapsed_us() / 1e3
+        notes += [f"past the last kernel: {n} {t:.2f} ms" for n, t in post.most_common(8)]
+    return sum(per.values()), per.most_common(12), notes
 
 
 def main() -> int:
@@ -101,11 +152,13 @@ def main() -> int:
                    " ".join(f"{t:.1f}" for t in times[v]) + f")  token {toks[v]}"
             if a.profile:
                 with applied("" if v == "base" else v, prog):
-                    total, top = kernel_ms(prog, prompt)
+                    total, top, notes = kernel_ms(prog, prompt)
                 line += f"  kernels {total:.1f} ms"
                 print(line, flush=True)
                 for name, t in top:
                     print(f"      {t:8.2f}  {name}")
+                for n in notes:
+                    print(f"      {n}")
             else:
                 print(line, flush=True)
             json_line("prefill_ab", {"identity": ident, "tokens": a.tokens, "variant": v, "median_ms": med, "all_ms": times[v],
