@@ -38,6 +38,7 @@ def first_token(prog, prompt: tuple[int, ...]) -> tuple[float, int]:
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    m0 = torch.cuda.memory_stats()
     e0.record()
     with record_function("ab.plan_materialize"):
         plan = prog.plan_materialize(req)
@@ -55,8 +56,14 @@ def first_token(prog, prompt: tuple[int, ...]) -> tuple[float, int]:
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
         if os.environ.get("AB_PHASES"):
+            m1 = torch.cuda.memory_stats()
+            # NOTE: the caching allocator's device calls in this prompt (cudaMalloc / cudaFree, and the
+            #       retries that free its cache and synchronise), to tell allocator warm-up from the card's.
+            moved = " ".join(f"{k} +{m1.get(k, 0) - m0.get(k, 0)}" for k in
+                             ("num_device_alloc", "num_device_free", "num_alloc_retries", "num_sync_all_streams"))
             print(f"      prefill returned at {(t1 - t0) * 1e3:.1f} ms, GPU events {e0.elapsed_time(e1):.1f} ms, "
-                  f"wall {ms:.1f} ms", flush=True)
+                  f"wall {ms:.1f} ms at t={time.time():.2f}; {moved}; reserved {m1.get('reserved_bytes.all.current', 0) / 2**30:.2f} GiB",
+                  flush=True)
     finally:
         if step is not None and step.pending is not None and not step.pending.consumed:
             prog.abort_pending(step.pending)
@@ -144,6 +151,8 @@ def main() -> int:
                 toks[v] = tok
                 if rep:
                     times[v].append(ms)
+                    if os.environ.get("AB_PAUSE"):
+                        time.sleep(float(os.environ["AB_PAUSE"]))     # the card idles between prompts
                 else:
                     print(f"[{ident}] {v}: untimed first prompt {ms:.1f} ms", flush=True)
         for v in a.variants:
