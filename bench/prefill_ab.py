@@ -4,7 +4,9 @@ order repeated --reps times, the first round untimed), so the card's clock and p
 variant alike. A variant is what bench/step_ab.py takes (`set:MOD.ATTR=V`, GEMV overlays, `op:NAME=FILE`,
 '+'-joined; `base` = nothing changed). Each variant's first sampled token (greedy) is printed beside its
 time, and with --profile the kernel time of one more prompt per variant (torch.profiler: the sum of the
-kernels' durations, beside the wall time: more than the wall where kernels overlap).
+kernels' durations, beside the wall time: more than the wall where kernels overlap). --phases prints each
+prompt's host / CUDA-event / wall times and allocator calls; --pause S idles S seconds after each timed
+prompt (an isolated request's TTFT: back to back the card sits at its power limit, bench/NOTES.md session 27).
 
     PYTHONPATH=$PWD python3 bench/prefill_ab.py --identity qwen3_6-27b --tokens 8192 \\
         --variants base set:ninfer.targets.qwen3_6.runtime.model.SIDE_PREFILL_ROWS=0
@@ -32,13 +34,14 @@ from ninfer.targets.qwen3_6.runtime.config import ProgramConfig  # noqa: E402
 PAGE = 64
 
 
-def first_token(prog, prompt: tuple[int, ...]) -> tuple[float, int]:
-    """(ms from materialize to the first sampled token, that token); the sequence is released."""
+def first_token(prog, prompt: tuple[int, ...], phases: bool = False) -> tuple[float, int]:
+    """(ms from materialize to the first sampled token, that token); the sequence is released. `phases`:
+    print when the host got `prefill` back, the CUDA-event time, the wall, and the allocator's device calls."""
     req = SequenceRequest(prompt_token_ids=prompt, max_output_tokens=2, sampling=SamplingParams(temperature=0.0))
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    m0 = torch.cuda.memory_stats() if phases else {}
     torch.cuda.synchronize()
     t0 = time.perf_counter()
-    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    m0 = torch.cuda.memory_stats()
     e0.record()
     with record_function("ab.plan_materialize"):
         plan = prog.plan_materialize(req)
@@ -55,7 +58,7 @@ def first_token(prog, prompt: tuple[int, ...]) -> tuple[float, int]:
         tok = step.pending.rows[0].tokens[0]
         torch.cuda.synchronize()
         ms = (time.perf_counter() - t0) * 1e3
-        if os.environ.get("AB_PHASES"):
+        if phases:
             m1 = torch.cuda.memory_stats()
             # NOTE: the caching allocator's device calls in this prompt (cudaMalloc / cudaFree, and the
             #       retries that free its cache and synchronise), to tell allocator warm-up from the card's.
@@ -72,9 +75,10 @@ def first_token(prog, prompt: tuple[int, ...]) -> tuple[float, int]:
 
 
 def kernel_ms(prog, prompt) -> tuple[float, list[tuple[str, float]], list[str]]:
-    """(the kernels' summed time, the 12 largest kernels by time, notes on the GPU's idle time: the span
-    from the first kernel's start to the last one's end, the idle time in it, its 6 largest gaps with
-    the kernels around them, and the host runtime calls of over 0.5 ms (synchronisations))."""
+    """(the kernels' summed time, the 12 largest kernels by time, notes: the span from the first kernel's
+    start to the last one's end, the idle time in it and its 6 largest gaps, the host runtime calls of
+    over 0.5 ms (synchronisations), each `ab.` phase's time, and the host ops before the first kernel and
+    past the last one)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
         first_token(prog, prompt)
@@ -109,16 +113,12 @@ def kernel_ms(prog, prompt) -> tuple[float, list[tuple[str, float]], list[str]]:
         k0, k1 = spans[0][0], end
         notes.append(f"host: first op {(k0 - tops[0].time_range.start) / 1e3:.2f} ms before the first kernel, "
                      f"last op ends {(max(e.time_range.end for e in tops) - k1) / 1e3:.2f} ms after the last kernel")
-        pre = collections.Counter()
-        for e in tops:
-            if e.time_range.start < k0:
-                pre[e.name[:50]] += e.time_range.elapsed_us() / 1e3
-        notes += [f"before the first kernel: {n} {t:.2f} ms" for n, t in pre.most_common(8)]
-        post = collections.Counter()
-        for e in tops:
-            if e.time_range.end > k1:
-                post[e.name[:50]] += e.time_range.elapsed_us() / 1e3
-        notes += [f"past the last kernel: {n} {t:.2f} ms" for n, t in post.most_common(8)]
+        for where, outside in (("before the first kernel", lambda e: e.time_range.start < k0),
+                               ("past the last kernel", lambda e: e.time_range.end > k1)):
+            per_op = collections.Counter()
+            for e in filter(outside, tops):
+                per_op[e.name[:50]] += e.time_range.elapsed_us() / 1e3
+            notes += [f"{where}: {n} {t:.2f} ms" for n, t in per_op.most_common(8)]
     return sum(per.values()), per.most_common(12), notes
 
 
@@ -129,6 +129,10 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--variants", nargs="+", default=["base"])
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--phases", action="store_true",
+                    help="per prompt: host return time, CUDA-event time, wall, the allocator's device calls")
+    ap.add_argument("--pause", type=float, default=0.0,
+                    help="seconds the card idles after each timed prompt (0: back to back)")
     a = ap.parse_args()
     if not torch.cuda.is_available():
         print("prefill_ab: no CUDA device; nothing measured")
@@ -147,12 +151,11 @@ def main() -> int:
         for rep in range(a.reps + 1):
             for v in a.variants:
                 with applied("" if v == "base" else v, prog):
-                    ms, tok = first_token(prog, prompt)
+                    ms, tok = first_token(prog, prompt, a.phases)
                 toks[v] = tok
                 if rep:
                     times[v].append(ms)
-                    if os.environ.get("AB_PAUSE"):
-                        time.sleep(float(os.environ["AB_PAUSE"]))     # the card idles between prompts
+                    time.sleep(a.pause)                              # the card idles between prompts
                 else:
                     print(f"[{ident}] {v}: untimed first prompt {ms:.1f} ms", flush=True)
         for v in a.variants:
