@@ -34,9 +34,10 @@ from ninfer.targets.qwen3_6.runtime.config import ProgramConfig  # noqa: E402
 PAGE = 64
 
 
-def first_token(prog, prompt: tuple[int, ...], phases: bool = False) -> tuple[float, int]:
+def first_token(prog, prompt: tuple[int, ...], phases: bool = False, chunk: int = 0) -> tuple[float, int]:
     """(ms from materialize to the first sampled token, that token); the sequence is released. `phases`:
-    print when the host got `prefill` back, the CUDA-event time, the wall, and the allocator's device calls."""
+    print when the host got `prefill` back, the CUDA-event time, the wall, and the allocator's device calls.
+    chunk > 0: the prompt in stages of that many tokens (as the Engine stages a long prompt)."""
     req = SequenceRequest(prompt_token_ids=prompt, max_output_tokens=2, sampling=SamplingParams(temperature=0.0))
     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     m0 = torch.cuda.memory_stats() if phases else {}
@@ -52,7 +53,9 @@ def first_token(prog, prompt: tuple[int, ...], phases: bool = False) -> tuple[fl
     step = None
     try:
         with record_function("ab.prefill"):
-            step = prog.prefill(h, len(prompt))
+            step = prog.prefill(h, chunk or len(prompt))
+            while step.pending is None:
+                step = prog.prefill(h, chunk)
         t1 = time.perf_counter()
         e1.record()
         tok = step.pending.rows[0].tokens[0]
@@ -74,14 +77,14 @@ def first_token(prog, prompt: tuple[int, ...], phases: bool = False) -> tuple[fl
     return ms, tok
 
 
-def kernel_ms(prog, prompt) -> tuple[float, list[tuple[str, float]], list[str]]:
+def kernel_ms(prog, prompt, chunk: int = 0) -> tuple[float, list[tuple[str, float]], list[str]]:
     """(the kernels' summed time, the 12 largest kernels by time, notes: the span from the first kernel's
     start to the last one's end, the idle time in it and its 6 largest gaps, the host runtime calls of
     over 0.5 ms (synchronisations), each `ab.` phase's time, and the host ops before the first kernel and
     past the last one)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-        first_token(prog, prompt)
+        first_token(prog, prompt, chunk=chunk)
     per = collections.Counter()
     spans, slow_calls = [], []
     for e in p.events():
@@ -131,9 +134,13 @@ def main() -> int:
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--phases", action="store_true",
                     help="per prompt: host return time, CUDA-event time, wall, the allocator's device calls")
+    ap.add_argument("--chunk", type=int, default=0,
+                    help="prefill stage size (0: the whole prompt in one stage)")
     ap.add_argument("--pause", type=float, default=0.0,
                     help="seconds the card idles after each timed prompt (0: back to back)")
     a = ap.parse_args()
+    if a.chunk < 0:
+        ap.error(f"--chunk must be >= 0, got {a.chunk}")
     if not torch.cuda.is_available():
         print("prefill_ab: no CUDA device; nothing measured")
         return 0
@@ -151,7 +158,7 @@ def main() -> int:
         for rep in range(a.reps + 1):
             for v in a.variants:
                 with applied("" if v == "base" else v, prog):
-                    ms, tok = first_token(prog, prompt, a.phases)
+                    ms, tok = first_token(prog, prompt, a.phases, a.chunk)
                 toks[v] = tok
                 if rep:
                     times[v].append(ms)
@@ -164,7 +171,7 @@ def main() -> int:
                    " ".join(f"{t:.1f}" for t in times[v]) + f")  token {toks[v]}"
             if a.profile:
                 with applied("" if v == "base" else v, prog):
-                    total, top, notes = kernel_ms(prog, prompt)
+                    total, top, notes = kernel_ms(prog, prompt, a.chunk)
                 line += f"  kernels {total:.1f} ms"
                 print(line, flush=True)
                 for name, t in top:

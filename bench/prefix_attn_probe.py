@@ -6,7 +6,7 @@
              merged by their log-sum-exps (`torch.ops.aten._scaled_dot_product_cudnn_attention`)
     padded   cuDNN once, causal over the whole context, the prefix's query rows zero (wasted work)
 
-Prints ms per call (CUDA events, median of --reps after 2 untimed) and each form's rel. RMS error against
+Prints ms per call (CUDA events, median of --reps after 2 untimed; the first call's wall time apart) and each form's rel. RMS error against
 an fp32 reference on a subsample of rows. Without CUDA it prints that nothing was measured.
 
     PYTHONPATH=$PWD python3 bench/prefix_attn_probe.py --cases 4096:8192 8192:16384 8192:32768
@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -97,8 +98,12 @@ def main() -> int:
         line = [f"L {L:6d} C {C:6d}"]
         for f in a.forms:
             try:
-                for _ in range(2):
-                    o = fns[f](q, k, v, scale)
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                o = fns[f](q, k, v, scale)
+                torch.cuda.synchronize()
+                first = (time.perf_counter() - t0) * 1e3
+                o = fns[f](q, k, v, scale)
                 ts = []
                 for _ in range(a.reps):
                     e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -109,7 +114,7 @@ def main() -> int:
                     ts.append(e0.elapsed_time(e1))
                 ms = statistics.median(ts)
                 err = ((o[:, :, rows].float() - ref).norm() / ref.norm()).item()
-                line.append(f"{f} {ms:7.3f} ms ({flops / ms / 1e9:5.0f} TFLOP/s, err {err:.1e})")
+                line.append(f"{f} {ms:7.3f} ms ({flops / ms / 1e9:5.0f} TFLOP/s, err {err:.1e}, first {first:.0f} ms)")
             except Exception as e:  # noqa: BLE001 - a probe: report the form's failure and go on
                 line.append(f"{f} failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}")
         print("  ".join(line), flush=True)

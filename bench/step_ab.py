@@ -68,7 +68,7 @@ def applied(spec: str, prog):
                 orig = attrs[-1][2]
                 # a NamedTuple of ints (e.g. a tile config) takes V as comma-separated fields
                 setattr(mod, attr, type(orig)(*map(int, value.split(","))) if isinstance(orig, tuple)
-                        else type(orig)(int(value)))
+                        else float(value) if isinstance(orig, float) else type(orig)(int(value)))
             elif item.startswith("op:"):
                 name, path = item[3:].split("=", 1)
                 prog.model.ops = prog.model.ops._replace(**{name: getattr(module_from(path), name)})

@@ -182,6 +182,64 @@ def test_chunk_paged_attention_rows_host_bounds(dtype):
     assert rel_rms(o, ro) < TOL[dtype]
 
 
+
+_CUDNN = pytest.mark.skipif(DEV == "cpu" or INTERPRET, reason="cuDNN attention needs CUDA")
+
+
+@_CUDNN
+@pytest.mark.parametrize("D", [128, 256])
+@pytest.mark.parametrize("L,P", [(300, 1024), (300, 1100), (513, 96), (64, 2048 + 5), (1000, 3000)])
+def test_split_prefix_sdpa(monkeypatch, D, L, P):
+    """A chunk over its prefix through two cuDNN calls merged by log-sum-exp == the reference, with the
+    prefix split at a grain of 512 keys: P a multiple of it (no remainder), a remainder (the prefix's
+    last keys as zero query rows of the causal call), P under one grain (the padded causal call alone);
+    chunk_paged_attention takes that route when SPLIT_MIN_FLOPS lets it, and == its flash result."""
+    from ninfer.ops.fast import attention as fa
+    monkeypatch.setattr(fa, "SPLIT_GRAIN", 512)
+    g = gen(L + P + D)
+    Hq, Hkv, page, dtype = 8, 2, 16, torch.bfloat16
+    kc, vc, bt = paged_kv([P + L], Hkv, D, page, dtype, g)
+    q = randn(L, Hq, D, dtype=dtype, g=g)
+    ctx = torch.tensor([P + L])
+    ro = ref.chunk_paged_attention(q.float(), kc.float(), vc.float(), bt, ctx.to(DEV))
+    k = ref.gather_kv_paged(kc, bt[0], P + L)
+    v = ref.gather_kv_paged(vc, bt[0], P + L)
+    poison_allocator()
+    o = fa.split_prefix_sdpa(q, k, v, D ** -0.5)
+    assert o.shape == q.shape and o.dtype == dtype and o.is_contiguous()
+    assert rel_rms(o, ro) < TOL[dtype]
+    flash = fa.chunk_paged_attention(q, kc, vc, bt, ctx)             # under SPLIT_MIN_FLOPS: flash
+    monkeypatch.setattr(fa, "SPLIT_MIN_FLOPS", 0.0)
+    routed = fa.chunk_paged_attention(q, kc, vc, bt, ctx)
+    assert torch.equal(routed, o)
+    assert rel_rms(routed, flash) < TOL[dtype]
+
+
+@_CUDNN
+def test_split_prefix_sdpa_falls_back_to_flash(monkeypatch):
+    """A cuDNN failure warns once, the call returns flash's result, and later calls take flash directly."""
+    from ninfer.ops.fast import attention as fa
+    monkeypatch.setattr(fa, "SPLIT_MIN_FLOPS", 0.0)
+    monkeypatch.setattr(fa, "_cudnn_split_ok", True)
+    g = gen(21)
+    Hq, Hkv, D, page, L, P = 8, 2, 128, 16, 200, 4096
+    kc, vc, bt = paged_kv([P + L], Hkv, D, page, torch.bfloat16, g)
+    q = randn(L, Hq, D, dtype=torch.bfloat16, g=g)
+    ctx = torch.tensor([P + L])
+    calls = []
+
+    def broken(*a, **kw):
+        calls.append(1)
+        raise RuntimeError("cuDNN Frontend error: no plan for this graph")
+
+    monkeypatch.setattr(fa, "_cudnn_attention", broken)
+    with pytest.warns(RuntimeWarning, match="cuDNN attention over a prefix failed"):
+        o = fa.chunk_paged_attention(q, kc, vc, bt, ctx)
+    assert fa._cudnn_split_ok is False and calls == [1]
+    ro = ref.chunk_paged_attention(q.float(), kc.float(), vc.float(), bt, ctx.to(DEV))
+    assert rel_rms(o, ro) < TOL[torch.bfloat16]
+    assert torch.equal(fa.chunk_paged_attention(q, kc, vc, bt, ctx), o) and calls == [1]
+
 # ------------------------------------------------------------------------------------------------
 # the schedule's prefill path with these ops (split conv output, host row bounds)
 # ------------------------------------------------------------------------------------------------

@@ -13,8 +13,9 @@
     chunk_paged_attention    per row: gather the paged prefix at Hkv heads, then PyTorch SDPA (cuDNN /
                              flash kernels, enable_gqa: K/V never repeated) with a bottom-right causal
                              mask; a row without a prefix runs at a padded length (`padded_causal_sdpa`:
-                             cuDNN plans are per length). No [L, C] matrix; host row bounds (no sync
-                             with CPU index tensors).
+                             cuDNN plans are per length), and a long chunk over a long prefix through
+                             cuDNN twice, merged by log-sum-exp (`split_prefix_sdpa`). No [L, C]
+                             matrix; host row bounds (no sync with CPU index tensors).
     prefix_attention_rows    Triton flash attention of one padded prompt stage over its paged prefix, the
                              stage's start and length read on the device (the prefill graphs' form): grid
                              (token block, kv head, split); a program holds BT tokens x the REP query heads
@@ -39,7 +40,8 @@ from ninfer.ops.fast._index import device_index
 from ninfer.ops.fast import _pdl
 from ninfer.ops.fast.fused import _fround, sigmoid_gate_mul
 
-__all__ = ["decode_paged_attention", "chunk_paged_attention", "prefix_attention_rows", "decode_splits"]
+__all__ = ["decode_paged_attention", "chunk_paged_attention", "prefix_attention_rows", "decode_splits",
+           "split_prefix_sdpa"]
 
 _TARGET_PROGRAMS = 264     # ~2 waves over the H200's 132 SMs
 # NOTE: read at each call (bench/step_ab.py sets it before capturing the graphs): False runs the gate of
@@ -244,6 +246,8 @@ def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seq
             # NOTE: causal self-attention at a few padded lengths: cuDNN's plan per new length (~63 ms)
             #       is paid in the serve warmup, not by requests (`padded_causal_sdpa`).
             ot = _ref.padded_causal_sdpa(q[s:e], k, v, scale)                              # [L, Hq, D]
+        elif _split_pays(q, L, ctx - L):
+            ot = split_prefix_sdpa(q[s:e], k, v, scale)
         else:
             # NOTE: a chunk over its prefix: the lower-right mask, which PyTorch's CausalBias sends to
             #       flash-attention where it applies (bench/first_call.py times its first calls).
@@ -257,6 +261,104 @@ def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seq
             out = torch.empty_like(q)
         out[s:e] = ot
     return out if out is not None else torch.empty_like(q)
+
+
+# NOTE: a long chunk over a long prefix (a long prompt's later stages) through cuDNN instead of flash:
+#       PyTorch's flash kernel ran the lower-right-masked form at ~300 TFLOP/s on the H200 against cuDNN's
+#       ~440-650 (27B heads, bf16; bench/prefix_attn_probe.py, bench/NOTES.md session 29: L 8192 over a
+#       24576-token prefix 13.5 -> 6.7 ms a layer). cuDNN has no lower-right mask, so the chunk runs twice
+#       (`split_prefix_sdpa`) and the halves merge by their log-sum-exps. Each cuDNN shape builds a plan on
+#       first use (~80 ms), so the shapes are bucketed and the split runs only where a call's attention
+#       is large enough that its first use costs about what it saves: SPLIT_MIN_FLOPS (flash ~3.3 ms).
+SPLIT_MIN_FLOPS = 1e12
+SPLIT_GRAIN = 2048          # the prefix's keys of the non-causal call: a multiple of this many
+_cudnn_split_ok = True      # False after the cuDNN op failed once (warned): flash from then on
+
+
+def _split_pays(q, L: int, P: int) -> bool:
+    return (_cudnn_split_ok and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+            and 4.0 * q.shape[1] * q.shape[2] * L * (P + L / 2) >= SPLIT_MIN_FLOPS)
+
+
+def _cudnn_attention(q, k, v, scale, causal):
+    """cuDNN SDPA of [N, H, D] tensors (GQA when k has fewer heads) -> (out [H, N, D], lse [H, N] fp32)."""
+    hq, n = q.shape[1], q.shape[0]
+    r = torch.ops.aten._scaled_dot_product_cudnn_attention(
+        q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0),
+        None, True, 0.0, causal, False, scale=scale)
+    return r[0][0], r[1].reshape(hq, n).float().contiguous()
+
+
+@triton.jit
+def _lse_merge_kernel(o1, l1, o2, l2, out, L, off2, s_o1h, s_o1n, s_o2h, s_o2n, n1, n2, s_on, s_oh,
+                      D: tl.constexpr, BT: tl.constexpr):
+    """out[t, h] = the softmax-weighted combination of two attentions of token t over disjoint key sets:
+    o1[h, t] with log-sum-exp l1[h, t], and o2[h, off2 + t] with l2[h, off2 + t]."""
+    i_t = tl.program_id(0)
+    h = tl.program_id(1)
+    t = i_t * BT + tl.arange(0, BT)
+    m = t < L
+    d = tl.arange(0, D)
+    t2 = (t + off2).to(tl.int64)
+    a = tl.load(l1 + h * n1 + t, mask=m, other=0.0)
+    b = tl.load(l2 + h * n2 + t2, mask=m, other=0.0)
+    mx = tl.maximum(a, b)
+    wa = tl.exp(a - mx)
+    wb = tl.exp(b - mx)
+    inv = 1.0 / (wa + wb)
+    x = tl.load(o1 + h * s_o1h + t.to(tl.int64)[:, None] * s_o1n + d[None, :], mask=m[:, None], other=0.0)
+    y = tl.load(o2 + h * s_o2h + t2[:, None] * s_o2n + d[None, :], mask=m[:, None], other=0.0)
+    r = x.to(tl.float32) * (wa * inv)[:, None] + y.to(tl.float32) * (wb * inv)[:, None]
+    tl.store(out + t.to(tl.int64)[:, None] * s_on + h * s_oh + d[None, :], r.to(out.dtype.element_ty),
+             mask=m[:, None])
+
+
+def split_prefix_sdpa(q, k, v, scale):
+    """One chunk's attention over its prefix through cuDNN: q [L, Hq, D] (the context's last L tokens),
+    k, v [C, Hkv, D] -> [L, Hq, D]. With P = C - L prefix tokens and P0 = P rounded down to SPLIT_GRAIN:
+        call 1   the chunk against keys [0, P0), no mask, at sdpa_rows(L) query rows (zeros past L)
+        call 2   causal self-attention over keys [P0, C): the P - P0 prefix tokens as zero query rows
+                 in front of the chunk's (their outputs dropped), at sdpa_rows(C - P0) rows, zero K / V
+                 past C (a real row reads keys <= its own position only, so never those)
+    merged by log-sum-exp (`_lse_merge_kernel`). P0 == 0 is call 2 alone (`padded_causal_sdpa`). So the
+    cuDNN shapes are (sdpa_rows(L), a multiple of SPLIT_GRAIN) and sdpa_rows(length): few plans. A cuDNN
+    failure warns once and falls back to flash (`chunk_paged_attention`'s lower-right mask)."""
+    global _cudnn_split_ok
+    L, C = q.shape[0], k.shape[0]
+    P = C - L
+    P0 = P // SPLIT_GRAIN * SPLIT_GRAIN
+    rem = P - P0
+    if P0 == 0:
+        return _ref.padded_causal_sdpa(F.pad(q, (0, 0, 0, 0, rem, 0)), k, v, scale)[rem:]
+    D = q.shape[2]
+    try:
+        if D & (D - 1) or D > 256:
+            raise RuntimeError(f"head dim {D}: the merge kernel takes a power of 2 up to 256")
+        n1, n2 = _ref.sdpa_rows(L), _ref.sdpa_rows(rem + L)
+        o1, l1 = _cudnn_attention(F.pad(q, (0, 0, 0, 0, 0, n1 - L)), k[:P0], v[:P0], scale, False)
+        tail = n2 - rem - L
+        o2, l2 = _cudnn_attention(F.pad(q, (0, 0, 0, 0, rem, tail)), F.pad(k[P0:], (0, 0, 0, 0, 0, tail)),
+                                  F.pad(v[P0:], (0, 0, 0, 0, 0, tail)), scale, True)
+        if o1.stride(2) != 1:
+            o1 = o1.contiguous()
+        if o2.stride(2) != 1:
+            o2 = o2.contiguous()
+    except RuntimeError as err:
+        import warnings
+        warnings.warn(f"cuDNN attention over a prefix failed ({str(err).splitlines()[0][:200]}); "
+                      "prompt chunks over a prefix run through flash-attention from now on", RuntimeWarning)
+        _cudnn_split_ok = False
+        from torch.nn.attention.bias import causal_lower_right
+        o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                           v.transpose(0, 1).unsqueeze(0), attn_mask=causal_lower_right(L, C),
+                                           scale=scale, enable_gqa=q.shape[1] != k.shape[1])
+        return o[0].transpose(0, 1)
+    out = torch.empty_like(q)
+    BT = 16
+    _lse_merge_kernel[(triton.cdiv(L, BT), q.shape[1])](
+        o1, l1, o2, l2, out, L, rem, o1.stride(0), o1.stride(1), o2.stride(0), o2.stride(1), n1, n2,
+        out.stride(0), out.stride(1), D=D, BT=BT, num_warps=4)
+    return out
 
 
 @triton.jit
