@@ -208,11 +208,39 @@ def test_split_prefix_sdpa(monkeypatch, D, L, P):
     o = fa.split_prefix_sdpa(q, k, v, D ** -0.5)
     assert o.shape == q.shape and o.dtype == dtype and o.is_contiguous()
     assert rel_rms(o, ro) < TOL[dtype]
+    monkeypatch.setattr(fa, "PAD_MAX_WORK", 0.0)
     flash = fa.chunk_paged_attention(q, kc, vc, bt, ctx)             # under SPLIT_MIN_FLOPS: flash
     monkeypatch.setattr(fa, "SPLIT_MIN_FLOPS", 0.0)
     routed = fa.chunk_paged_attention(q, kc, vc, bt, ctx)
     assert torch.equal(routed, o)
     assert rel_rms(routed, flash) < TOL[dtype]
+
+
+@_CUDNN
+@pytest.mark.parametrize("L,P", [(700, 300), (500, 12), (4096, 4096), (1000, 37)])
+def test_front_padded_sdpa(monkeypatch, L, P):
+    """A chunk over a prefix shorter than about itself runs as causal self-attention of the whole context
+    with zero query rows for the prefix (chunk_paged_attention routes it there under PAD_MAX_WORK) ==
+    the reference, and close to flash's lower-right form; two rows in one packed chunk, one routed each way."""
+    from ninfer.ops.fast import attention as fa
+    g = gen(L + 3 * P)
+    Hq, Hkv, D, page, dtype = 8, 2, 256, 16, torch.bfloat16
+    L2, P2 = 64, 3000                                                # the second row: flash / split
+    kc, vc, bt = paged_kv([P + L, P2 + L2], Hkv, D, page, dtype, g)
+    q = randn(L + L2, Hq, D, dtype=dtype, g=g)
+    ctx, cu = torch.tensor([P + L, P2 + L2]), torch.tensor([0, L, L + L2])
+    ro = ref.chunk_paged_attention(q.float(), kc.float(), vc.float(), bt, ctx.to(DEV), cu.to(DEV))
+    assert fa._pad_pays(q, L, P + L) and not fa._pad_pays(q, L2, P2 + L2)
+    k = ref.gather_kv_paged(kc, bt[0], P + L)
+    v = ref.gather_kv_paged(vc, bt[0], P + L)
+    poison_allocator()
+    o = fa.front_padded_sdpa(q[:L], k, v, D ** -0.5)
+    assert o.shape == (L, Hq, D) and rel_rms(o, ro[:L]) < TOL[dtype]
+    routed = fa.chunk_paged_attention(q, kc, vc, bt, ctx, cu)
+    assert torch.equal(routed[:L], o) and rel_rms(routed, ro) < TOL[dtype]
+    monkeypatch.setattr(fa, "PAD_MAX_WORK", 0.0)
+    flash = fa.chunk_paged_attention(q, kc, vc, bt, ctx, cu)
+    assert rel_rms(flash, routed) < TOL[dtype]
 
 
 @_CUDNN

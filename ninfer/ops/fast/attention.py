@@ -13,8 +13,9 @@
     chunk_paged_attention    per row: gather the paged prefix at Hkv heads, then PyTorch SDPA (cuDNN /
                              flash kernels, enable_gqa: K/V never repeated) with a bottom-right causal
                              mask; a row without a prefix runs at a padded length (`padded_causal_sdpa`:
-                             cuDNN plans are per length), and a long chunk over a long prefix through
-                             cuDNN twice, merged by log-sum-exp (`split_prefix_sdpa`). No [L, C]
+                             cuDNN plans are per length); a chunk over a shorter prefix as that too, the
+                             prefix's query rows zero (`front_padded_sdpa`), and a long chunk over a long
+                             prefix through cuDNN twice, merged by log-sum-exp (`split_prefix_sdpa`). No [L, C]
                              matrix; host row bounds (no sync with CPU index tensors).
     prefix_attention_rows    Triton flash attention of one padded prompt stage over its paged prefix, the
                              stage's start and length read on the device (the prefill graphs' form): grid
@@ -41,7 +42,7 @@ from ninfer.ops.fast import _pdl
 from ninfer.ops.fast.fused import _fround, sigmoid_gate_mul
 
 __all__ = ["decode_paged_attention", "chunk_paged_attention", "prefix_attention_rows", "decode_splits",
-           "split_prefix_sdpa"]
+           "split_prefix_sdpa", "front_padded_sdpa"]
 
 _TARGET_PROGRAMS = 264     # ~2 waves over the H200's 132 SMs
 # NOTE: read at each call (bench/step_ab.py sets it before capturing the graphs): False runs the gate of
@@ -246,6 +247,8 @@ def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seq
             # NOTE: causal self-attention at a few padded lengths: cuDNN's plan per new length (~63 ms)
             #       is paid in the serve warmup, not by requests (`padded_causal_sdpa`).
             ot = _ref.padded_causal_sdpa(q[s:e], k, v, scale)                              # [L, Hq, D]
+        elif _pad_pays(q, L, ctx):
+            ot = front_padded_sdpa(q[s:e], k, v, scale)
         elif _split_pays(q, L, ctx - L):
             ot = split_prefix_sdpa(q[s:e], k, v, scale)
         else:
@@ -264,15 +267,41 @@ def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seq
 
 
 # NOTE: a long chunk over a long prefix (a long prompt's later stages) through cuDNN instead of flash:
-#       PyTorch's flash kernel ran the lower-right-masked form at ~300 TFLOP/s on the H200 against cuDNN's
-#       ~440-650 (27B heads, bf16; bench/prefix_attn_probe.py, bench/NOTES.md session 29: L 8192 over a
-#       24576-token prefix 13.5 -> 6.7 ms a layer). cuDNN has no lower-right mask, so the chunk runs twice
-#       (`split_prefix_sdpa`) and the halves merge by their log-sum-exps. Each cuDNN shape builds a plan on
-#       first use (~80 ms), so the shapes are bucketed and the split runs only where a call's attention
-#       is large enough that its first use costs about what it saves: SPLIT_MIN_FLOPS (flash ~3.3 ms).
+#       PyTorch's flash kernel runs the lower-right-masked form at ~300 TFLOP/s on the H100 / H200 against
+#       cuDNN's ~520-615 here (27B heads, bf16; bench/prefix_attn_probe.py, bench/NOTES.md session 28: L 8192
+#       over a 24576-token prefix 13.65 -> 7.03 ms a layer; a 32k prompt in 8k stages 3402 -> 3049 ms on the
+#       27B). cuDNN has no lower-right mask, so the chunk runs twice (`split_prefix_sdpa`) and the halves
+#       merge by their log-sum-exps. Each new cuDNN shape builds a plan on first use (the two calls' first
+#       use measured 137-247 ms), so the shapes are bucketed and the split runs only where a call's
+#       attention is large enough that its first use costs about what it then saves per request (16
+#       attention layers on the 27B): SPLIT_MIN_FLOPS (flash ~3.3 ms a layer).
 SPLIT_MIN_FLOPS = 1e12
 SPLIT_GRAIN = 2048          # the prefix's keys of the non-causal call: a multiple of this many
 _cudnn_split_ok = True      # False after the cuDNN op failed once (warned): flash from then on
+
+
+# NOTE: a chunk over a prefix shorter than about itself (a context-cache hit on a system prompt followed by a
+#       long message; a prompt a little over one stage) is cheapest as one causal self-attention over the
+#       whole context with the prefix's query rows zero (`front_padded_sdpa`): cuDNN's causal kernel at a
+#       padded length the serve warmup already planned (up to the stage size), doing at most PAD_MAX_WORK
+#       times the chunk's own work. On the H100, 27B heads: L 4096 over C 8192 (1.33x the work) 1.35 ms
+#       against flash 2.23 and the split 1.57; L 2048 over C 8192 (2.2x) ties with flash (bench/NOTES.md
+#       session 28).
+PAD_MAX_WORK = 1.6
+
+
+def _pad_pays(q, L: int, C: int) -> bool:
+    S = _ref.sdpa_rows(C)
+    return (q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+            and S * (S + 1) / 2 <= PAD_MAX_WORK * L * (C - L + (L + 1) / 2))
+
+
+def front_padded_sdpa(q, k, v, scale):
+    """q [L, Hq, D] (the context's last L tokens) over k, v [C, Hkv, D] as causal self-attention of the
+    whole context with the C - L prefix tokens as zero query rows in front (their outputs dropped):
+    `padded_causal_sdpa` at sdpa_rows(C) rows. Exact: a real row reads keys up to its own position."""
+    P = k.shape[0] - q.shape[0]
+    return _ref.padded_causal_sdpa(F.pad(q, (0, 0, 0, 0, P, 0)), k, v, scale)[P:]
 
 
 def _split_pays(q, L: int, P: int) -> bool:
@@ -329,7 +358,7 @@ def split_prefix_sdpa(q, k, v, scale):
     P0 = P // SPLIT_GRAIN * SPLIT_GRAIN
     rem = P - P0
     if P0 == 0:
-        return _ref.padded_causal_sdpa(F.pad(q, (0, 0, 0, 0, rem, 0)), k, v, scale)[rem:]
+        return front_padded_sdpa(q, k, v, scale)
     D = q.shape[2]
     try:
         if D & (D - 1) or D > 256:
