@@ -1,4 +1,4 @@
-"""Does a two-stream wavefront prefill pay? (bench/NOTES.md, sessions 25-28.) One prompt of --tokens, split
+"""Does a two-stream wavefront prefill pay? (bench/NOTES.md, sessions 27-28.) One prompt of --tokens, split
 into two halves A (tokens 0..n/2) and B (the rest, over A as its prefix), timed four ways on one Program
 (synthetic weights), interleaved, --reps times after one untimed round:
 
