@@ -182,7 +182,6 @@ def test_chunk_paged_attention_rows_host_bounds(dtype):
     assert rel_rms(o, ro) < TOL[dtype]
 
 
-
 _CUDNN = pytest.mark.skipif(DEV == "cpu" or INTERPRET, reason="cuDNN attention needs CUDA")
 
 

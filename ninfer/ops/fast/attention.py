@@ -42,7 +42,7 @@ from ninfer.ops.fast import _pdl
 from ninfer.ops.fast.fused import _fround, sigmoid_gate_mul
 
 __all__ = ["decode_paged_attention", "chunk_paged_attention", "prefix_attention_rows", "decode_splits",
-           "split_prefix_sdpa", "front_padded_sdpa"]
+           "split_prefix_sdpa", "front_padded_sdpa", "lower_right_sdpa"]
 
 _TARGET_PROGRAMS = 264     # ~2 waves over the H200's 132 SMs
 # NOTE: read at each call (bench/step_ab.py sets it before capturing the graphs): False runs the gate of
@@ -229,11 +229,8 @@ def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seq
     (the schedule does) to avoid a device-to-host sync per layer. K/V are gathered per row at Hkv
     heads and SDPA runs with enable_gqa (no repeat of K/V to Hq heads); a single row covering all
     of q returns SDPA's output itself when it is already [T, Hq, D] contiguous (no copy)."""
-    from torch.nn.attention.bias import causal_lower_right
-
     scale = _ref.check_gqa(q, k_cache, scale)
     rows = _ref.chunk_rows(q, context_lens, cu_seqlens_q)
-    gqa = q.shape[1] != k_cache.shape[2]
     out = None
     for b, (ctx, s, e) in enumerate(rows):
         L = e - s
@@ -249,15 +246,10 @@ def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seq
             ot = _ref.padded_causal_sdpa(q[s:e], k, v, scale)                              # [L, Hq, D]
         elif _pad_pays(q, L, ctx):
             ot = front_padded_sdpa(q[s:e], k, v, scale)
-        elif _split_pays(q, L, ctx - L):
+        elif _split_pays(q, L, ctx):
             ot = split_prefix_sdpa(q[s:e], k, v, scale)
         else:
-            # NOTE: a chunk over its prefix: the lower-right mask, which PyTorch's CausalBias sends to
-            #       flash-attention where it applies (bench/first_call.py times its first calls).
-            o = F.scaled_dot_product_attention(q[s:e].transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-                                               v.transpose(0, 1).unsqueeze(0), attn_mask=causal_lower_right(L, ctx),
-                                               scale=scale, enable_gqa=gqa)
-            ot = o[0].transpose(0, 1)                                                       # [L, Hq, D]
+            ot = lower_right_sdpa(q[s:e], k, v, scale)                                      # [L, Hq, D]
         if len(rows) == 1 and L == q.shape[0] and ot.is_contiguous():
             return ot
         if out is None:
@@ -290,10 +282,26 @@ _cudnn_split_ok = True      # False after the cuDNN op failed once (warned): fla
 PAD_MAX_WORK = 1.6
 
 
+def _cudnn_dtype(q) -> bool:
+    return q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+
+
 def _pad_pays(q, L: int, C: int) -> bool:
+    """front_padded_sdpa for L new tokens over a C-token context (the chunk's own work: L(P + L/2))."""
     S = _ref.sdpa_rows(C)
-    return (q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
-            and S * (S + 1) / 2 <= PAD_MAX_WORK * L * (C - L + (L + 1) / 2))
+    return _cudnn_dtype(q) and S * (S + 1) / 2 <= PAD_MAX_WORK * L * (C - L + (L + 1) / 2)
+
+
+def lower_right_sdpa(q, k, v, scale):
+    """q [L, Hq, D] (the context's last L tokens) over k, v [C, Hkv, D] with the lower-right causal mask,
+    which PyTorch's CausalBias sends to flash-attention where it applies (bench/first_call.py times its
+    first calls) -> [L, Hq, D] (a transposed view of SDPA's output)."""
+    from torch.nn.attention.bias import causal_lower_right
+    mask = causal_lower_right(q.shape[0], k.shape[0])
+    o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                       v.transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=scale,
+                                       enable_gqa=q.shape[1] != k.shape[1])
+    return o[0].transpose(0, 1)
 
 
 def front_padded_sdpa(q, k, v, scale):
@@ -304,9 +312,10 @@ def front_padded_sdpa(q, k, v, scale):
     return _ref.padded_causal_sdpa(F.pad(q, (0, 0, 0, 0, P, 0)), k, v, scale)[P:]
 
 
-def _split_pays(q, L: int, P: int) -> bool:
-    return (_cudnn_split_ok and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
-            and 4.0 * q.shape[1] * q.shape[2] * L * (P + L / 2) >= SPLIT_MIN_FLOPS)
+def _split_pays(q, L: int, C: int) -> bool:
+    """split_prefix_sdpa for L new tokens over a C-token context: its attention's FLOPs reach SPLIT_MIN_FLOPS."""
+    return (_cudnn_split_ok and _cudnn_dtype(q)
+            and 4.0 * q.shape[1] * q.shape[2] * L * (C - L / 2) >= SPLIT_MIN_FLOPS)
 
 
 def _cudnn_attention(q, k, v, scale, causal):
@@ -349,7 +358,7 @@ def split_prefix_sdpa(q, k, v, scale):
         call 2   causal self-attention over keys [P0, C): the P - P0 prefix tokens as zero query rows
                  in front of the chunk's (their outputs dropped), at sdpa_rows(C - P0) rows, zero K / V
                  past C (a real row reads keys <= its own position only, so never those)
-    merged by log-sum-exp (`_lse_merge_kernel`). P0 == 0 is call 2 alone (`padded_causal_sdpa`). So the
+    merged by log-sum-exp (`_lse_merge_kernel`). P0 == 0 is call 2 alone (`front_padded_sdpa`). So the
     cuDNN shapes are (sdpa_rows(L), a multiple of SPLIT_GRAIN) and sdpa_rows(length): few plans. A cuDNN
     failure warns once and falls back to flash (`chunk_paged_attention`'s lower-right mask)."""
     global _cudnn_split_ok
@@ -377,11 +386,7 @@ def split_prefix_sdpa(q, k, v, scale):
         warnings.warn(f"cuDNN attention over a prefix failed ({str(err).splitlines()[0][:200]}); "
                       "prompt chunks over a prefix run through flash-attention from now on", RuntimeWarning)
         _cudnn_split_ok = False
-        from torch.nn.attention.bias import causal_lower_right
-        o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-                                           v.transpose(0, 1).unsqueeze(0), attn_mask=causal_lower_right(L, C),
-                                           scale=scale, enable_gqa=q.shape[1] != k.shape[1])
-        return o[0].transpose(0, 1)
+        return lower_right_sdpa(q, k, v, scale)
     out = torch.empty_like(q)
     BT = 16
     _lse_merge_kernel[(triton.cdiv(L, BT), q.shape[1])](
