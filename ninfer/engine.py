@@ -19,6 +19,7 @@ request ends with GenerationResult(finish_reason=CANCELLED) and its partial outp
 from __future__ import annotations
 
 import importlib
+import logging
 import math
 import os
 import threading
@@ -34,6 +35,7 @@ from ninfer.types import (Availability, EngineConfig, EngineMetrics, EngineReque
                           GenerationResult, Purpose, ScoreInput, ScoreResult)
 
 __all__ = ["Engine", "GenerationHandle", "EngineRequestError"]
+_log = logging.getLogger(__name__)
 
 
 class Engine:
@@ -110,6 +112,7 @@ class Engine:
         self.config = config
         self.identity = identity
         self.frontend = frontend
+        self.warmup_plans: tuple[int, int, float] | None = None    # `warm_up`'s attention plans
         kwargs = {} if clock is None else {"clock": clock}
         if config.purpose is Purpose.CAUSAL_SCORING:
             self._core = CausalScoreCore(frontend, max_model_len=config.max_model_len)
@@ -217,8 +220,8 @@ class Engine:
                          context_cache=context_cache) as handle:
             return handle.result(timeout)
 
-    def warm_up(self, lengths: Sequence[int] | None = None, *, timeout: float | None = None
-                ) -> list[tuple[int, float]]:
+    def warm_up(self, lengths: Sequence[int] | None = None, *, timeout: float | None = None,
+                plans: bool = True) -> list[tuple[int, float]]:
         """Serve warmup: one greedy request of 2 output tokens per prompt length, then two drawn ones at
         the shortest length (top-k + top-p; top-p + min-p), one after another, through `submit` with
         the context cache off (no checkpoint published or reused, nothing left that a later request
@@ -228,7 +231,10 @@ class Engine:
         seconds) per request; a request's error is raised (EngineRequestError), ending the warmup.
         The prompts are fixed ordinary token ids (outputs are discarded). Afterwards the request counters
         and histograms of `metrics()` are zeroed (gauges stay live): the warmup is not traffic, and its
-        first-use latencies would skew the TTFT histogram. Meant for startup, before other requests."""
+        first-use latencies would skew the TTFT histogram. Meant for startup, before other requests.
+        plans: then, on the worker thread, the Program's `warmup_attention_plans` where it has one (the
+        cuDNN plans of prompts longer than one stage, which no one-stage request reaches); its
+        (shapes run, shapes in all, seconds) is kept in `warmup_plans` and logged."""
         if self.config.purpose is Purpose.CAUSAL_SCORING:
             if lengths:
                 raise ValueError("warm_up runs generation requests; this engine is for causal scoring")
@@ -253,6 +259,15 @@ class Engine:
             t0 = time.perf_counter()
             self.generate(prompt, sp, max_tokens=2, timeout=timeout, context_cache=False)
             done.append((n, time.perf_counter() - t0))
+        hook = getattr(self._core.program, "warmup_attention_plans", None)
+        if plans and hook is not None:
+            t0 = time.perf_counter()
+            stage, limit = self._core.prefill_chunk_tokens, self.max_model_len
+            ran, total = self._core.call_on_worker(lambda: hook(stage, limit)).result(timeout)
+            self.warmup_plans = (ran, total, time.perf_counter() - t0)
+            if total:
+                _log.info("warm-up: planned the attention of %d of %d stage shapes of prompts over one stage "
+                          "(%d tokens) in %.1f s", ran, total, stage, self.warmup_plans[2])
         if done:
             self._core.reset_request_metrics()
         return done

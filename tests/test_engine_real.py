@@ -137,6 +137,8 @@ def test_warm_up_runs_its_prompts_and_leaves_nothing_behind(tiny_artifact_path):
         for bad in ([0], [127], [True], [3.0]):
             with pytest.raises(ValueError, match="warmup prompt lengths"):
                 eng.warm_up(bad)
+        # the reference ops plan nothing; the attention-plan step still ran (on the worker)
+        assert eng.warmup_plans is not None and eng.warmup_plans[:2] == (0, 0)
     # the fast ops' lengths, within the stage and max_model_len - 2: the small row counts, every graphed
     # bucket, one less than each padded attention length, the stage and one less
     assert warmup_lengths(8192, 8192, (64, 128, 2048), 2048) == [
@@ -146,3 +148,40 @@ def test_warm_up_runs_its_prompts_and_leaves_nothing_behind(tiny_artifact_path):
     assert warmup_lengths(8192, 300, (64, 128, 1024), 100) == [2, 5, 9, 12, 64, 255, 297, 298]
     assert warmup_lengths(8192, 4, (64,), 2048) == [1, 2]
     assert warmup_lengths(8192, 2, (64,), 2048) == []
+
+
+def test_warm_up_plans_attention_on_the_worker_thread(tiny_artifact_path):
+    """`Engine.warm_up` runs the Program's `warmup_attention_plans` on the engine's worker thread (PyTorch
+    keeps cuDNN plans per thread) with the stage size and max_model_len, after its requests; plans=False
+    skips it. `call_on_worker`: fn's exception comes back on its Future and the engine goes on serving; a
+    closed engine refuses new calls."""
+    import threading
+
+    from ninfer.types import EngineRequestError, ErrorKind
+    cfg = EngineConfig(max_concurrency=2, queue_size=2, max_model_len=128, page_size=16, prefill_chunk_tokens=32)
+    with Engine(tiny_artifact_path("dense"), cfg) as eng:
+        assert eng.wait_ready(60).ready, eng.availability.reason
+        seen = []
+
+        def plans(stage, max_model_len):
+            seen.append((threading.current_thread().name, stage, max_model_len))
+            return 3, 5
+
+        eng._core.program.warmup_attention_plans = plans
+        assert [n for n, _ in eng.warm_up([4])] == [4, 4, 4]
+        assert seen == [("ninfer-engine-worker", 32, 128)]
+        assert eng.warmup_plans[:2] == (3, 5) and eng.warmup_plans[2] >= 0
+        eng.warm_up([4], plans=False)
+        assert len(seen) == 1
+
+        def broken():
+            raise RuntimeError("cuDNN plan failed")
+
+        with pytest.raises(RuntimeError, match="cuDNN plan failed"):
+            eng._core.call_on_worker(broken).result(30)
+        assert eng._core.call_on_worker(lambda: threading.current_thread().name).result(30) == "ninfer-engine-worker"
+        r = eng.generate(eng.frontend.prepare_tokens([5, 6, 7]), GREEDY, max_tokens=2, output=NO_EOS)
+        assert len(r.token_ids) == 2 and eng.availability.ready
+    with pytest.raises(EngineRequestError) as e:
+        eng._core.call_on_worker(lambda: None)
+    assert e.value.kind is ErrorKind.NOT_READY

@@ -193,8 +193,9 @@ def test_split_prefix_sdpa(monkeypatch, D, L, P):
     prefix split at a grain of 512 keys: P a multiple of it (no remainder), a remainder (the prefix's
     last keys as zero query rows of the causal call), P under one grain (the padded causal call alone);
     chunk_paged_attention takes that route when SPLIT_MIN_FLOPS lets it, and == its flash result."""
+    from ninfer.ops import prefix_routing as pr
     from ninfer.ops.fast import attention as fa
-    monkeypatch.setattr(fa, "SPLIT_GRAIN", 512)
+    monkeypatch.setattr(pr, "SPLIT_GRAIN", 512)
     g = gen(L + P + D)
     Hq, Hkv, page, dtype = 8, 2, 16, torch.bfloat16
     kc, vc, bt = paged_kv([P + L], Hkv, D, page, dtype, g)
@@ -207,9 +208,9 @@ def test_split_prefix_sdpa(monkeypatch, D, L, P):
     o = fa.split_prefix_sdpa(q, k, v, D ** -0.5)
     assert o.shape == q.shape and o.dtype == dtype and o.is_contiguous()
     assert rel_rms(o, ro) < TOL[dtype]
-    monkeypatch.setattr(fa, "PAD_MAX_WORK", 0.0)
+    monkeypatch.setattr(pr, "PAD_MAX_WORK", 0.0)
     flash = fa.chunk_paged_attention(q, kc, vc, bt, ctx)             # under SPLIT_MIN_FLOPS: flash
-    monkeypatch.setattr(fa, "SPLIT_MIN_FLOPS", 0.0)
+    monkeypatch.setattr(pr, "SPLIT_MIN_FLOPS", 0.0)
     routed = fa.chunk_paged_attention(q, kc, vc, bt, ctx)
     assert torch.equal(routed, o)
     assert rel_rms(routed, flash) < TOL[dtype]
@@ -221,6 +222,7 @@ def test_front_padded_sdpa(monkeypatch, L, P):
     """A chunk over a prefix shorter than about itself runs as causal self-attention of the whole context
     with zero query rows for the prefix (chunk_paged_attention routes it there under PAD_MAX_WORK) ==
     the reference, and close to flash's lower-right form; two rows in one packed chunk, one routed each way."""
+    from ninfer.ops import prefix_routing as pr
     from ninfer.ops.fast import attention as fa
     g = gen(L + 3 * P)
     Hq, Hkv, D, page, dtype = 8, 2, 256, 16, torch.bfloat16
@@ -229,7 +231,7 @@ def test_front_padded_sdpa(monkeypatch, L, P):
     q = randn(L + L2, Hq, D, dtype=dtype, g=g)
     ctx, cu = torch.tensor([P + L, P2 + L2]), torch.tensor([0, L, L + L2])
     ro = ref.chunk_paged_attention(q.float(), kc.float(), vc.float(), bt, ctx.to(DEV), cu.to(DEV))
-    assert fa._pad_pays(q, L, P + L) and not fa._pad_pays(q, L2, P2 + L2)
+    assert pr.prefix_form(Hq, D, L, P + L) == "pad" and pr.prefix_form(Hq, D, L2, P2 + L2) != "pad"
     k = ref.gather_kv_paged(kc, bt[0], P + L)
     v = ref.gather_kv_paged(vc, bt[0], P + L)
     poison_allocator()
@@ -237,7 +239,7 @@ def test_front_padded_sdpa(monkeypatch, L, P):
     assert o.shape == (L, Hq, D) and rel_rms(o, ro[:L]) < TOL[dtype]
     routed = fa.chunk_paged_attention(q, kc, vc, bt, ctx, cu)
     assert torch.equal(routed[:L], o) and rel_rms(routed, ro) < TOL[dtype]
-    monkeypatch.setattr(fa, "PAD_MAX_WORK", 0.0)
+    monkeypatch.setattr(pr, "PAD_MAX_WORK", 0.0)
     flash = fa.chunk_paged_attention(q, kc, vc, bt, ctx, cu)
     assert rel_rms(flash, routed) < TOL[dtype]
 
@@ -245,9 +247,10 @@ def test_front_padded_sdpa(monkeypatch, L, P):
 @_CUDNN
 def test_split_prefix_sdpa_falls_back_to_flash(monkeypatch):
     """A cuDNN failure warns once, the call returns flash's result, and later calls take flash directly."""
+    from ninfer.ops import prefix_routing as pr
     from ninfer.ops.fast import attention as fa
-    monkeypatch.setattr(fa, "SPLIT_MIN_FLOPS", 0.0)
-    monkeypatch.setattr(fa, "_cudnn_split_ok", True)
+    monkeypatch.setattr(pr, "SPLIT_MIN_FLOPS", 0.0)
+    monkeypatch.setattr(pr, "cudnn_split_ok", True)
     g = gen(21)
     Hq, Hkv, D, page, L, P = 8, 2, 128, 16, 200, 4096
     kc, vc, bt = paged_kv([P + L], Hkv, D, page, torch.bfloat16, g)
@@ -262,10 +265,47 @@ def test_split_prefix_sdpa_falls_back_to_flash(monkeypatch):
     monkeypatch.setattr(fa, "_cudnn_attention", broken)
     with pytest.warns(RuntimeWarning, match="cuDNN attention over a prefix failed"):
         o = fa.chunk_paged_attention(q, kc, vc, bt, ctx)
-    assert fa._cudnn_split_ok is False and calls == [1]
+    assert pr.cudnn_split_ok is False and calls == [1]
     ro = ref.chunk_paged_attention(q.float(), kc.float(), vc.float(), bt, ctx.to(DEV))
     assert rel_rms(o, ro) < TOL[torch.bfloat16]
     assert torch.equal(fa.chunk_paged_attention(q, kc, vc, bt, ctx), o) and calls == [1]
+
+@_CUDNN
+def test_warm_prefix_forms(monkeypatch):
+    """The serve warmup's plan step runs every planned stage shape through the forms (pad and split both
+    occur here), stops starting shapes once its budget is spent, and leaves later results unchanged."""
+    from ninfer.ops import prefix_routing as pr
+    from ninfer.ops.fast import attention as fa
+    monkeypatch.setattr(pr, "SPLIT_GRAIN", 256)
+    monkeypatch.setattr(pr, "SPLIT_MIN_FLOPS", 2e8)
+    Hq, Hkv, D, dtype = 8, 2, 128, torch.bfloat16
+    shapes = pr.prefix_plan_shapes(Hq, D, 512, 2500)
+    assert {pr.prefix_form(Hq, D, L, C) for L, C in shapes} >= {"pad", "split"}
+    assert fa.warm_prefix_forms(shapes, Hq, Hkv, D, dtype, torch.device(DEV)) == len(shapes)
+    assert fa.warm_prefix_forms(shapes, Hq, Hkv, D, dtype, torch.device(DEV), budget_s=0.0) == 0
+    assert fa.warm_prefix_forms([], Hq, Hkv, D, dtype, torch.device(DEV)) == 0
+    g = gen(5)
+    L, P = 512, 1536
+    kc, vc, bt = paged_kv([P + L], Hkv, D, 16, dtype, g)
+    q = randn(L, Hq, D, dtype=dtype, g=g)
+    ctx = torch.tensor([P + L])
+    assert pr.prefix_form(Hq, D, L, P + L) == "split"
+    ro = ref.chunk_paged_attention(q.float(), kc.float(), vc.float(), bt, ctx.to(DEV))
+    assert rel_rms(fa.chunk_paged_attention(q, kc, vc, bt, ctx), ro) < TOL[dtype]
+
+
+@_CUDNN
+def test_program_warmup_attention_plans(tiny_artifact_path):
+    """The Program's plan step on the fast ops: every shape of prompts up to max_model_len - 1 runs within
+    the default budget (a small model and context); none within one stage."""
+    from _program_util import tiny_program
+    prog = tiny_program(tiny_artifact_path, "dense", device="cuda", dtype="bf16", max_model_len=1200,
+                        enforce_eager=True)
+    assert prog.model.ops.name == "fast"
+    ran, total = prog.warmup_attention_plans(256, 1200)
+    assert ran == total > 0
+    assert prog.warmup_attention_plans(2048, 1200) == (0, 0)
+
 
 # ------------------------------------------------------------------------------------------------
 # the schedule's prefill path with these ops (split conv output, host row bounds)

@@ -36,6 +36,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops import attention as _ref
+from ninfer.ops import prefix_routing as _routing
 from ninfer.ops.attention import gather_kv_paged
 from ninfer.ops.fast._index import device_index
 from ninfer.ops.fast import _pdl
@@ -240,16 +241,7 @@ def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seq
         v = gather_kv_paged(v_cache, block_table[b], ctx)
         if k.dtype != q.dtype:
             k, v = k.to(q.dtype), v.to(q.dtype)
-        if L == ctx:
-            # NOTE: causal self-attention at a few padded lengths: cuDNN's plan per new length (~63 ms)
-            #       is paid in the serve warmup, not by requests (`padded_causal_sdpa`).
-            ot = _ref.padded_causal_sdpa(q[s:e], k, v, scale)                              # [L, Hq, D]
-        elif _pad_pays(q, L, ctx):
-            ot = front_padded_sdpa(q[s:e], k, v, scale)
-        elif _split_pays(q, L, ctx):
-            ot = split_prefix_sdpa(q[s:e], k, v, scale)
-        else:
-            ot = lower_right_sdpa(q[s:e], k, v, scale)                                      # [L, Hq, D]
+        ot = attend_over_prefix(q[s:e], k, v, scale)                                       # [L, Hq, D]
         if len(rows) == 1 and L == q.shape[0] and ot.is_contiguous():
             return ot
         if out is None:
@@ -258,38 +250,23 @@ def chunk_paged_attention(q, k_cache, v_cache, block_table, context_lens, cu_seq
     return out if out is not None else torch.empty_like(q)
 
 
-# NOTE: a long chunk over a long prefix (a long prompt's later stages) through cuDNN instead of flash:
-#       PyTorch's flash kernel runs the lower-right-masked form at ~300 TFLOP/s on the H100 / H200 against
-#       cuDNN's ~520-615 here (27B heads, bf16; bench/prefix_attn_probe.py, bench/NOTES.md session 28: L 8192
-#       over a 24576-token prefix 13.65 -> 7.03 ms a layer; a 32k prompt in 8k stages 3402 -> 3049 ms on the
-#       27B). cuDNN has no lower-right mask, so the chunk runs twice (`split_prefix_sdpa`) and the halves
-#       merge by their log-sum-exps. Each new cuDNN shape builds a plan on first use (the two calls' first
-#       use measured 137-247 ms), so the shapes are bucketed and the split runs only where a call's
-#       attention is large enough that its first use costs about what it then saves per request (16
-#       attention layers on the 27B): SPLIT_MIN_FLOPS (flash ~3.3 ms a layer).
-SPLIT_MIN_FLOPS = 1e12
-SPLIT_GRAIN = 2048          # the prefix's keys of the non-causal call: a multiple of this many
-_cudnn_split_ok = True      # False after the cuDNN op failed once (warned): flash from then on
-
-
-# NOTE: a chunk over a prefix shorter than about itself (a context-cache hit on a system prompt followed by a
-#       long message; a prompt a little over one stage) is cheapest as one causal self-attention over the
-#       whole context with the prefix's query rows zero (`front_padded_sdpa`): cuDNN's causal kernel at a
-#       padded length the serve warmup already planned (up to the stage size), doing at most PAD_MAX_WORK
-#       times the chunk's own work. On the H100, 27B heads: L 4096 over C 8192 (1.33x the work) 1.35 ms
-#       against flash 2.23 and the split 1.57; L 2048 over C 8192 (2.2x) ties with flash (bench/NOTES.md
-#       session 28).
-PAD_MAX_WORK = 1.6
+def attend_over_prefix(q, k, v, scale):
+    """q [L, Hq, D] (a sequence's last L tokens) over its whole context k, v [C, Hkv, D] (GQA), causal
+    -> [L, Hq, D], by the form `prefix_form` picks."""
+    form = _routing.prefix_form(q.shape[1], q.shape[2], q.shape[0], k.shape[0], _cudnn_dtype(q))
+    if form == "self":
+        # NOTE: causal self-attention at a few padded lengths: cuDNN's plan per new length (~63 ms)
+        #       is paid in the serve warmup, not by requests (`padded_causal_sdpa`).
+        return _ref.padded_causal_sdpa(q, k, v, scale)
+    if form == "pad":
+        return front_padded_sdpa(q, k, v, scale)
+    if form == "split":
+        return split_prefix_sdpa(q, k, v, scale)
+    return lower_right_sdpa(q, k, v, scale)
 
 
 def _cudnn_dtype(q) -> bool:
     return q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
-
-
-def _pad_pays(q, L: int, C: int) -> bool:
-    """front_padded_sdpa for L new tokens over a C-token context (the chunk's own work: L(P + L/2))."""
-    S = _ref.sdpa_rows(C)
-    return _cudnn_dtype(q) and S * (S + 1) / 2 <= PAD_MAX_WORK * L * (C - L + (L + 1) / 2)
 
 
 def lower_right_sdpa(q, k, v, scale):
@@ -310,12 +287,6 @@ def front_padded_sdpa(q, k, v, scale):
     `padded_causal_sdpa` at sdpa_rows(C) rows. Exact: a real row reads keys up to its own position."""
     P = k.shape[0] - q.shape[0]
     return _ref.padded_causal_sdpa(F.pad(q, (0, 0, 0, 0, P, 0)), k, v, scale)[P:]
-
-
-def _split_pays(q, L: int, C: int) -> bool:
-    """split_prefix_sdpa for L new tokens over a C-token context: its attention's FLOPs reach SPLIT_MIN_FLOPS."""
-    return (_cudnn_split_ok and _cudnn_dtype(q)
-            and 4.0 * q.shape[1] * q.shape[2] * L * (C - L / 2) >= SPLIT_MIN_FLOPS)
 
 
 def _cudnn_attention(q, k, v, scale, causal):
@@ -353,7 +324,8 @@ def _lse_merge_kernel(o1, l1, o2, l2, out, L, off2, s_o1h, s_o1n, s_o2h, s_o2n, 
 
 def split_prefix_sdpa(q, k, v, scale):
     """One chunk's attention over its prefix through cuDNN: q [L, Hq, D] (the context's last L tokens),
-    k, v [C, Hkv, D] -> [L, Hq, D]. With P = C - L prefix tokens and P0 = P rounded down to SPLIT_GRAIN:
+    k, v [C, Hkv, D] -> [L, Hq, D]. With P = C - L prefix tokens and P0 = P rounded down to
+    `prefix_routing.SPLIT_GRAIN`:
         call 1   the chunk against keys [0, P0), no mask, at sdpa_rows(L) query rows (zeros past L)
         call 2   causal self-attention over keys [P0, C): the P - P0 prefix tokens as zero query rows
                  in front of the chunk's (their outputs dropped), at sdpa_rows(C - P0) rows, zero K / V
@@ -361,11 +333,8 @@ def split_prefix_sdpa(q, k, v, scale):
     merged by log-sum-exp (`_lse_merge_kernel`). P0 == 0 is call 2 alone (`front_padded_sdpa`). So the
     cuDNN shapes are (sdpa_rows(L), a multiple of SPLIT_GRAIN) and sdpa_rows(length): few plans. A cuDNN
     failure warns once and falls back to flash (`chunk_paged_attention`'s lower-right mask)."""
-    global _cudnn_split_ok
     L, C = q.shape[0], k.shape[0]
-    P = C - L
-    P0 = P // SPLIT_GRAIN * SPLIT_GRAIN
-    rem = P - P0
+    P0, rem = _routing.split_bounds(L, C)
     if P0 == 0:
         return front_padded_sdpa(q, k, v, scale)
     D = q.shape[2]
@@ -385,7 +354,7 @@ def split_prefix_sdpa(q, k, v, scale):
         import warnings
         warnings.warn(f"cuDNN attention over a prefix failed ({str(err).splitlines()[0][:200]}); "
                       "prompt chunks over a prefix run through flash-attention from now on", RuntimeWarning)
-        _cudnn_split_ok = False
+        _routing.cudnn_split_ok = False
         return lower_right_sdpa(q, k, v, scale)
     out = torch.empty_like(q)
     BT = 16
@@ -393,6 +362,36 @@ def split_prefix_sdpa(q, k, v, scale):
         o1, l1, o2, l2, out, L, rem, o1.stride(0), o1.stride(1), o2.stride(0), o2.stride(1), n1, n2,
         out.stride(0), out.stride(1), D=D, BT=BT, num_warps=4)
     return out
+
+
+# NOTE: why the serve warmup plans these (bench/NOTES.md session 29): cuDNN builds an execution plan the
+#       first time it meets a call shape, ~60-120 ms each (the split's two calls together 137-247 ms), and a
+#       prompt longer than one stage meets shapes the one-stage warmup lengths never do: its later stages'
+#       front-padded lengths past the stage, and the split's (query rows, prefix keys) pairs. PyTorch keeps
+#       these plans per thread: the calls must run on the Engine's worker (`EngineCore.call_on_worker`).
+def warm_prefix_forms(shapes, heads: int, kv_heads: int, head_dim: int, dtype, device,
+                      budget_s: float | None = None) -> int:
+    """Run `attend_over_prefix` once per (L, C) of `shapes` (`prefix_routing.prefix_plan_shapes`) on random tensors, so
+    that cuDNN builds the plans a long prompt would otherwise build on its first use. Stops starting new
+    shapes once budget_s seconds have passed (None: no limit). Returns how many shapes ran."""
+    import time
+    if not shapes:
+        return 0
+    t0 = time.perf_counter()
+    g = torch.Generator(device=device).manual_seed(0)
+    Lmax = max(L for L, _ in shapes)
+    Cmax = max(C for _, C in shapes)
+    q = torch.randn(Lmax, heads, head_dim, device=device, dtype=dtype, generator=g)
+    k = torch.randn(Cmax, kv_heads, head_dim, device=device, dtype=dtype, generator=g)
+    v = torch.randn(Cmax, kv_heads, head_dim, device=device, dtype=dtype, generator=g)
+    done = 0
+    for L, C in shapes:
+        if budget_s is not None and time.perf_counter() - t0 > budget_s:
+            break
+        attend_over_prefix(q[:L], k[:C], v[:C], head_dim ** -0.5)
+        done += 1
+    torch.cuda.synchronize(device)
+    return done
 
 
 @triton.jit

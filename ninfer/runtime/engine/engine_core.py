@@ -32,6 +32,7 @@ import time
 import traceback
 import uuid
 from collections import deque
+from concurrent.futures import Future
 from typing import Any, Callable
 
 from ninfer.runtime.contract.types import (BatchKind, InvariantError, PendingBatch, Program, Refusal, RefusalKind,
@@ -77,6 +78,7 @@ class EngineCore:
         self._trace = trace
         self._cv = threading.Condition(threading.RLock())   # NOTE: re-entrant, handle finalizers wake us
         self._inbox: deque[RequestRecord] = deque()
+        self._calls: deque[tuple[Callable[[], Any], Future]] = deque()    # `call_on_worker`
         self._wake = False
         self._availability = Availability(AvailabilityState.STARTING)
         self._order = itertools.count(1)
@@ -152,6 +154,43 @@ class EngineCore:
         self.metrics_collector.submitted()
         return GenerationHandle(ticket)
 
+    def call_on_worker(self, fn: Callable[[], Any]) -> Future:
+        """Run fn() on the worker thread at the start of its next boundary, between model execution units
+        (serve warmup: PyTorch keeps cuDNN attention plans per thread, so a plan made on any other thread
+        is not the one a request finds). Returns a Future of fn's result; an exception raised by fn is set
+        on it and does not fail the engine. A call not yet run when the worker stops (close, failure)
+        ends with EngineRequestError(NOT_READY). fn must not touch requests, resources or Program state."""
+        fut: Future = Future()
+        with self._cv:
+            if not self._availability.ready or self._closing:
+                raise EngineRequestError(ErrorKind.NOT_READY, f"engine is {self._availability.state.value}")
+            self._calls.append((fn, fut))
+            self._wake = True
+            self._cv.notify_all()
+        return fut
+
+    def _run_calls(self) -> bool:
+        with self._cv:
+            calls = list(self._calls)
+            self._calls.clear()
+        for fn, fut in calls:
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # noqa: BLE001 - the caller's error, handed back on its Future
+                fut.set_exception(e)
+        return bool(calls)
+
+    def _drop_calls(self) -> None:
+        with self._cv:
+            calls = list(self._calls)
+            self._calls.clear()
+        for _, fut in calls:
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(EngineRequestError(ErrorKind.NOT_READY,
+                                                     f"engine is {self._availability.state.value}"))
+
     def _reject(self, kind: ErrorKind, message: str) -> EngineRequestError:
         self.metrics_collector.rejected_at_submit(kind.value)
         return EngineRequestError(kind, message)
@@ -225,6 +264,7 @@ class EngineCore:
                 with self._cv:
                     if not self._wake:
                         self._cv.wait(self._idle_timeout())
+        self._drop_calls()
 
     def _idle_timeout(self) -> float | None:
         times = [r.deadline for r in self.scheduler.waiting]
@@ -245,6 +285,7 @@ class EngineCore:
     def _boundary(self) -> bool:
         now = self.clock()
         progress = self._take_inbox()
+        progress |= self._run_calls()
         progress |= self._waiting_timeouts_and_cancellations(now)          # 1
         if self.rm.transition_in_flight is not None:                       # 2
             raise InvariantError(f"resource transition {self.rm.transition_in_flight!r} left unsettled")
@@ -592,6 +633,7 @@ class EngineCore:
         with self._cv:
             inbox = list(self._inbox)
             self._inbox.clear()
+        self._drop_calls()
         for rec in list(self.records.values()) + inbox:
             rec.force_finished()
             self._error(rec, ErrorKind.ENGINE_FAILED, f"engine failed: {reason}")

@@ -201,6 +201,25 @@ class Qwen36Program(CheckpointOps):
         whole = () if pg is None else tuple(b for b in prefill_graphs.BUCKETS if b <= pg.max_tokens)
         return warmup_lengths(stage_tokens, max_model_len, gated_delta.BUCKETS, gated_delta.GRAPH_MAX_TOKENS, whole)
 
+    def warmup_attention_plans(self, stage_tokens: int, max_model_len: int, budget_s: float | None = None
+                               ) -> tuple[int, int]:
+        """Plan the cuDNN attention calls of prompts longer than one stage (serve warmup; run on the
+        Engine's worker thread: PyTorch keeps the plans per thread): `warm_prefix_forms` over
+        `prefix_plan_shapes` for prompts up to max_model_len - 1 tokens, shortest contexts first, starting
+        no new shape after budget_s seconds (default PREFIX_PLAN_BUDGET_S). Returns (shapes run, shapes
+        in all); (0, 0) on the reference ops or off CUDA (nothing to plan)."""
+        if self.model.ops.name != "fast" or not self.model.view.embed_tokens.is_cuda:
+            return 0, 0
+        from ninfer.ops import prefix_routing
+        from ninfer.ops.fast import attention
+        d = self.dims
+        shapes = prefix_routing.prefix_plan_shapes(d.num_attention_heads, d.head_dim, stage_tokens,
+                                                   max_model_len - 1)
+        n = attention.warm_prefix_forms(shapes, d.num_attention_heads, d.num_key_value_heads, d.head_dim,
+                                        self.config.torch_dtype, self.device,
+                                        PREFIX_PLAN_BUDGET_S if budget_s is None else budget_s)
+        return n, len(shapes)
+
     def capacity(self) -> CapacitySummary:
         p, s = self._ledger.pages, self._ledger.slots
         return CapacitySummary(p.total, p.num_available, s.total, s.num_free, self.config.page_size)
@@ -693,6 +712,10 @@ class Qwen36Program(CheckpointOps):
 #       a 5-token one 865 ms (the small-row kernels). cuDNN's SDPA plans are per padded length
 #       (`sdpa_rows`): one 63 ms first call each.
 WARMUP_SMALL = (2, 5, 9, 12)       # odd and even row counts of the GEMV (<= 8 rows) and just past it
+# NOTE: the serve warmup's time for the cuDNN plans of prompts longer than one stage
+#       (`Qwen36Program.warmup_attention_plans`); shortest contexts first, so a long max_model_len plans
+#       what fits and leaves the longest contexts' shapes to their first use (bench/NOTES.md session 29).
+PREFIX_PLAN_BUDGET_S = 20.0
 
 
 def warmup_lengths(stage_tokens: int, max_model_len: int, buckets, graph_max_tokens: int,
