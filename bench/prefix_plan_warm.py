@@ -90,7 +90,8 @@ def engine(a) -> dict:
     from ninfer.bench.serve import _prompt, engine_request
     from ninfer.engine import Engine
     from ninfer.types import EngineConfig
-    eng = Engine.from_config(EngineConfig(load_format="dummy", identity=a.identity, max_model_len=a.max_model_len))
+    eng = Engine.from_config(EngineConfig(load_format="dummy", identity=a.identity, max_model_len=a.max_model_len,
+                                          max_concurrency=1))
     try:
         if not eng.wait_ready(900).ready:
             raise SystemExit(f"engine not ready: {eng.availability.reason}")
