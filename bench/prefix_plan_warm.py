@@ -91,7 +91,7 @@ def engine(a) -> dict:
     from ninfer.engine import Engine
     from ninfer.types import EngineConfig
     eng = Engine.from_config(EngineConfig(load_format="dummy", identity=a.identity, max_model_len=a.max_model_len,
-                                          max_concurrency=1))
+                                          max_concurrency=1, kv_memory_fraction=0.8))
     try:
         if not eng.wait_ready(900).ready:
             raise SystemExit(f"engine not ready: {eng.availability.reason}")
