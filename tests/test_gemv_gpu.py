@@ -297,6 +297,39 @@ def test_residual_epilogue(m):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or _INTERPRET, reason="cuBLAS: needs CUDA")
+@pytest.mark.parametrize("m", [9, 300])
+def test_prefill_residual_in_the_gemm(m, monkeypatch):
+    """Past MAX_ROWS rows `linear(y, w, residual=r)` adds the residual in the cuBLAS GEMM, in place on r:
+    Residual(h, None) with h r's own storage, == r + y @ w.T (one rounding); a NormedRows of it feeds the
+    next `linear` (the norm applied first). Off (PREFILL_RESIDUAL_GEMM False), or with a residual it
+    cannot update in place (not contiguous), the plain product comes back and r is untouched."""
+    from ninfer.ops.fast import gemv
+    from ninfer.ops.fused import NormedRows, Residual
+    from ninfer.ops.norms import rms_norm
+    dt, n, k = torch.bfloat16, 1000, 1088
+    y = randn(m, k, dtype=dt, seed=m)
+    w = randn(n, k, dtype=dt, seed=500)
+    r0 = randn(m, n, dtype=dt, seed=600)
+    want = r0.float() + reference(y, w)
+    r = r0.clone()
+    out = gemv.linear(y, w, residual=r)
+    assert isinstance(out, Residual) and out.parts is None and out.h.data_ptr() == r.data_ptr()
+    assert out.h.shape == (m, n) and rel_rms(out.h, want) < TOL[dt]
+    w2 = randn(64, n, dtype=dt, seed=700)
+    nw = randn(n, dtype=dt, seed=800) * 0.1
+    nxt = gemv.linear(NormedRows(out.h, nw, 1e-6), w2)
+    assert rel_rms(nxt, reference(rms_norm(out.h, nw, 1e-6), w2)) < TOL[dt]
+    rt = r0.t().contiguous().t()                                     # same values, column-major
+    plain = gemv.linear(y, w, residual=rt)
+    assert not isinstance(plain, Residual) and torch.equal(rt, r0)
+    monkeypatch.setattr(gemv, "PREFILL_RESIDUAL_GEMM", False)
+    r = r0.clone()
+    plain = gemv.linear(y, w, residual=r)
+    assert not isinstance(plain, Residual) and torch.equal(r, r0) and rel_rms(plain, reference(y, w)) < TOL[dt]
+
+
+@pytest.mark.gpu
 @_NEEDS_KERNEL
 def test_norm_prologue_chains_a_residual_launch():
     """The decode chain the schedule runs at one row: h, parts = gemv(y, w1, residual=r), then

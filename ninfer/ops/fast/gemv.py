@@ -586,13 +586,32 @@ def _fold(residual: torch.Tensor | None, x2: torch.Tensor, w: torch.Tensor) -> t
     return r if r.stride(-1) == 1 else None
 
 
+# NOTE: a prompt stage's residual add in the GEMM that makes the delta (cuBLAS with beta = 1, in place on
+#       the residual stream: `addmm_`, no copy of it first): the norm after it then reads one [M, H] tensor
+#       and writes one (a NormedRows without parts), where add_rms_norm read two and wrote two; the GEMM's
+#       epilogue reads the residual under its compute (bench/NOTES.md session 29). The sum is rounded once
+#       (x + the fp32 product), where the unfolded path rounds the product first.
+PREFILL_RESIDUAL_GEMM = True
+
+
+def _gemm_fold(residual: torch.Tensor | None, x2: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """The residual as [M, N] rows that `linear` may update in place with the GEMM (more than MAX_ROWS
+    rows; else None: not folded)."""
+    if (not PREFILL_RESIDUAL_GEMM or residual is None or x2.shape[0] <= MAX_ROWS or residual.dtype != x2.dtype
+            or residual.numel() != x2.shape[0] * w.shape[0] or not residual.is_contiguous()):
+        return None
+    return residual.view(x2.shape[0], w.shape[0])
+
+
 def linear(x: "torch.Tensor | NormedRows", w: torch.Tensor, residual: torch.Tensor | None = None):
     """x [..., K] @ w[N, K].T -> [..., N] in x.dtype (`ninfer.ops.fused.linear`). The Triton kernel for
     CUDA bf16/fp16 with <= 8 rows on shapes USE_TRITON marks faster; F.linear otherwise.
     At one row on the kernel's path the residual add + norm fold into it (see `ninfer.ops.fused`):
     `residual` given -> `Residual(h, parts)`; x a NormedRows with parts -> the norm applied in the
-    kernel's x load. Otherwise a NormedRows is normed by the fast kernel first and `residual` is left
-    to the caller (the plain product is returned)."""
+    kernel's x load. Past MAX_ROWS rows (a prompt stage) the residual add runs in the cuBLAS GEMM,
+    in place on `residual` (`_gemm_fold`) -> `Residual(h, None)`, h being `residual` itself. Otherwise a
+    NormedRows is normed by the fast kernel first and `residual` is left to the caller (the plain
+    product is returned)."""
     if isinstance(x, NormedRows):
         h = x.h.reshape(-1, x.h.shape[-1]) if x.h.dim() != 2 else x.h
         if (x.parts is not None and h.shape[0] == 1 and _eligible(h, w) and use_triton(w.shape[0], w.shape[1], 1)
@@ -609,6 +628,9 @@ def linear(x: "torch.Tensor | NormedRows", w: torch.Tensor, residual: torch.Tens
                 h, parts = gemv(x2, w, residual=r)
                 return Residual(h.reshape(*x.shape[:-1], w.shape[0]), parts)
             return gemv(x2, w).reshape(*x.shape[:-1], w.shape[0])
+        r = _gemm_fold(residual, x2, w)
+        if r is not None:
+            return Residual(r.addmm_(x2, w.t()).view(*x.shape[:-1], w.shape[0]), None)
     return F.linear(x, w)
 
 
