@@ -7,7 +7,7 @@ ops   (no model) For each --max-prompt M, the stage shapes `prefix_plan_shapes` 
       plan cost per shape (first - second: median, max).
 engine (--identity) An Engine with synthetic weights and --max-model-len: its serve warmup without the plan
       step, then two fresh prompts of --before tokens (TTFT first, second), then the plan step alone
-      (`Program.warmup_attention_plans` through `EngineCore.call_on_worker`, timed), then two fresh prompts
+      (`EngineCore.plan_attention`: the Program's `warmup_attention_plans` on the worker, timed), then two fresh prompts
       of --after tokens. first - second is first-use work: expected ~the shapes' plans before the step, ~0
       after it (--after is chosen to need shapes --before did not make).
 
@@ -104,10 +104,8 @@ def engine(a) -> dict:
             return [round(engine_request(eng, _prompt(rng, n), 2)["ttft_ms"], 1) for _ in range(2)]
 
         out["before"] = [a.before] + pair(a.before)
-        prog = eng._core.program
-        stage = eng._core.prefill_chunk_tokens
         t0 = time.perf_counter()
-        ran, total = eng._core.call_on_worker(lambda: prog.warmup_attention_plans(stage, eng.max_model_len)).result()
+        ran, total = eng._core.plan_attention().result()
         out["plan_step"] = dict(ran=ran, total=total, s=round(time.perf_counter() - t0, 2))
         out["after"] = [a.after] + pair(a.after)
         print(f"[{a.identity}] warmup (no plans) {out['warmup_s']} s; prompt {a.before}: TTFT first {out['before'][1]} ms, "

@@ -259,15 +259,13 @@ class Engine:
             t0 = time.perf_counter()
             self.generate(prompt, sp, max_tokens=2, timeout=timeout, context_cache=False)
             done.append((n, time.perf_counter() - t0))
-        hook = getattr(self._core.program, "warmup_attention_plans", None)
-        if plans and hook is not None:
+        if plans:
             t0 = time.perf_counter()
-            stage, limit = self._core.prefill_chunk_tokens, self.max_model_len
-            ran, total = self._core.call_on_worker(lambda: hook(stage, limit)).result(timeout)
+            ran, total = self._core.plan_attention().result(timeout)
             self.warmup_plans = (ran, total, time.perf_counter() - t0)
             if total:
                 _log.info("warm-up: planned the attention of %d of %d stage shapes of prompts over one stage "
-                          "(%d tokens) in %.1f s", ran, total, stage, self.warmup_plans[2])
+                          "(%d tokens) in %.1f s", ran, total, self._core.prefill_chunk_tokens, self.warmup_plans[2])
         if done:
             self._core.reset_request_metrics()
         return done

@@ -270,6 +270,7 @@ def test_split_prefix_sdpa_falls_back_to_flash(monkeypatch):
     assert rel_rms(o, ro) < TOL[torch.bfloat16]
     assert torch.equal(fa.chunk_paged_attention(q, kc, vc, bt, ctx), o) and calls == [1]
 
+
 @_CUDNN
 def test_warm_prefix_forms(monkeypatch):
     """The serve warmup's plan step runs every planned stage shape through the forms (pad and split both

@@ -30,6 +30,8 @@ k_cache, v_cache [num_pages, page_size, Hkv, D]; block_table [B, max_pages]; con
 """
 from __future__ import annotations
 
+import time
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -365,16 +367,15 @@ def split_prefix_sdpa(q, k, v, scale):
 
 
 # NOTE: why the serve warmup plans these (bench/NOTES.md session 29): cuDNN builds an execution plan the
-#       first time it meets a call shape, ~60-120 ms each (the split's two calls together 137-247 ms), and a
+#       first time it meets a call shape (~40 ms a stage shape on the H100, median over 24-194 shapes), and a
 #       prompt longer than one stage meets shapes the one-stage warmup lengths never do: its later stages'
 #       front-padded lengths past the stage, and the split's (query rows, prefix keys) pairs. PyTorch keeps
 #       these plans per thread: the calls must run on the Engine's worker (`EngineCore.call_on_worker`).
 def warm_prefix_forms(shapes, heads: int, kv_heads: int, head_dim: int, dtype, device,
                       budget_s: float | None = None) -> int:
-    """Run `attend_over_prefix` once per (L, C) of `shapes` (`prefix_routing.prefix_plan_shapes`) on random tensors, so
-    that cuDNN builds the plans a long prompt would otherwise build on its first use. Stops starting new
-    shapes once budget_s seconds have passed (None: no limit). Returns how many shapes ran."""
-    import time
+    """Run `attend_over_prefix` once per (L, C) of `shapes` (`prefix_routing.prefix_plan_shapes`) on random
+    tensors, so that cuDNN builds the plans a long prompt would otherwise build on its first use. Stops
+    starting new shapes once budget_s seconds have passed (None: no limit). Returns how many shapes ran."""
     if not shapes:
         return 0
     t0 = time.perf_counter()

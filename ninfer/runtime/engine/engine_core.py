@@ -169,6 +169,14 @@ class EngineCore:
             self._cv.notify_all()
         return fut
 
+    def plan_attention(self) -> Future:
+        """The Program's `warmup_attention_plans(stage size, max_model_len)` on the worker (serve warmup),
+        as a Future of (shapes run, shapes in all); (0, 0) for a Program without that hook."""
+        def run():
+            hook = getattr(self.program, "warmup_attention_plans", None)
+            return (0, 0) if hook is None else hook(self.prefill_chunk_tokens, self.max_model_len)
+        return self.call_on_worker(run)
+
     def _run_calls(self) -> bool:
         with self._cv:
             calls = list(self._calls)
