@@ -35,7 +35,8 @@ def test_decode_body_matches_eager_and_never_touches_the_host(identity):
     from ninfer.ops.moe import route_topk
     ops = reference_ops()._replace(
         moe_experts=dense_moe,
-        route_moe_experts=lambda x, lg, k, gu, dn, *, shared=None: dense_moe(x, route_topk(lg, k), gu, dn, shared=shared))
+        route_moe_experts=lambda x, lg, k, gu, dn, *, shared=None, residual=None:
+            dense_moe(x, route_topk(lg, k), gu, dn, shared=shared))
     prog.model.ops = ops
     g = torch.Generator().manual_seed(2)
     hs = []

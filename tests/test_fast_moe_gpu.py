@@ -445,3 +445,46 @@ def test_sparse_moe_leaf_fast_vs_reference(shape, dtype, N, pad):
     keep = ~boundary_ties(F.linear(h, mlp["shared_in.weight"])[:, 2 * Is + 1:2 * Is + 1 + E], k)
     assert keep.float().mean() > 0.7
     assert rel_rms(out[keep], want[keep]) < ROUTED_TOL[dtype]         # TOL on the GPU (the interpreter's bf16)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N", [5, 200])
+def test_sparse_moe_leaf_folds_the_residual_in_its_combine(shape, dtype, N, monkeypatch):
+    """At prefill sizes the fast leaf adds its output into the residual stream in the combine, in place:
+    Residual(h, None) with h the residual's own storage, bitwise the add_rms_norm add of the plain output
+    (one rounding of residual + output). At decode sizes, or with PREFILL_RESIDUAL_COMBINE off, the plain
+    output comes back and the residual is untouched. Given NormedRows (the mixer folded its add), the leaf
+    norms them itself: the same output as the normed tensor."""
+    import dataclasses
+
+    from ninfer.ops.fast import moe as fm
+    from ninfer.ops.fast import reference_ops
+    from ninfer.ops.fused import NormedRows, Residual
+    from ninfer.targets.qwen3_6_35b_a3b import DIMS
+    from ninfer.targets.qwen3_6_leaves.moe import SparseMoE
+    E, k, H, I, Is = shape
+    if N * k > fm.MAX_PAIRS:
+        skip_bf16_dot(dtype)
+    g = gen(31)
+    mlp = _leaf_weights(shape, dtype, g)
+    raw = randn(N, H, dtype=dtype, g=g)
+    nw = randn(H, dtype=dtype, g=g, scale=0.1)
+    r0 = randn(N, H, dtype=dtype, g=g)
+    leaf = SparseMoE(dataclasses.replace(DIMS, num_experts=E, num_experts_per_tok=k))
+    ops = reference_ops()._replace(route_topk=fm.route_topk, moe_experts=fm.moe_experts,
+                                   route_moe_experts=fm.route_moe_experts)
+    h = ops.add_rms_norm(raw, None, nw, 1e-6)[0]
+    plain = leaf(mlp, h, ops)
+    assert not isinstance(plain, Residual)
+    r = r0.clone()
+    out = leaf(mlp, NormedRows(raw, nw, 1e-6), ops, residual=r)
+    if N * k > fm.MAX_PAIRS:
+        assert isinstance(out, Residual) and out.parts is None and out.h.data_ptr() == r.data_ptr()
+        assert torch.equal(out.h, (r0.float() + plain.float()).to(dtype))
+    else:
+        assert not isinstance(out, Residual) and torch.equal(r, r0) and torch.equal(out, plain)
+    monkeypatch.setattr(fm, "PREFILL_RESIDUAL_COMBINE", False)
+    r = r0.clone()
+    off = leaf(mlp, h, ops, residual=r)
+    assert not isinstance(off, Residual) and torch.equal(r, r0) and torch.equal(off, plain)

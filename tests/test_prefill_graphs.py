@@ -108,7 +108,8 @@ def _program(identity):
     from ninfer.ops.moe import route_topk
     prog.model.ops = reference_ops()._replace(
         moe_experts=dense_moe,
-        route_moe_experts=lambda x, lg, k, gu, dn, *, shared=None: dense_moe(x, route_topk(lg, k), gu, dn, shared=shared))
+        route_moe_experts=lambda x, lg, k, gu, dn, *, shared=None, residual=None:
+            dense_moe(x, route_topk(lg, k), gu, dn, shared=shared))
     return prog
 
 

@@ -75,10 +75,12 @@ def moe_experts(
 
 def route_moe_experts(
     x: torch.Tensor, router_logits: torch.Tensor, top_k: int, gate_up: torch.Tensor, down: torch.Tensor,
-    *, shared: SharedExpert | None = None,
+    *, shared: SharedExpert | None = None, residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`moe_experts(x, route_topk(router_logits, top_k), gate_up, down, shared=shared)`: one op so that
-    a fast implementation can fold the routing into its first expert kernel. router_logits: [T, E]."""
+    a fast implementation can fold the routing into its first expert kernel. router_logits: [T, E].
+    residual: the schedule's residual stream, which a fast implementation may add the result into
+    (returning `ninfer.ops.fused.Residual`); the reference never folds it (the caller adds)."""
     return moe_experts(x, route_topk(router_logits, top_k), gate_up, down, shared=shared)
 
 

@@ -38,6 +38,7 @@ blocks (E + P // BM); surplus programs exit at once, so there is no host sync ei
     a_s[m] = silu(gate_up[e] x[tok_m] | gate) * up     rows m sorted by expert       [P, I] x.dtype
     y[p_m] = w_m · down[e] @ a_s[m]                     scattered back to pair order  [P, H] x.dtype
     out    = Σ_j y[t·k + j]  (+ sigmoid(g) · shared)    one combine launch           [T, H] x.dtype
+             (with `residual`: residual += that sum, in place; see PREFILL_RESIDUAL_COMBINE)
 
 The shared expert's down projection is one cuBLAS GEMM over its SwiGLU'd gate|up rows. With the routing
 that is six launches and a GEMM per MoE layer, where torch's sort / searchsorted / cumsum / index / sum
@@ -59,11 +60,13 @@ import triton.language as tl
 
 from ninfer.ops.fast.fused import silu_mul_halves
 from ninfer.ops.fast.gemv import _gemv_block, _load_w
+from ninfer.ops.fused import Residual
 from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
 __all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DECODE_CONFIG",
-           "DECODE_CONFIG_MANY", "decode_config", "MAX_PAIRS", "PREFILL_CHUNK", "PrefillTiles", "prefill_tiles"]
+           "DECODE_CONFIG_MANY", "decode_config", "MAX_PAIRS", "PREFILL_CHUNK", "PREFILL_RESIDUAL_COMBINE", "PrefillTiles",
+           "prefill_tiles"]
 
 MAX_PAIRS = 128          # (token, expert) pairs up to which the grouped GEMV (decode) path runs
 PREFILL_CHUNK = 8192     # tokens per grouped-GEMM pass
@@ -783,9 +786,10 @@ def grouped_down(act, order, sorted_w, block_expert, starts, down, c: PrefillTil
 
 @triton.jit
 def _combine_kernel(y, g, s, out, H, stride_g, stride_s, stride_out, K: tl.constexpr, HAS_SHARED: tl.constexpr,
-                    BH: tl.constexpr):
+                    BH: tl.constexpr, ADD_OUT: tl.constexpr = False):
     """out[t] = Σ_j y[t·K + j] (fp32, rounded once) [+ sigmoid(g[t]) · s[t], each rounded as a separate
-    op in out's dtype would round it]."""
+    op in out's dtype would round it]. ADD_OUT: out holds the residual stream and gets out[t] + that sum,
+    rounded once (what the separate add of `add_rms_norm` stores)."""
     t = tl.program_id(0).to(tl.int64)
     o = tl.program_id(1) * BH + tl.arange(0, BH)
     m = o < H
@@ -799,15 +803,20 @@ def _combine_kernel(y, g, s, out, H, stride_g, stride_s, stride_out, K: tl.const
         sg = (1.0 / (1.0 + tl.exp(-gv))).to(dt).to(tl.float32)
         sv = tl.load(s + t * stride_s + o, mask=m, other=0.0).to(tl.float32)
         r = (r.to(tl.float32) + (sg * sv).to(dt).to(tl.float32)).to(dt)
+    if ADD_OUT:
+        r = (tl.load(out + t * stride_out + o, mask=m, other=0.0).to(tl.float32) + r.to(tl.float32)).to(dt)
     tl.store(out + t * stride_out + o, r, mask=m)
 
 
 def moe_experts(x: torch.Tensor, routing: MoeRouting, gate_up: torch.Tensor, down: torch.Tensor,
                 *, shared: SharedExpert | None = None, legacy: bool = False,
-                config: DecodeConfig | None = None) -> torch.Tensor:
+                config: DecodeConfig | None = None, residual: torch.Tensor | None = None):
     """See `ninfer.ops.moe.moe_experts`. x [T, H]; routing ids/weights [T, k]; gate_up [E, 2I, H];
     down [E, H, I]; shared: optional `SharedExpert` (gate_up [T, 2Is], gate [T, 1], down [H, Is]).
-    Returns [T, H] in x.dtype. legacy / config: the decode kernels (bench/moe_decode.py A/B only)."""
+    Returns [T, H] in x.dtype. legacy / config: the decode kernels (bench/moe_decode.py A/B only).
+    residual [T, H] (the schedule's residual stream, `ninfer.ops.fused`): at prefill sizes the combine
+    adds the result into it in place and `Residual(residual, None)` is returned (PREFILL_RESIDUAL_COMBINE);
+    at decode sizes, or when it cannot (dtype, shape, layout), the plain result, the add left to the caller."""
     T, H = x.shape
     k = routing.ids.shape[1]
     if T == 0:
@@ -819,7 +828,7 @@ def moe_experts(x: torch.Tensor, routing: MoeRouting, gate_up: torch.Tensor, dow
         if legacy:
             return _decode_legacy(x, ids, weights, gate_up, down, shared)
         return _decode(x, gate_up, down, shared, k, ids=ids, weights=weights, config=config)[0]
-    return _prefill(x, ids, weights, gate_up, down, shared)
+    return _prefill(x, ids, weights, gate_up, down, shared, residual=residual)
 
 
 # NOTE: from 2 tokens the routing runs once per token in its own kernel (`route_topk`) before the expert
@@ -832,27 +841,44 @@ ROUTE_APART_TOKENS = 2
 
 def route_moe_experts(x: torch.Tensor, router_logits: torch.Tensor, top_k: int, gate_up: torch.Tensor,
                       down: torch.Tensor, *, shared: SharedExpert | None = None, legacy: bool = False,
-                      config: DecodeConfig | None = None) -> torch.Tensor:
+                      config: DecodeConfig | None = None, residual: torch.Tensor | None = None):
     """See `ninfer.ops.moe.route_moe_experts`: `moe_experts(x, route_topk(router_logits, top_k), ...)`.
     router_logits [T, E] (rows may be strided). For one token the routing runs inside the first expert
     kernel (two launches in all), for 2..MAX_PAIRS / top_k tokens in its own kernel before them
-    (ROUTE_APART_TOKENS); legacy: the separate routing kernel and the old kernels."""
+    (ROUTE_APART_TOKENS); legacy: the separate routing kernel and the old kernels. residual: as in
+    `moe_experts` (folded at prefill sizes only)."""
     T, E = router_logits.shape
     if not 0 < top_k <= E:
         raise ValueError(f"top_k must be in 1..{E}, got {top_k}")
     if T == 0 or T * top_k > MAX_PAIRS or legacy or T >= ROUTE_APART_TOKENS:
         return moe_experts(x, route_topk(router_logits, top_k), gate_up, down, shared=shared, legacy=legacy,
-                           config=config)
+                           config=config, residual=residual)
     lg = router_logits if router_logits.stride(1) == 1 else router_logits.contiguous()
     return _decode(_rows(x), _rows(gate_up), _rows(down), shared, top_k, logits=lg, config=config)[0]
 
 
-def _prefill(x, ids, weights, gate_up, down, shared):
+# NOTE: the MoE block's output joins the residual stream in its combine (prompt stages): the next norm
+#       then reads and writes one [T, H] tensor instead of two each, as the GEMMs' addmm_ fold does for the
+#       mixers and the dense MLP (`gemv.PREFILL_RESIDUAL_GEMM`). Read at call time; False: the plain result.
+PREFILL_RESIDUAL_COMBINE = True
+
+
+def _combine_target(residual, x):
+    """The residual as [T, H] rows the combine may update in place, or None (not folded)."""
+    if (not PREFILL_RESIDUAL_COMBINE or residual is None or residual.dtype != x.dtype or residual.device != x.device
+            or residual.numel() != x.numel() or not residual.is_contiguous()):
+        return None
+    return residual.view(x.shape)
+
+
+def _prefill(x, ids, weights, gate_up, down, shared, residual=None):
     """Grouped GEMMs in PREFILL_CHUNK-token passes; each pass's k contributions per token are summed
-    (and the shared expert's added) by one combine launch into its rows of out."""
+    (and the shared expert's added) by one combine launch into its rows of out (of `residual`, added
+    in place, when it folds: `Residual(residual, None)` is returned then)."""
     T, H = x.shape
     k = ids.shape[1]
-    out = torch.empty(T, H, dtype=x.dtype, device=x.device)
+    fold = _combine_target(residual, x)
+    out = fold if fold is not None else torch.empty(T, H, dtype=x.dtype, device=x.device)
     if shared is not None:
         s_all = F.linear(silu_mul_halves(shared.gate_up), shared.down)
     step = max(1, PREFILL_CHUNK)
@@ -866,5 +892,6 @@ def _prefill(x, ids, weights, gate_up, down, shared):
             args = (g, sv, o, H, g.stride(0), sv.stride(0), o.stride(0))
         else:
             args = (o, o, o, H, 0, 0, o.stride(0))
-        _combine_kernel[(n, triton.cdiv(H, BH))](y, *args, K=k, HAS_SHARED=shared is not None, BH=BH, num_warps=4)
-    return out
+        _combine_kernel[(n, triton.cdiv(H, BH))](y, *args, K=k, HAS_SHARED=shared is not None, BH=BH,
+                                                 ADD_OUT=fold is not None, num_warps=4)
+    return out if fold is None else Residual(residual, None)

@@ -5,6 +5,7 @@ from typing import Any, Mapping
 
 import torch
 
+from ninfer.ops.fused import NormedRows, Residual
 from ninfer.ops.moe import SharedExpert
 from ninfer.targets.qwen3_6.dims import Qwen36Dims
 
@@ -21,10 +22,20 @@ class SparseMoE:
         self.top_k = dims.num_experts_per_tok
         self.num_experts = dims.num_experts     # the router's columns (shared_in may end in zero rows)
 
-    def __call__(self, mlp: Mapping[str, torch.Tensor], h: torch.Tensor, ops: Any) -> torch.Tensor:
-        """h [N, H] -> [N, H]: the math of `ninfer.ops.moe.sparse_moe_block`, with one GEMM for
-        everything that reads h: [shared gate | shared up | shared gate scalar | router] rows
-        (`shared_in.weight`, fused by model_view, maybe with zero rows after them)."""
+    # NOTE: folds like DenseMLP: h may come as NormedRows (the mixer folded its residual add), normed here
+    #       with the OpSet's add_rms_norm, since the expert kernels read the normed rows themselves; the
+    #       residual goes to `ops.route_moe_experts`, which the fast set adds in its prefill combine
+    #       (decode sizes return the plain delta, as before).
+    folds_residual = True
+
+    def __call__(self, mlp: Mapping[str, torch.Tensor], h: Any, ops: Any, residual: torch.Tensor | None = None
+                 ) -> Any:
+        """h [N, H] (or NormedRows) -> [N, H] (or the op's Residual when it folds `residual`): the math of
+        `ninfer.ops.moe.sparse_moe_block`, with one GEMM for everything that reads h: [shared gate |
+        shared up | shared gate scalar | router] rows (`shared_in.weight`, fused by model_view, maybe with
+        zero rows after them)."""
+        if isinstance(h, NormedRows):
+            h = ops.add_rms_norm(h.h, None, h.weight, h.eps)[0]
         shape = h.shape
         x2 = h.reshape(-1, shape[-1])
         Is = mlp["shared_expert.gate_proj.weight"].shape[0]
@@ -32,5 +43,8 @@ class SparseMoE:
         shared = SharedExpert(y[:, :2 * Is], y[:, 2 * Is:2 * Is + 1], mlp["shared_expert.down_proj.weight"])
         r0 = 2 * Is + 1
         out = ops.route_moe_experts(x2, y[:, r0:r0 + self.num_experts], self.top_k, mlp["experts.gate_up_proj"],
-                                    mlp["experts.down_proj"], shared=shared)
+                                    mlp["experts.down_proj"], shared=shared,
+                                    residual=None if residual is None else residual.reshape(x2.shape))
+        if isinstance(out, Residual):
+            return Residual(out.h.view(shape), out.parts)
         return out.reshape(shape)
