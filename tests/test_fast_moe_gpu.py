@@ -302,15 +302,19 @@ def test_moe_experts_prefill(shape, with_shared, dtype, T, monkeypatch):
 
 
 @pytest.mark.parametrize("T,E,k,BM", [(1, 16, 4, 64), (65, 16, 4, 64), (300, 256, 8, 64), (2100, 256, 8, 128),
-                                        (129, 5, 3, 64)])
+                                        (129, 5, 3, 64)] + ([] if _INTERPRET else [(8192, 256, 8, 128)]))
 @pytest.mark.parametrize("skew", [False, True])
-@pytest.mark.parametrize("chunk,warps", [(4096, 8), (1024, 4)])
-def test_sort_pairs_is_a_stable_sort_with_a_block_table(T, E, k, BM, skew, chunk, warps, poisoned):
+@pytest.mark.parametrize("chunk,warps,chunked", [(4096, 8, False), (1024, 4, False), (0, 0, True)],
+                         ids=["scan4096", "scan1024", "chunked"])
+def test_sort_pairs_is_a_stable_sort_with_a_block_table(T, E, k, BM, skew, chunk, warps, chunked, poisoned):
     """`sort_pairs` == torch.sort(stable) of the flat ids (order, tokens, weights), starts == the experts'
     first sorted rows, and the block table names every sorted row exactly once, in blocks of at most BM
     rows of one expert at the rows `_block_rows` derives; every other block is surplus (E). Skewed: most
-    pairs on three experts (several blocks each), many experts unused."""
+    pairs on three experts (several blocks each), many experts unused. Both sorts: the one-launch scan
+    (chunk, warps) and the chunked one (histograms, then the scatter; T=8192 x 8 fills its 64 chunks)."""
     from ninfer.ops.fast import moe as fm
+    if chunked:
+        assert fm._chunked_sort_ok(T * k, E)
     g = gen(11 + T)
     logits = randn(T, E, g=g)
     if skew:
@@ -319,7 +323,10 @@ def test_sort_pairs_is_a_stable_sort_with_a_block_table(T, E, k, BM, skew, chunk
     if skew:
         ids = ids[torch.randperm(T, generator=torch.Generator().manual_seed(T)).to(_DEV)]
     weights = randn(T, k, dtype=torch.bfloat16, g=g)
-    starts, table, order, tok, w = fm.sort_pairs(ids, weights, E, BM, chunk=chunk, warps=warps)
+    if chunked:
+        starts, table, order, tok, w = fm.sort_pairs(ids, weights, E, BM, chunked=True)
+    else:
+        starts, table, order, tok, w = fm.sort_pairs(ids, weights, E, BM, chunk=chunk, warps=warps, chunked=False)
     flat = ids.reshape(-1)
     want_e, want_order = torch.sort(flat, stable=True)
     assert torch.equal(order, want_order)

@@ -30,10 +30,12 @@ shared_in GEMM and two expert launches.
 `legacy=True` selects the previous decode kernels (one program per (pair, n-block) for gate|up, a
 serial loop over the k experts for down; separate routing kernel) for bench/moe_decode.py's A/B only.
 
-Prefill (T*k > MAX_PAIRS): a grouped GEMM over the (token, expert) pairs sorted by expert. One launch
-(`sort_pairs`: a stable counting sort, one program per expert) writes the sorted pairs, the per-expert
-offsets and the block -> expert table on the GPU; the grid is an upper bound on the number of row
-blocks (E + P // BM); surplus programs exit at once, so there is no host sync either:
+Prefill (T*k > MAX_PAIRS): a grouped GEMM over the (token, expert) pairs sorted by expert. `sort_pairs`
+(a stable sort by expert: below CHUNKED_SORT_MIN_PAIRS one launch of a counting sort, one program per
+expert; from there two launches, per chunk of pairs a histogram and a sort of its keys, then a scatter)
+writes the sorted pairs, the per-expert offsets and the block -> expert table on the GPU; the grid is an
+upper bound on the number of row blocks (E + P // BM); surplus programs exit at once, so there is no host
+sync either:
 
     a_s[m] = silu(gate_up[e] x[tok_m] | gate) * up     rows m sorted by expert       [P, I] x.dtype
     y[p_m] = w_m · down[e] @ a_s[m]                     scattered back to pair order  [P, H] x.dtype
@@ -41,7 +43,7 @@ blocks (E + P // BM); surplus programs exit at once, so there is no host sync ei
              (with `residual`: residual += that sum, in place; see PREFILL_RESIDUAL_COMBINE)
 
 The shared expert's down projection is one cuBLAS GEMM over its SwiGLU'd gate|up rows. With the routing
-that is six launches and a GEMM per MoE layer, where torch's sort / searchsorted / cumsum / index / sum
+that is six launches (seven with the chunked sort) and a GEMM per MoE layer, where torch's sort / searchsorted / cumsum / index / sum
 and the shared expert's elementwise ops took ~20 (bench/NOTES.md, session 15: the 35B-A3B's 1k prefill is
 host bound).
 
@@ -596,6 +598,62 @@ def _sort_pairs_kernel(ids, weights, starts, block_expert, order, sorted_tok, so
         tl.store(block_expert + ob, tl.where(ob < used, e, E), mask=ob < nxt)
 
 
+@triton.jit(do_not_specialize=["P"])
+def _chunk_sort_kernel(ids, hist, skeys, P, E, CH: tl.constexpr, EP: tl.constexpr):
+    """Program c, pairs [c·CH, (c+1)·CH): hist[c, e] = how many of them go to expert e, and skeys[c] = the
+    keys e·CH + i (i the pair's index in the chunk) in increasing order, i.e. the chunk's pairs sorted by
+    expert and, within an expert, in pair order (the keys are distinct). Pairs past P get the key E·CH + i
+    (after every real one) and are not counted."""
+    c = tl.program_id(0)
+    o = tl.arange(0, CH)
+    pair = c * CH + o
+    valid = pair < P
+    v = tl.load(ids + pair, mask=valid, other=E).to(tl.int32)
+    tl.store(hist + c * EP + tl.arange(0, EP), tl.histogram(v, EP, mask=valid))
+    tl.store(skeys + c * CH + o, tl.sort(v * CH + o))
+
+
+@triton.jit(do_not_specialize=["P", "NB", "NC"])
+def _chunk_scatter_kernel(hist, skeys, weights, starts, block_expert, order, sorted_tok, sorted_w, P, E, NB, NC,
+                          K: tl.constexpr, BM: tl.constexpr, CH: tl.constexpr, EP: tl.constexpr,
+                          NCP: tl.constexpr, BT: tl.constexpr):
+    """Program c: writes its chunk's pairs at their sorted rows. Every program reads the whole [NC, E]
+    histogram (L2): starts[e] = pairs of lower experts, before[e] = expert e's pairs in earlier chunks,
+    seg[e] = the chunk's pairs of lower experts, so the chunk's p-th sorted pair (expert e) goes to row
+    starts[e] + before[e] + p - seg[e]: a stable sort by expert. Program 0 stores starts; program c the
+    block table entries (as `_sort_pairs_kernel` lays them out) of experts c, c + NC, ..."""
+    c = tl.program_id(0)
+    oe = tl.arange(0, EP)
+    oc = tl.arange(0, NCP)
+    hall = tl.load(hist + oc[:, None] * EP + oe[None, :], mask=(oc < NC)[:, None], other=0)
+    tot = tl.sum(hall, 0)
+    start_v = tl.cumsum(tot, 0) - tot
+    before = tl.sum(tl.where((oc < c)[:, None], hall, 0), 0)
+    row = tl.load(hist + c * EP + oe)
+    base = start_v + before - (tl.cumsum(row, 0) - row)
+    sk = tl.load(skeys + c * CH + tl.arange(0, CH))
+    e = sk // CH
+    ok = e < E
+    pair = (c * CH + sk % CH).to(tl.int64)
+    dest = tl.gather(base, tl.minimum(e, EP - 1), 0) + tl.arange(0, CH)
+    tl.store(order + dest, pair, mask=ok)
+    tl.store(sorted_tok + dest, pair // K, mask=ok)
+    tl.store(sorted_w + dest, tl.load(weights + pair, mask=ok, other=0.0), mask=ok)
+    if c == 0:
+        tl.store(starts + oe, start_v, mask=oe < E)
+        tl.store(starts + E, tl.sum(tot, 0))
+    for x in range(c, E, NC):
+        less = tl.sum(tl.where(oe == x, start_v, 0), 0)
+        cnt = tl.sum(tl.where(oe == x, tot, 0), 0)
+        first = x + less // BM
+        used = first + (cnt + BM - 1) // BM
+        last = (x == E - 1).to(tl.int32)
+        nxt = last * NB + (1 - last) * (x + 1 + (less + cnt) // BM)
+        for b0 in range(first, nxt, BT):
+            ob = b0 + tl.arange(0, BT)
+            tl.store(block_expert + ob, tl.where(ob < used, x, E), mask=ob < nxt)
+
+
 @triton.jit
 def _block_rows(block_expert, starts, E, BM: tl.constexpr):
     """(expert, first row, end row) of this program's row block (`_sort_pairs_kernel`'s table); expert
@@ -724,11 +782,31 @@ def prefill_tiles(P: int, E: int, dtype: torch.dtype = torch.bfloat16) -> Prefil
     return PREFILL_TILES_LARGE_FP32 if dtype == torch.float32 else PREFILL_TILES_LARGE
 
 
-def sort_pairs(ids: torch.Tensor, weights: torch.Tensor, E: int, BM: int, *, chunk: int = 4096, warps: int = 8):
-    """The pairs of a routing sorted by expert for the grouped GEMMs, one launch (`_sort_pairs_kernel`):
+# NOTE: two ways to sort the pairs. `_sort_pairs_kernel` (one launch, one program per expert) scans all P
+#       pairs twice in every program: E x P work, 174 us per 35B-A3B layer at 8192 tokens (H200, session
+#       30's profile: 7 ms of the 8k prefill). The chunked sort (two launches: per CH-pair chunk a histogram
+#       and an in-register sort of its keys, then per chunk a scatter to rows derived from all the chunks'
+#       histograms) does P log CH work. It needs the [SORT_NC, E] histogram in one program's registers, so
+#       it runs up to SORT_CH * SORT_NC pairs (a PREFILL_CHUNK pass at top 8) and E <= 256; `CHUNKED_SORT`
+#       (read at call time) picks it from CHUNKED_SORT_MIN_PAIRS pairs.
+CHUNKED_SORT = True
+CHUNKED_SORT_MIN_PAIRS = 8192
+SORT_CH = 1024           # pairs per chunk (one compiled form: the serve warmup's lengths cover it)
+SORT_NC = 64             # chunks at most (P <= SORT_CH * SORT_NC; the histogram tile is [SORT_NC, next_pow2(E)])
+SORT_MAX_CELLS = 16384
+
+
+def _chunked_sort_ok(P: int, E: int) -> bool:
+    return 0 < P <= SORT_CH * SORT_NC and SORT_NC * triton.next_power_of_2(E) <= SORT_MAX_CELLS
+
+
+def sort_pairs(ids: torch.Tensor, weights: torch.Tensor, E: int, BM: int, *, chunk: int = 4096, warps: int = 8,
+               chunked: bool | None = None):
+    """The pairs of a routing sorted by expert for the grouped GEMMs (no host sync):
     (starts [E + 1] int32, block_expert [NB] int32, order [P] int64, sorted_tok [P] int64, sorted_w [P]),
-    NB = E + P // BM. order is torch.sort(ids.flatten(), stable=True)'s indices. chunk: pairs per scan
-    step (a power of 2)."""
+    NB = E + P // BM. order is torch.sort(ids.flatten(), stable=True)'s indices. chunked: the chunked sort
+    (None: CHUNKED_SORT from CHUNKED_SORT_MIN_PAIRS pairs, where its shape fits); otherwise one launch of
+    `_sort_pairs_kernel`, chunk: its pairs per scan step (a power of 2), warps: its warps."""
     T, k = ids.shape
     P = T * k
     dev = ids.device
@@ -738,6 +816,18 @@ def sort_pairs(ids: torch.Tensor, weights: torch.Tensor, E: int, BM: int, *, chu
     order = torch.empty(P, dtype=torch.int64, device=dev)
     sorted_tok = torch.empty(P, dtype=torch.int64, device=dev)
     sorted_w = torch.empty(P, dtype=weights.dtype, device=dev)
+    if chunked is None:
+        chunked = CHUNKED_SORT and P >= CHUNKED_SORT_MIN_PAIRS
+    if chunked and _chunked_sort_ok(P, E):
+        nc, ep = triton.cdiv(P, SORT_CH), triton.next_power_of_2(E)
+        ids = ids.contiguous()
+        hist = torch.empty(nc, ep, dtype=torch.int32, device=dev)
+        skeys = torch.empty(nc, SORT_CH, dtype=torch.int32, device=dev)
+        _chunk_sort_kernel[(nc,)](ids, hist, skeys, P, E, CH=SORT_CH, EP=ep, num_warps=4)
+        _chunk_scatter_kernel[(nc,)](hist, skeys, weights.contiguous(), starts, block_expert, order, sorted_tok,
+                                     sorted_w, P, E, NB, nc, K=k, BM=BM, CH=SORT_CH, EP=ep, NCP=SORT_NC, BT=64,
+                                     num_warps=4)
+        return starts, block_expert, order, sorted_tok, sorted_w
     _sort_pairs_kernel[(E,)](ids, weights, starts, block_expert, order, sorted_tok, sorted_w, P, E, NB,
                              K=k, BM=BM, CH=chunk, BT=64, num_warps=warps)
     return starts, block_expert, order, sorted_tok, sorted_w
