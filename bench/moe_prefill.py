@@ -117,10 +117,14 @@ def main() -> int:
                    lambda c: fm.grouped_down(act, order, sw, table, starts, down, c), lambda y: y, ref,
                    dn_flops, dn_floor, BM, rec["down"])
             rows = []
-            for ch, wp in (SORT[:2] if args.quick else SORT):
-                got = fm.sort_pairs(ids, w, E, BM, chunk=ch, warps=wp)
+            # the one-launch scan at each (chunk, warps), then the chunked sort ("chunked"; what sort_pairs runs
+            # from fm.CHUNKED_SORT_MIN_PAIRS pairs), each against the committed choice's result
+            for ch, wp in [*(SORT[:2] if args.quick else SORT), ("chunked", "-")]:
+                chunked = ch == "chunked"
+                kw = dict(chunked=True) if chunked else dict(chunk=ch, warps=wp, chunked=False)
+                got = fm.sort_pairs(ids, w, E, BM, **kw)
                 same = all(torch.equal(a, b) for a, b in zip(got, srt))
-                ms = bench_ms(lambda: fm.sort_pairs(ids, w, E, BM, chunk=ch, warps=wp), 25, 150)
+                ms = bench_ms(lambda: fm.sort_pairs(ids, w, E, BM, **kw), 25, 150)
                 rows.append([BM, ch, wp, f"{ms * 1e3:.1f}", "equal" if same else "DIFFERS"])
                 rec["sort"].append(dict(BM=BM, chunk=ch, warps=wp, us=ms * 1e3, equal=same))
             print_table(["BM", "sort chunk", "warps", "sort us", "vs committed"], rows)
