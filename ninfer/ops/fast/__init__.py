@@ -69,7 +69,8 @@ class OpSet(NamedTuple):
     linear: Callable                   # (x, w) -> x @ w.T
     gdn_conv_recurrent: Callable       # GDN decode state step (conv update + delta rule), src -> dst entries
     linear_swiglu: Callable            # (gu, w) -> silu_mul_halves(gu) @ w.T
-    route_moe_experts: Callable        # (x, router_logits, k, gate_up, down, *, shared, residual) -> moe_experts(x, route_topk(..)) (or a Residual)
+    route_moe_experts: Callable        # (x, router_logits, k, gate_up, down, *, shared, residual) -> moe_experts(
+    #                                    x, route_topk(..)), or a Residual when the fast set folds `residual`
     qk_norm_rope_write_kv: Callable    # (q, k, v, wq, wk, cos, sin, eps, kc, vc, bt, pos, rows) -> q'; k', v into pages
     prefix_attention_rows: Callable    # (q, kc, vc, bt, start, length) a padded stage over its prefix (prefill graphs)
 

@@ -43,9 +43,9 @@ sync either:
              (with `residual`: residual += that sum, in place; see PREFILL_RESIDUAL_COMBINE)
 
 The shared expert's down projection is one cuBLAS GEMM over its SwiGLU'd gate|up rows. With the routing
-that is six launches (seven with the chunked sort) and a GEMM per MoE layer, where torch's sort / searchsorted / cumsum / index / sum
-and the shared expert's elementwise ops took ~20 (bench/NOTES.md, session 15: the 35B-A3B's 1k prefill is
-host bound).
+that is six launches (seven with the chunked sort) and a GEMM per MoE layer, where torch's sort /
+searchsorted / cumsum / index / sum and the shared expert's elementwise ops took ~20 (bench/NOTES.md,
+session 15: the 35B-A3B's 1k prefill is host bound).
 
 Each weighted contribution is rounded to x.dtype as in the reference; accumulation is fp32. Token
 batches above PREFILL_CHUNK are processed in chunks (bounds the [P, H] buffer to 256 MiB in bf16).
@@ -67,8 +67,8 @@ from ninfer.ops.moe import MoeRouting, SharedExpert
 from ninfer.ops.fast import _pdl
 
 __all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DECODE_CONFIG",
-           "DECODE_CONFIG_MANY", "decode_config", "MAX_PAIRS", "PREFILL_CHUNK", "PREFILL_RESIDUAL_COMBINE", "PrefillTiles",
-           "prefill_tiles"]
+           "DECODE_CONFIG_MANY", "decode_config", "MAX_PAIRS", "PREFILL_CHUNK", "PREFILL_RESIDUAL_COMBINE",
+           "CHUNKED_SORT", "PrefillTiles", "prefill_tiles"]
 
 MAX_PAIRS = 128          # (token, expert) pairs up to which the grouped GEMV (decode) path runs
 PREFILL_CHUNK = 8192     # tokens per grouped-GEMM pass
@@ -984,4 +984,4 @@ def _prefill(x, ids, weights, gate_up, down, shared, residual=None):
             args = (o, o, o, H, 0, 0, o.stride(0))
         _combine_kernel[(n, triton.cdiv(H, BH))](y, *args, K=k, HAS_SHARED=shared is not None, BH=BH,
                                                  ADD_OUT=fold is not None, num_warps=4)
-    return out if fold is None else Residual(residual, None)
+    return out if fold is None else Residual(fold, None)
