@@ -88,3 +88,37 @@ def test_route_topk():
     p = torch.softmax(logits.float(), -1)
     torch.testing.assert_close(r.weights.float(), (p[[[0], [1]], r.ids] / p[[[0], [1]], r.ids].sum(-1, keepdim=True)),
                                rtol=1e-2, atol=1e-2)
+
+
+def test_sparse_moe_leaf_takes_normed_rows_and_leaves_the_residual_to_the_caller():
+    """The SparseMoE leaf (fused shared_in rows, zero padding after them) on the reference ops ==
+    sparse_moe_block on the normed rows, whether it is given them normed or as NormedRows (a mixer that
+    folded its residual add); with a residual the reference returns the plain delta and leaves the residual
+    untouched: only the fast set adds into it (tests/test_fast_moe_gpu.py)."""
+    import dataclasses
+
+    from ninfer.ops.fast import reference_ops
+    from ninfer.ops.fused import NormedRows, Residual
+    from ninfer.ops.norms import rms_norm
+    from ninfer.targets.qwen3_6_35b_a3b import DIMS
+    from ninfer.targets.qwen3_6_leaves.moe import SparseMoE
+    block = _hf_block(torch.float32, "cpu")
+    se = block.shared_expert
+    mlp = {"shared_in.weight": torch.cat([se.gate_proj.weight, se.up_proj.weight, block.shared_expert_gate.weight,
+                                          block.gate.weight, torch.zeros(3, H)]).detach(),
+           "shared_expert.gate_proj.weight": se.gate_proj.weight.detach(),
+           "shared_expert.down_proj.weight": se.down_proj.weight.detach(),
+           "experts.gate_up_proj": block.experts.gate_up_proj.detach(),
+           "experts.down_proj": block.experts.down_proj.detach()}
+    leaf = SparseMoE(dataclasses.replace(DIMS, num_experts=E, num_experts_per_tok=K))
+    g = torch.Generator().manual_seed(7)
+    raw, nw, r0 = torch.randn(65, H, generator=g), 0.1 * torch.randn(H, generator=g), torch.randn(65, H, generator=g)
+    h = rms_norm(raw, nw, 1e-6)
+    with torch.no_grad():
+        want = _ours(block, h)
+        ops = reference_ops()
+        assert rel_rms(leaf(mlp, h, ops), want) < 1e-6
+        r = r0.clone()
+        out = leaf(mlp, NormedRows(raw, nw, 1e-6), ops, residual=r)
+    assert not isinstance(out, Residual) and torch.equal(r, r0)
+    assert rel_rms(out, want) < 1e-6
