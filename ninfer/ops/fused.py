@@ -33,7 +33,7 @@ from ninfer.ops.norms import rms_norm
 from ninfer.ops.rope import apply_rotary_qk
 
 __all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "linear", "linear_swiglu", "gdn_conv_recurrent",
-           "Residual", "NormedRows", "normed"]
+           "Residual", "NormedRows", "normed", "materialize"]
 
 
 class Residual(NamedTuple):
@@ -59,6 +59,13 @@ class NormedRows(NamedTuple):
 def normed(x: "torch.Tensor | NormedRows") -> torch.Tensor:
     """x itself, or a NormedRows's norm applied (reference rms_norm)."""
     return rms_norm(x.h, x.weight, x.eps) if isinstance(x, NormedRows) else x
+
+
+def materialize(x: "torch.Tensor | NormedRows", ops) -> torch.Tensor:
+    """x itself, or a NormedRows's norm applied with the OpSet's `add_rms_norm` (one norm launch on the
+    fast set): for consumers other than a projection (the schedule's final norm, a post-mixer whose
+    kernels read the normed rows)."""
+    return ops.add_rms_norm(x.h, None, x.weight, x.eps)[0] if isinstance(x, NormedRows) else x
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, eps: float = 1e-6

@@ -589,6 +589,14 @@ def _sort_pairs_kernel(ids, weights, starts, block_expert, order, sorted_tok, so
             tl.store(sorted_tok + pos, (pair // K).to(tl.int64), mask=hit)
             tl.store(sorted_w + pos, tl.load(weights + pair, mask=hit, other=0.0), mask=hit)
             run += tl.sum(hit.to(tl.int32), 0)
+    _table_entries(block_expert, e, less, cnt, E, NB, BM, BT)
+
+
+@triton.jit
+def _table_entries(block_expert, e, less, cnt, E, NB, BM: tl.constexpr, BT: tl.constexpr):
+    """Expert e's entries of the block table (`_sort_pairs_kernel`'s layout): its row blocks e + less // BM + j
+    (j < ceil(cnt / BM)) get e, the blocks after them up to the next expert's first (for the last expert, NB)
+    get E (surplus). less: the pairs of lower experts, cnt: e's."""
     first = e + less // BM
     used = first + (cnt + BM - 1) // BM
     last = (e == E - 1).to(tl.int32)
@@ -643,15 +651,8 @@ def _chunk_scatter_kernel(hist, skeys, weights, starts, block_expert, order, sor
         tl.store(starts + oe, start_v, mask=oe < E)
         tl.store(starts + E, tl.sum(tot, 0))
     for x in range(c, E, NC):
-        less = tl.sum(tl.where(oe == x, start_v, 0), 0)
-        cnt = tl.sum(tl.where(oe == x, tot, 0), 0)
-        first = x + less // BM
-        used = first + (cnt + BM - 1) // BM
-        last = (x == E - 1).to(tl.int32)
-        nxt = last * NB + (1 - last) * (x + 1 + (less + cnt) // BM)
-        for b0 in range(first, nxt, BT):
-            ob = b0 + tl.arange(0, BT)
-            tl.store(block_expert + ob, tl.where(ob < used, x, E), mask=ob < nxt)
+        _table_entries(block_expert, x, tl.sum(tl.where(oe == x, start_v, 0), 0), tl.sum(tl.where(oe == x, tot, 0), 0),
+                       E, NB, BM, BT)
 
 
 @triton.jit

@@ -177,10 +177,14 @@ class EngineCore:
             return (0, 0) if hook is None else hook(self.prefill_chunk_tokens, self.max_model_len)
         return self.call_on_worker(run)
 
-    def _run_calls(self) -> bool:
+    def _take_calls(self) -> list[tuple[Callable[[], Any], Future]]:
         with self._cv:
             calls = list(self._calls)
             self._calls.clear()
+        return calls
+
+    def _run_calls(self) -> bool:
+        calls = self._take_calls()
         for fn, fut in calls:
             if not fut.set_running_or_notify_cancel():
                 continue
@@ -191,10 +195,7 @@ class EngineCore:
         return bool(calls)
 
     def _drop_calls(self) -> None:
-        with self._cv:
-            calls = list(self._calls)
-            self._calls.clear()
-        for _, fut in calls:
+        for _, fut in self._take_calls():
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(EngineRequestError(ErrorKind.NOT_READY,
                                                      f"engine is {self._availability.state.value}"))

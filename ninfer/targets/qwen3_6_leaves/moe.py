@@ -5,7 +5,7 @@ from typing import Any, Mapping
 
 import torch
 
-from ninfer.ops.fused import NormedRows, Residual
+from ninfer.ops.fused import Residual, materialize
 from ninfer.ops.moe import SharedExpert
 from ninfer.targets.qwen3_6.dims import Qwen36Dims
 
@@ -23,7 +23,7 @@ class SparseMoE:
         self.num_experts = dims.num_experts     # the router's columns (shared_in may end in zero rows)
 
     # NOTE: folds like DenseMLP: h may come as NormedRows (the mixer folded its residual add), normed here
-    #       with the OpSet's add_rms_norm, since the expert kernels read the normed rows themselves; the
+    #       (`ninfer.ops.fused.materialize`), since the expert kernels read the normed rows themselves; the
     #       residual goes to `ops.route_moe_experts`, which the fast set adds in its prefill combine
     #       (decode sizes return the plain delta, as before).
     folds_residual = True
@@ -34,8 +34,7 @@ class SparseMoE:
         `ninfer.ops.moe.sparse_moe_block`, with one GEMM for everything that reads h: [shared gate |
         shared up | shared gate scalar | router] rows (`shared_in.weight`, fused by model_view, maybe with
         zero rows after them)."""
-        if isinstance(h, NormedRows):
-            h = ops.add_rms_norm(h.h, None, h.weight, h.eps)[0]
+        h = materialize(h, ops)
         shape = h.shape
         x2 = h.reshape(-1, shape[-1])
         Is = mlp["shared_expert.gate_proj.weight"].shape[0]

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 
 from ninfer.core.stores import PagedKVStore, StateImageStore
 from ninfer.ops.fast import OpSet, select_ops
-from ninfer.ops.fused import NormedRows, Residual
+from ninfer.ops.fused import NormedRows, Residual, materialize
 from ninfer.ops.rope import mrope_cos_sin, rope_inv_freq
 from ninfer.targets.qwen3_6.runtime.leaves import LeafSet
 from ninfer.targets.qwen3_6.runtime.model_view import LayerView, ModelView
@@ -206,7 +206,7 @@ class Qwen36Model:
 
     def _materialize(self, h) -> torch.Tensor:
         """A pending norm applied (one norm launch), for consumers other than a projection."""
-        return self.ops.add_rms_norm(h.h, None, h.weight, h.eps)[0] if isinstance(h, NormedRows) else h
+        return materialize(h, self.ops)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, H] -> fp32 logits [M, V]."""
