@@ -25,6 +25,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 from _program_util import rel_rms  # noqa: E402
+from ninfer.ops.fast import moe as fast_moe  # noqa: E402
 from ninfer.runtime.contract.types import SamplingParams, SequenceRequest  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
 from ninfer.targets.qwen3_6.runtime import prefill_graphs as pgm  # noqa: E402
@@ -95,6 +96,34 @@ def _stagings(n):
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_prefill_graphs_equal_eager(identity, dtype):
+    _check_graphs_equal_eager(identity, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_prefill_graphs_equal_eager_with_the_chunked_moe_sort(monkeypatch, dtype):
+    # NOTE: the tiny MoE's stages reach 4096 pairs (2048 tokens at top 2), under the chunked sort's 8192; the
+    #       real 35B-A3B's 1024-2048-token stages run it inside their graphs. Here it runs from one pair, so
+    #       every captured stage holds its two launches (one chunk up to 512 tokens, up to 4 chunks at 2048).
+    monkeypatch.setattr(fast_moe, "CHUNKED_SORT_MIN_PAIRS", 1)
+    calls = []
+    kernel = fast_moe._chunk_scatter_kernel
+    monkeypatch.setattr(fast_moe, "_chunk_scatter_kernel", _Counted(kernel, calls))
+    _check_graphs_equal_eager("qwen3_6-tiny-moe", dtype)
+    assert calls, "the chunked sort never ran"
+
+
+class _Counted:
+    """A Triton kernel whose launches (`kernel[grid](...)`) are counted (the capture's included)."""
+
+    def __init__(self, kernel, calls):
+        self.kernel, self.calls = kernel, calls
+
+    def __getitem__(self, grid):
+        self.calls.append(grid)
+        return self.kernel[grid]
+
+
+def _check_graphs_equal_eager(identity, dtype):
     w, prog = _program(identity, dtype)
     pg = prog.prefill_graphs
     g = torch.Generator().manual_seed(11)
