@@ -330,6 +330,22 @@ def _num_slots(cfg: EngineConfig) -> int:
     return 2 * cfg.max_concurrency + cfg.num_cache_slots
 
 
+# NOTE: the Program's provisional depth for the Engine's control units (a forced suffix of one row; the
+#       Qwen3.6 frontend forces 3 tokens) and the bound on its decode rounds' steps per row.
+PROGRAM_MAX_STEPS = 8
+
+
+def _num_scratch(cfg: EngineConfig) -> int:
+    """The provisional area the Engine can use at once (it consumes each unit's PendingBatch before the
+    next): a decode round's one entry per row (`EngineCore.decode_steps` = 1) plus the step-ahead's one
+    per row, held between rounds; a final prefill stage's entry and a prefill graph capture's beside a
+    held step-ahead; a control unit's forced tokens (one row, up to PROGRAM_MAX_STEPS, the step-ahead
+    dropped first). The Program's default, max_batch x max_steps, would hold 8 entries per lane: at the
+    35B-A3B's 61 MiB per entry 3.9 GiB, at the 27B's 147 MiB 9.4 GiB, taken from the KV budget (neither
+    model could serve 8 lanes on an 80 GB card)."""
+    return 2 * cfg.max_concurrency + PROGRAM_MAX_STEPS
+
+
 def _cache_config(cfg: EngineConfig):
     from ninfer.runtime.engine.context_cache import CacheConfig
     return CacheConfig(enabled=cfg.prefix_cache, device_bytes=cfg.cache_device_bytes, host_bytes=cfg.cache_host_bytes,
@@ -349,8 +365,9 @@ def _program_config(package_module: Any, cfg: EngineConfig, sampleable_vocab_siz
                                   purpose="causal_scoring", scoring_window=cfg.max_model_len)
     num_pages = cfg.num_pages or cfg.max_concurrency * math.ceil(cfg.max_model_len / cfg.page_size)
     return program_config_cls(device=cfg.device, dtype=cfg.dtype, page_size=cfg.page_size, num_pages=num_pages,
-                              num_slots=_num_slots(cfg), max_model_len=cfg.max_model_len,
-                              max_batch=cfg.max_concurrency, sampleable_vocab_size=sampleable_vocab_size,
+                              num_slots=_num_slots(cfg), num_scratch=_num_scratch(cfg), max_model_len=cfg.max_model_len,
+                              max_batch=cfg.max_concurrency, max_steps=PROGRAM_MAX_STEPS,
+                              sampleable_vocab_size=sampleable_vocab_size,
                               enforce_eager=cfg.enforce_eager, decode_step_ahead=cfg.decode_step_ahead, seed=cfg.seed,
                               kv_memory_fraction=0.0 if cfg.num_pages else cfg.kv_memory_fraction)
 

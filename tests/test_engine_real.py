@@ -185,3 +185,25 @@ def test_warm_up_plans_attention_on_the_worker_thread(tiny_artifact_path):
     with pytest.raises(EngineRequestError) as e:
         eng._core.call_on_worker(lambda: None)
     assert e.value.kind is ErrorKind.NOT_READY
+
+
+def test_a_control_unit_fits_the_engine_provisional_area(tiny_artifact_path):
+    # NOTE: the Engine sizes the Program's provisional area to 2 entries per lane + max_steps
+    #       (`ninfer.engine._num_scratch`), not max_batch x max_steps. A thinking budget makes the frontend force
+    #       "\n</think>\n\n" (a control unit of 3 tokens, one scratch entry each) on the real Program, here at
+    #       one lane between decode rounds and with a second lane busy.
+    cfg = EngineConfig(max_concurrency=2, queue_size=4, max_model_len=128, page_size=16, prefill_chunk_tokens=8)
+    forced = (198, 248069, 271)
+    with Engine(tiny_artifact_path("dense"), cfg) as eng:
+        assert eng.wait_ready(60).ready
+        prog = eng._core.program
+        assert prog._state.num_scratch == 2 * 2 + 8 < cfg.max_concurrency * prog.config.max_steps + 8
+        think = eng.frontend.prepare_chat([{"role": "user", "content": "Hi"}],
+                                          chat_template_kwargs={"enable_thinking": True})
+        other = eng.submit(random_prompt(random.Random(3), 5), GREEDY, max_tokens=20, output=NO_EOS)
+        h = eng.submit(think, GREEDY, max_tokens=12, output=OutputOptions(thinking_budget=2, ignore_eos=True))
+        ids = h.result(60).token_ids
+        assert other.result(60).finish_reason is FinishReason.LENGTH
+        assert any(tuple(ids[i:i + 3]) == forced for i in range(len(ids) - 2)), ids
+        assert len(ids) == 12
+        assert prog._pending.num_free_scratch == prog._state.num_scratch     # (the context cache keeps pages)

@@ -1,6 +1,8 @@
 """KV pool sizing from a device-memory fraction (the CUDA path, driven here by a fake mem_get_info)."""
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
@@ -37,3 +39,36 @@ def test_too_little_memory_for_one_full_length_sequence_is_a_clear_error():
 def test_no_fraction_or_cpu_keeps_num_pages():
     assert _pool_pages(D27, _cfg(kv_memory_fraction=0.0), 8, mem_get_info=lambda dev: (1, 0)) == 4096
     assert _pool_pages(D27, _cfg(), 8) == 4096          # CPU: no device memory to ask about
+
+
+def _engine_program_config(identity, max_concurrency=8, max_model_len=8192):
+    from ninfer.engine import _program_config
+    from ninfer.types import EngineConfig
+    ent = lookup(identity)
+    cfg = EngineConfig(load_format="dummy", identity=identity, device="cuda", dtype="bf16",
+                       max_concurrency=max_concurrency, max_model_len=max_model_len)
+    return ent.dims, _program_config(importlib.import_module(ent.module), cfg, 248077)
+
+
+@pytest.mark.parametrize("identity, free_gib", [("qwen3_6-35b-a3b", 11.3), ("qwen3_6-27b", 22.0)])
+def test_an_engine_serves_eight_lanes_of_8k_on_an_80gb_card(identity, free_gib):
+    # NOTE: what an 80 GB card has free once the weights are loaded (the 35B-A3B: 11.3 GiB on an H100,
+    #       bench/NOTES.md session 31). The Engine's provisional area was max_batch x max_steps = 64 entries
+    #       (61 MiB each on the 35B-A3B, 147 on the 27B): more than the KV budget, so `ninfer serve` failed to
+    #       start with 0 KV pages. It is sized to what the Engine holds at once now: 2 per lane + max_steps.
+    dims, pc = _engine_program_config(identity)
+    assert pc.num_scratch == 2 * 8 + pc.max_steps < pc.max_batch * pc.max_steps
+    mem = lambda dev: (int(free_gib * GiB), 80 * GiB)          # noqa: E731
+    pages = _pool_pages(dims, pc, pc.num_scratch, mem_get_info=mem)
+    assert pages * pc.page_size >= 8192
+    with pytest.raises(ValueError, match="leaves 0 KV pages"):
+        _pool_pages(dims, pc, pc.max_batch * pc.max_steps, mem_get_info=mem)
+
+
+def test_the_engine_provisional_area_fits_its_largest_units():
+    _, pc = _engine_program_config("qwen3_6-tiny-dense", max_concurrency=1, max_model_len=512)
+    # one lane: a control unit's forced suffix (up to max_steps tokens) is the largest batch
+    assert pc.num_scratch >= pc.max_steps and pc.num_scratch >= 2 * pc.max_batch
+    with pytest.raises(ValueError, match="num_scratch must be 0"):
+        _cfg(max_batch=4, max_steps=2, num_scratch=3)
+    assert _cfg(max_batch=4, max_steps=2, num_scratch=4).num_scratch == 4

@@ -28,6 +28,9 @@ class ProgramConfig:
     max_model_len  prompt + output + lookahead limit of one sequence
     max_batch      rows of one decode unit (1..8)
     max_steps      provisional depth: tokens one decode/control unit may produce per row
+    num_scratch    StateImage entries of the provisional area (0 = max_batch x max_steps: any batch of
+                   max_batch rows x max_steps steps at once); a caller whose batches are smaller sizes it
+                   to them (the Engine: `ninfer.engine._program_config`). At least max(max_batch, max_steps)
     purpose        "generation" | "causal_scoring": only the latter allocates the scoring staging
                    (temporary window State/KV and lm_head buffers, see scoring.py)
     scoring_window longest scoring window in tokens (0 = max_model_len); causal_scoring only
@@ -47,6 +50,7 @@ class ProgramConfig:
     max_model_len: int = 4096
     max_batch: int = 8
     max_steps: int = 8
+    num_scratch: int = 0
     purpose: str = "generation"
     scoring_window: int = 0
     sampleable_vocab_size: int = 0
@@ -71,6 +75,9 @@ class ProgramConfig:
             raise ValueError(f"max_batch must be in 1..8, got {self.max_batch}")
         if not (1 <= self.max_steps <= 64):
             raise ValueError(f"max_steps must be in 1..64, got {self.max_steps}")
+        if self.num_scratch and self.num_scratch < max(self.max_batch, self.max_steps):
+            raise ValueError(f"num_scratch must be 0 (max_batch x max_steps) or at least max(max_batch, max_steps) = "
+                             f"{max(self.max_batch, self.max_steps)}, got {self.num_scratch}")
         if self.purpose not in ("generation", "causal_scoring"):
             raise ValueError(f"purpose must be 'generation' or 'causal_scoring', got {self.purpose!r}")
         if self.scoring_window < 0 or (self.scoring_window and self.purpose != "causal_scoring"):

@@ -8,7 +8,8 @@ provisional state of every unconsumed PendingBatch and its commit/rollback.
       StateImageStore   conv      [gdn layers, num_slots + scratch, C, K-1]     model dtype
                         recurrent [gdn layers, num_slots + scratch, nv, dk, dv] fp32
                         entries [0, num_slots): StateImage slots of sequences
-                        entries [num_slots, +max_batch*max_steps): provisional area
+                        entries [num_slots, +num_scratch): provisional area (config.num_scratch,
+                        by default max_batch x max_steps)
       ResourceLedger    page pool (refcounts, reservations), slot pool, block tables
       PendingLedger     open PendingBatches and the scratch entries they hold
 
@@ -135,7 +136,7 @@ class Qwen36Program(CheckpointOps):
         dev, dt = config.torch_device, config.torch_dtype
         self.device = dev
         view = load_model_view(dims, weights, dev, dt)
-        num_scratch = config.max_batch * config.max_steps
+        num_scratch = config.num_scratch or config.max_batch * config.max_steps
         num_pages = _pool_pages(dims, config, num_scratch)
         self._ledger = ResourceLedger(num_pages, config.page_size, config.num_slots, config.max_model_len)
         self._pending = PendingLedger(num_scratch)
