@@ -94,12 +94,15 @@ def _pool_pages(dims: Qwen36Dims, config: ProgramConfig, num_scratch: int,
     page_bytes = 2 * len(dims.attention_layers) * config.page_size * dims.num_key_value_heads * dims.head_dim * elem
     entry_bytes = sum(math.prod(shape) * torch.empty((), dtype=dt).element_size()
                       for shape, dt in state_planes(dims, config.torch_dtype).values()) * len(dims.gdn_layers)
-    budget = int(free * config.kv_memory_fraction) - (config.num_slots + num_scratch) * entry_bytes
+    entries = config.num_slots + num_scratch
+    budget = int(free * config.kv_memory_fraction) - entries * entry_bytes
     pages = min(config.num_pages, max(0, budget) // page_bytes)
     if pages * config.page_size < config.max_model_len:
         raise ValueError(f"kv_memory_fraction {config.kv_memory_fraction} of {free / 2**30:.1f} GiB free leaves "
-                         f"{pages} KV pages ({pages * config.page_size} tokens), fewer than max_model_len "
-                         f"{config.max_model_len}: raise the fraction or lower max_model_len / max_concurrency")
+                         f"{pages} KV pages ({pages * config.page_size} tokens) after {entries} StateImage entries "
+                         f"of {entry_bytes / 2**20:.1f} MiB ({entries * entry_bytes / 2**30:.1f} GiB), fewer than "
+                         f"max_model_len {config.max_model_len}: raise the fraction or lower max_model_len / "
+                         f"max_concurrency")
     return pages
 
 
