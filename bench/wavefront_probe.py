@@ -37,6 +37,7 @@ from ninfer.runtime.contract.types import SamplingParams, SequenceRequest  # noq
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig  # noqa: E402
 from ninfer.targets.qwen3_6.runtime.model import ForwardBatch, Qwen36Model, _RowMeta  # noqa: E402
+from ninfer.ops.fused import materialize  # noqa: E402
 from ninfer.ops.rope import mrope_cos_sin  # noqa: E402
 
 PAGE = 64
@@ -103,9 +104,9 @@ def _layer_steps(model: Qwen36Model, fb: ForwardBatch):
             delta = model._gdn(layer, h, fb, meta, residual=x)
         h, x = model._norm(x, delta, layer.post_norm)
         delta = (post_mixer(layer.mlp, h, model.ops, residual=x) if folds
-                 else post_mixer(layer.mlp, model._materialize(h), model.ops))
+                 else post_mixer(layer.mlp, materialize(h, model.ops), model.ops))
         yield None
-    yield model._materialize(model._norm(x, delta, model.view.norm)[0])
+    yield materialize(model._norm(x, delta, model.view.norm)[0], model.ops)
 
 
 def _fb(prog, s, start: int, end: int) -> ForwardBatch:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 
 from ninfer.runtime.contract.types import Program, SamplingParams
 from ninfer.runtime.engine.causal_score_core import CausalScoreCore
-from ninfer.runtime.engine.engine_core import EngineCore, Trace
+from ninfer.runtime.engine.engine_core import DECODE_STEPS, EngineCore, Trace
 from ninfer.runtime.engine.handle import GenerationHandle
 from ninfer.targets.qwen3_6.frontend.types import OutputOptions, PreparedPrompt
 from ninfer.types import (Availability, EngineConfig, EngineMetrics, EngineRequestError, ErrorKind,
@@ -336,14 +336,13 @@ PROGRAM_MAX_STEPS = 8
 
 
 def _num_scratch(cfg: EngineConfig) -> int:
-    """The provisional area the Engine can use at once (it consumes each unit's PendingBatch before the
-    next): a decode round's one entry per row (`EngineCore.decode_steps` = 1) plus the step-ahead's one
-    per row, held between rounds; a final prefill stage's entry and a prefill graph capture's beside a
-    held step-ahead; a control unit's forced tokens (one row, up to PROGRAM_MAX_STEPS, the step-ahead
-    dropped first). The Program's default, max_batch x max_steps, would hold 8 entries per lane: at the
-    35B-A3B's 61 MiB per entry 3.9 GiB, at the 27B's 147 MiB 9.4 GiB, taken from the KV budget (neither
-    model could serve 8 lanes on an 80 GB card)."""
-    return 2 * cfg.max_concurrency + PROGRAM_MAX_STEPS
+    """Scratch entries of the Engine's open batch (it consumes each unit's PendingBatch before the next):
+    a decode round's DECODE_STEPS per row, a control unit's forced suffix (one row, up to
+    PROGRAM_MAX_STEPS), a final prefill stage's one. The Program adds what its own graphs hold
+    (`ninfer.targets.qwen3_6.runtime.program._num_scratch`). Its default, max_batch x max_steps, held 8
+    entries per lane: at the 35B-A3B's 61 MiB per entry 3.9 GiB, at the 27B's 147 MiB 9.4 GiB, taken from
+    the KV budget (neither model could serve 8 lanes on an 80 GB card)."""
+    return max(cfg.max_concurrency * DECODE_STEPS, PROGRAM_MAX_STEPS)
 
 
 def _cache_config(cfg: EngineConfig):

@@ -230,7 +230,7 @@ def _run_ahead(identity, mode, drawn=False):
     rng = prog._seq(hs[0]).rng_state
     prog.release(hs[0])
     prog.check_integrity()
-    assert prog._pending.num_free_scratch == 4 * 2
+    assert prog._pending.num_free_scratch == prog._state.num_scratch      # every entry back (incl. the step-ahead's)
     return tokens, logits, prog.step_ahead_counts["adopted"], rng
 
 

@@ -11,6 +11,7 @@ from _program_util import greedy_reference, tiny_parts
 from fakes_program import ProgramProxy, Trace, make_core, run_until_idle
 from ninfer import Engine, EngineConfig
 from ninfer.runtime.contract.types import SamplingParams
+from ninfer.runtime.engine.engine_core import DECODE_STEPS
 from ninfer.runtime.engine.request_record import RequestState
 from ninfer.targets.qwen3_6.frontend.types import FinishReason, OutputOptions, PreparedPrompt
 from ninfer.types import AvailabilityState, GenerationDelta, GenerationStart
@@ -188,8 +189,8 @@ def test_warm_up_plans_attention_on_the_worker_thread(tiny_artifact_path):
 
 
 def test_a_control_unit_fits_the_engine_provisional_area(tiny_artifact_path):
-    # NOTE: the Engine sizes the Program's provisional area to 2 entries per lane + max_steps
-    #       (`ninfer.engine._num_scratch`), not max_batch x max_steps. A thinking budget makes the frontend force
+    # NOTE: the Engine sizes the Program's provisional area to its largest unit (`ninfer.engine._num_scratch`;
+    #       on the CPU no graphs add theirs), not max_batch x max_steps. A thinking budget makes the frontend force
     #       "\n</think>\n\n" (a control unit of 3 tokens, one scratch entry each) on the real Program, here at
     #       one lane between decode rounds and with a second lane busy.
     cfg = EngineConfig(max_concurrency=2, queue_size=4, max_model_len=128, page_size=16, prefill_chunk_tokens=8)
@@ -197,7 +198,7 @@ def test_a_control_unit_fits_the_engine_provisional_area(tiny_artifact_path):
     with Engine(tiny_artifact_path("dense"), cfg) as eng:
         assert eng.wait_ready(60).ready
         prog = eng._core.program
-        assert prog._state.num_scratch == 2 * 2 + 8 < cfg.max_concurrency * prog.config.max_steps + 8
+        assert prog._state.num_scratch == max(2 * DECODE_STEPS, 8) < cfg.max_concurrency * prog.config.max_steps
         think = eng.frontend.prepare_chat([{"role": "user", "content": "Hi"}],
                                           chat_template_kwargs={"enable_thinking": True})
         other = eng.submit(random_prompt(random.Random(3), 5), GREEDY, max_tokens=20, output=NO_EOS)

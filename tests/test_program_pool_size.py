@@ -6,7 +6,8 @@ import importlib
 import pytest
 
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
-from ninfer.targets.qwen3_6.runtime.program import _pool_pages
+from ninfer.runtime.engine.engine_core import DECODE_STEPS
+from ninfer.targets.qwen3_6.runtime.program import _num_scratch, _pool_pages
 from ninfer.targets.registry import lookup
 
 D27 = lookup("qwen3_6-27b").dims
@@ -55,11 +56,12 @@ def test_an_engine_serves_eight_lanes_of_8k_on_an_80gb_card(identity, free_gib):
     # NOTE: what an 80 GB card has free once the weights are loaded (the 35B-A3B: 11.3 GiB on an H100,
     #       bench/NOTES.md session 31). The Engine's provisional area was max_batch x max_steps = 64 entries
     #       (61 MiB each on the 35B-A3B, 147 on the 27B): more than the KV budget, so `ninfer serve` failed to
-    #       start with 0 KV pages. It is sized to what the Engine holds at once now: 2 per lane + max_steps.
+    #       start with 0 KV pages. It is sized to the Engine's largest unit now, plus what the Program's graphs
+    #       hold (the step-ahead's entry per lane and a capture's).
     dims, pc = _engine_program_config(identity)
-    assert pc.num_scratch == 2 * 8 + pc.max_steps < pc.max_batch * pc.max_steps
+    assert pc.num_scratch == max(8 * DECODE_STEPS, pc.max_steps) < pc.max_batch * pc.max_steps
     mem = lambda dev: (int(free_gib * GiB), 80 * GiB)          # noqa: E731
-    pages = _pool_pages(dims, pc, pc.num_scratch, mem_get_info=mem)
+    pages = _pool_pages(dims, pc, _num_scratch(pc), mem_get_info=mem)
     assert pages * pc.page_size >= 8192
     with pytest.raises(ValueError, match="leaves 0 KV pages"):
         _pool_pages(dims, pc, pc.max_batch * pc.max_steps, mem_get_info=mem)
@@ -69,6 +71,17 @@ def test_the_engine_provisional_area_fits_its_largest_units():
     _, pc = _engine_program_config("qwen3_6-tiny-dense", max_concurrency=1, max_model_len=512)
     # one lane: a control unit's forced suffix (up to max_steps tokens) is the largest batch
     assert pc.num_scratch >= pc.max_steps and pc.num_scratch >= 2 * pc.max_batch
+    # the Program adds its graphs' entries on CUDA: the step-ahead's one per row, a prefill capture's one
+    assert _num_scratch(pc) == pc.num_scratch + pc.max_batch + 1
     with pytest.raises(ValueError, match="num_scratch must be 0"):
         _cfg(max_batch=4, max_steps=2, num_scratch=3)
     assert _cfg(max_batch=4, max_steps=2, num_scratch=4).num_scratch == 4
+
+
+def test_the_program_adds_its_graphs_entries_to_the_callers_area():
+    eager = dict(device="cuda", enforce_eager=True)
+    assert _num_scratch(_cfg()) == 4 * 2                                  # CPU: no graphs, the default area
+    assert _num_scratch(_cfg(num_scratch=5)) == 5
+    assert _num_scratch(_cfg(**eager)) == 4 * 2
+    assert _num_scratch(_cfg(device="cuda")) == 4 * 2 + 4 + 1            # + the step-ahead's rows, a capture
+    assert _num_scratch(_cfg(device="cuda", num_scratch=5, decode_step_ahead=False)) == 5 + 1

@@ -66,10 +66,9 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, ref_compa
     dims = w.dims
     max_ctx = max(ctxs)
     pages = sum(8 * ((c + LOOP_BUDGET) // PAGE + 2) for c in ctxs) + 16
-    # NOTE: max_steps 2: a step-ahead at B = max_batch holds max_batch scratch entries beside the round's
-    #       (the provisional area is max_batch x max_steps); with 1 the B=8 serving loop never launches one.
+    # NOTE: max_steps 1: each round is one step per row; the Program adds the step-ahead's entries itself.
     cfg = ProgramConfig(device=device, dtype="bf16" if device.startswith("cuda") else "fp32", page_size=PAGE, num_pages=pages, num_slots=8 * len(ctxs),
-                        max_model_len=model_len(max_model_len, ctxs), max_batch=8, max_steps=2)
+                        max_model_len=model_len(max_model_len, ctxs), max_batch=8, max_steps=1)
     t0 = time.perf_counter()
     prog = pkg.create_program(w, cfg)
     sync()

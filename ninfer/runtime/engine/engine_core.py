@@ -57,12 +57,17 @@ _BATCH_KIND = {UnitKind.PREFILL: BatchKind.PREFILL, UnitKind.DECODE: BatchKind.D
 Trace = Callable[[str, dict], None]
 
 
+# NOTE: tokens a decode round asks of each row (the Engine's default; `ninfer.engine` sizes the Program's
+#       provisional area from it).
+DECODE_STEPS = 1
+
+
 class EngineCore:
     # entries added to every GenerationResult.extra (e.g. {"synthetic_weights": True} for dummy weights)
     result_extra: dict = {}
 
     def __init__(self, frontend: Any, *, max_concurrency: int, queue_size: int, request_timeout_s: float,
-                 prefill_chunk_tokens: int, max_model_len: int, decode_steps: int = 1,
+                 prefill_chunk_tokens: int, max_model_len: int, decode_steps: int = DECODE_STEPS,
                  clock: Callable[[], float] = time.monotonic, trace: Trace | None = None,
                  cache: CacheConfig | None = None):
         self.frontend = frontend

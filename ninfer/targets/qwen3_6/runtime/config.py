@@ -28,9 +28,10 @@ class ProgramConfig:
     max_model_len  prompt + output + lookahead limit of one sequence
     max_batch      rows of one decode unit (1..8)
     max_steps      provisional depth: tokens one decode/control unit may produce per row
-    num_scratch    StateImage entries of the provisional area (0 = max_batch x max_steps: any batch of
-                   max_batch rows x max_steps steps at once); a caller whose batches are smaller sizes it
-                   to them (the Engine: `ninfer.engine._program_config`). At least max(max_batch, max_steps)
+    num_scratch    StateImage entries for the caller's open batches (0 = max_batch x max_steps: any batch
+                   of max_batch rows x max_steps steps at once); a caller whose batches are smaller sizes it
+                   to them (the Engine: `ninfer.engine._num_scratch`). At least max(max_batch, max_steps).
+                   The Program adds the entries its own graphs hold (program._num_scratch)
     purpose        "generation" | "causal_scoring": only the latter allocates the scoring staging
                    (temporary window State/KV and lm_head buffers, see scoring.py)
     scoring_window longest scoring window in tokens (0 = max_model_len); causal_scoring only

@@ -194,8 +194,8 @@ class Qwen36Model:
             if folds:
                 delta = post_mixer(layer.mlp, h, self.ops, residual=x)
             else:
-                delta = post_mixer(layer.mlp, self._materialize(h), self.ops)
-        return self._materialize(self._norm(x, delta, self.view.norm)[0])
+                delta = post_mixer(layer.mlp, materialize(h, self.ops), self.ops)
+        return materialize(self._norm(x, delta, self.view.norm)[0], self.ops)
 
     def _norm(self, x: torch.Tensor, delta, weight: torch.Tensor):
         """(rms_norm(x + delta), x + delta); after a folded add (delta a Residual) the norm is returned
@@ -203,10 +203,6 @@ class Qwen36Model:
         if isinstance(delta, Residual):
             return NormedRows(delta.h, weight, self.eps, delta.parts), delta.h
         return self.ops.add_rms_norm(x, delta, weight, self.eps)
-
-    def _materialize(self, h) -> torch.Tensor:
-        """A pending norm applied (one norm launch), for consumers other than a projection."""
-        return materialize(h, self.ops)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [M, H] -> fp32 logits [M, V]."""

@@ -8,8 +8,8 @@ provisional state of every unconsumed PendingBatch and its commit/rollback.
       StateImageStore   conv      [gdn layers, num_slots + scratch, C, K-1]     model dtype
                         recurrent [gdn layers, num_slots + scratch, nv, dk, dv] fp32
                         entries [0, num_slots): StateImage slots of sequences
-                        entries [num_slots, +num_scratch): provisional area (config.num_scratch,
-                        by default max_batch x max_steps)
+                        entries [num_slots, +num_scratch): provisional area (`_num_scratch`:
+                        the caller's batches + the step-ahead's and a capture's entries)
       ResourceLedger    page pool (refcounts, reservations), slot pool, block tables
       PendingLedger     open PendingBatches and the scratch entries they hold
 
@@ -106,6 +106,16 @@ def _pool_pages(dims: Qwen36Dims, config: ProgramConfig, num_scratch: int,
     return pages
 
 
+def _num_scratch(config: ProgramConfig) -> int:
+    """Entries of the provisional area: the caller's open batches (`config.num_scratch`, by default any
+    batch of max_batch rows x max_steps steps) and what the Program's own CUDA graphs hold beside them:
+    the step-ahead's entry per row between rounds (step_ahead.py) and a prefill graph capture's one."""
+    own = 0
+    if config.torch_device.type == "cuda" and not config.enforce_eager and config.purpose == "generation":
+        own = (config.max_batch if config.decode_step_ahead else 0) + int(prefill_graphs.MAX_TOKENS > 0)
+    return (config.num_scratch or config.max_batch * config.max_steps) + own
+
+
 @dataclass(eq=False)
 class _Seq:
     handle: SequenceHandle
@@ -139,7 +149,7 @@ class Qwen36Program(CheckpointOps):
         dev, dt = config.torch_device, config.torch_dtype
         self.device = dev
         view = load_model_view(dims, weights, dev, dt)
-        num_scratch = config.num_scratch or config.max_batch * config.max_steps
+        num_scratch = _num_scratch(config)
         num_pages = _pool_pages(dims, config, num_scratch)
         self._ledger = ResourceLedger(num_pages, config.page_size, config.num_slots, config.max_model_len)
         self._pending = PendingLedger(num_scratch)
