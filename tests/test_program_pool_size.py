@@ -4,9 +4,11 @@ from __future__ import annotations
 import importlib
 
 import pytest
+import torch
 
 from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
 from ninfer.runtime.engine.engine_core import DECODE_STEPS
+from ninfer.targets.qwen3_6.runtime.model_view import fuse_rows
 from ninfer.targets.qwen3_6.runtime.program import _num_scratch, _pool_pages
 from ninfer.targets.registry import lookup
 
@@ -85,3 +87,25 @@ def test_the_program_adds_its_graphs_entries_to_the_callers_area():
     assert _num_scratch(_cfg(**eager)) == 4 * 2
     assert _num_scratch(_cfg(device="cuda")) == 4 * 2 + 4 + 1            # + the step-ahead's rows, a capture
     assert _num_scratch(_cfg(device="cuda", num_scratch=5, decode_step_ahead=False)) == 5 + 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_pool_counts_the_blocks_a_load_left_cached_as_free():
+    # Loading fuses each group's parts into one matrix (model_view.fuse_rows); the parts' blocks stay in
+    # the caching allocator, too small for any later fused matrix, and the driver counts them as used. On
+    # the 27B that hid ~21 GiB of an 80 GB card: `ninfer serve` saw 6.1 GiB free and sized 0 KV pages.
+    dev = torch.device("cuda")
+    torch.cuda.empty_cache()
+    before = torch.cuda.mem_get_info(dev)[0]
+    t = {f"p{i}": torch.empty(256 << 20, dtype=torch.uint8, device=dev) for i in range(4)}
+    fused = fuse_rows(t, tuple(t))                      # 1 GiB fused; the four 256 MiB parts now cached
+    del t
+    assert torch.cuda.mem_get_info(dev)[0] < before - GiB - 512 * (1 << 20)
+    cfg = _cfg(device="cuda", num_pages=10**6, max_model_len=16)
+    entry = 48 * (10240 * 3 * 2 + 48 * 128 * 128 * 4)
+    pages = _pool_pages(D27, cfg, 8, mem_get_info=None)
+    seen = (pages * (1 << 20) + (8 + 8) * entry) / cfg.kv_memory_fraction
+    assert seen >= before - GiB - 64 * (1 << 20)        # only the fused matrix is used
+    assert torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev) < 64 * (1 << 20)
+    del fused

@@ -83,13 +83,25 @@ def _stream_seed(run_seed: int, index: int) -> int:
     return (z ^ (z >> 31)) & 0xFFFFFFFF
 
 
+def _free_device_bytes(device: torch.device) -> tuple[int, int]:
+    """`torch.cuda.mem_get_info` once the caching allocator has given its unused blocks back.
+
+    Loading leaves the parts of every fused matrix (model_view.fuse_rows) cached, not free: none of them
+    is large enough for a later fused matrix, and the driver counts them as used. On the 27B that is
+    ~21 GiB of its 80 GB card; asked without this, `ninfer serve` saw 6.1 GiB free and sized 0 KV pages
+    (bench/NOTES.md, session 32)."""
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    return torch.cuda.mem_get_info(device)
+
+
 def _pool_pages(dims: Qwen36Dims, config: ProgramConfig, num_scratch: int,
                 mem_get_info: Any = None) -> int:
     """KV pages of the pool: `config.num_pages`, or on CUDA with `kv_memory_fraction` > 0 at most
     that share of the memory free once the weights are loaded, less the StateImage entries."""
     if config.kv_memory_fraction <= 0 or (mem_get_info is None and config.torch_device.type != "cuda"):
         return config.num_pages
-    free = (mem_get_info or torch.cuda.mem_get_info)(config.torch_device)[0]
+    free = (mem_get_info or _free_device_bytes)(config.torch_device)[0]
     elem = torch.empty((), dtype=config.torch_dtype).element_size()
     page_bytes = 2 * len(dims.attention_layers) * config.page_size * dims.num_key_value_heads * dims.head_dim * elem
     entry_bytes = sum(math.prod(shape) * torch.empty((), dtype=dt).element_size()
