@@ -86,10 +86,10 @@ def _stream_seed(run_seed: int, index: int) -> int:
 def _free_device_bytes(device: torch.device) -> tuple[int, int]:
     """`torch.cuda.mem_get_info` once the caching allocator has given its unused blocks back.
 
-    Loading leaves the parts of every fused matrix (model_view.fuse_rows) cached, not free: none of them
-    is large enough for a later fused matrix, and the driver counts them as used. On the 27B that is
-    ~21 GiB of its 80 GB card; asked without this, `ninfer serve` saw 6.1 GiB free and sized 0 KV pages
-    (bench/NOTES.md, session 32)."""
+    A load leaves blocks cached, not free (a fused matrix's parts, model_view.fuse_rows; a checkpoint's
+    staging), and the driver counts them as used. When the loader still fused after loading every
+    tensor, the 27B's parts held ~21 GiB of an 80 GB card: `ninfer serve` saw 6.1 GiB free and sized
+    0 KV pages (bench/NOTES.md, session 32)."""
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     return torch.cuda.mem_get_info(device)
