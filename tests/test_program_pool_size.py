@@ -14,6 +14,9 @@ from ninfer.targets.registry import lookup
 
 D27 = lookup("qwen3_6-27b").dims
 GiB = 1 << 30
+# 27B bf16: one 16-token page of all 16 attention layers' K and V = 2*16*16*4*256*2 B = 1 MiB;
+# one StateImage entry = 48 GDN layers x (conv 10240x3 bf16 + recurrent 48x128x128 fp32) = 146.8 MiB.
+ENTRY_27B = 48 * (10240 * 3 * 2 + 48 * 128 * 128 * 4)
 
 
 def _cfg(**kw):
@@ -24,12 +27,9 @@ def _cfg(**kw):
 
 
 def test_fraction_caps_the_pool_at_the_free_memory_share():
-    # 27B bf16: one 16-token page of all 16 attention layers' K and V = 2*16*16*4*256*2 B = 1 MiB;
-    # one StateImage entry = 48 GDN layers x (conv 10240x3 bf16 + recurrent 48x128x128 fp32) = 146.8 MiB.
-    entry = 48 * (10240 * 3 * 2 + 48 * 128 * 128 * 4)
     free = 40 * GiB
     pages = _pool_pages(D27, _cfg(num_pages=10**6), 8, mem_get_info=lambda dev: (free, 0))
-    assert pages == (free // 2 - (8 + 8) * entry) // (1 << 20)
+    assert pages == (free // 2 - (8 + 8) * ENTRY_27B) // (1 << 20)
     # the full-length size stays the upper bound when memory is plentiful
     assert _pool_pages(D27, _cfg(num_pages=4096), 8, mem_get_info=lambda dev: (free, 0)) == 4096
 
@@ -92,9 +92,9 @@ def test_the_program_adds_its_graphs_entries_to_the_callers_area():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_pool_counts_the_blocks_a_load_left_cached_as_free():
-    # Loading fuses each group's parts into one matrix (model_view.fuse_rows); the parts' blocks stay in
-    # the caching allocator, too small for any later fused matrix, and the driver counts them as used. On
-    # the 27B that hid ~21 GiB of an 80 GB card: `ninfer serve` saw 6.1 GiB free and sized 0 KV pages.
+    # A fusion (model_view.fuse_rows) leaves its parts' blocks in the caching allocator, and the driver
+    # counts them as used. When the loader fused after loading every tensor, that hid ~21 GiB of an 80 GB
+    # card on the 27B: `ninfer serve` saw 6.1 GiB free and sized 0 KV pages.
     dev = torch.device("cuda")
     torch.cuda.empty_cache()
     before = torch.cuda.mem_get_info(dev)[0]
@@ -103,9 +103,8 @@ def test_the_pool_counts_the_blocks_a_load_left_cached_as_free():
     del t
     assert torch.cuda.mem_get_info(dev)[0] < before - GiB - 512 * (1 << 20)
     cfg = _cfg(device="cuda", num_pages=10**6, max_model_len=16)
-    entry = 48 * (10240 * 3 * 2 + 48 * 128 * 128 * 4)
-    pages = _pool_pages(D27, cfg, 8, mem_get_info=None)
-    seen = (pages * (1 << 20) + (8 + 8) * entry) / cfg.kv_memory_fraction
+    pages = _pool_pages(D27, cfg, 8)
+    seen = (pages * (1 << 20) + (8 + 8) * ENTRY_27B) / cfg.kv_memory_fraction
     assert seen >= before - GiB - 64 * (1 << 20)        # only the fused matrix is used
     assert torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev) < 64 * (1 << 20)
     del fused

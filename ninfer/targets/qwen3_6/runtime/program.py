@@ -118,12 +118,17 @@ def _pool_pages(dims: Qwen36Dims, config: ProgramConfig, num_scratch: int,
     return pages
 
 
+def _graphs_may_run(config: ProgramConfig) -> bool:
+    """Whether this Program may capture CUDA graphs (decode, prefill stages): CUDA, not eager, Generation."""
+    return config.torch_device.type == "cuda" and not config.enforce_eager and config.purpose == "generation"
+
+
 def _num_scratch(config: ProgramConfig) -> int:
     """Entries of the provisional area: the caller's open batches (`config.num_scratch`, by default any
     batch of max_batch rows x max_steps steps) and what the Program's own CUDA graphs hold beside them:
     the step-ahead's entry per row between rounds (step_ahead.py) and a prefill graph capture's one."""
     own = 0
-    if config.torch_device.type == "cuda" and not config.enforce_eager and config.purpose == "generation":
+    if _graphs_may_run(config):
         own = (config.max_batch if config.decode_step_ahead else 0) + int(prefill_graphs.MAX_TOKENS > 0)
     return (config.num_scratch or config.max_batch * config.max_steps) + own
 
@@ -165,10 +170,11 @@ class Qwen36Program(CheckpointOps):
         num_pages = _pool_pages(dims, config, num_scratch)
         self._ledger = ResourceLedger(num_pages, config.page_size, config.num_slots, config.max_model_len)
         self._pending = PendingLedger(num_scratch)
-        graphs = not config.enforce_eager and config.purpose == "generation"
         # NOTE: one page more than the ledger owns where prefill graphs may run: their padding's KV goes
-        #       there (prefill_graphs.py); nothing reads it.
-        self._spare_page = num_pages if graphs and prefill_graphs.MAX_TOKENS > 0 else None
+        #       there (prefill_graphs.py); nothing reads it. Also on the CPU, where tests run the graphs'
+        #       contract eagerly over it (test_prefill_graphs.py).
+        spare = not config.enforce_eager and config.purpose == "generation" and prefill_graphs.MAX_TOKENS > 0
+        self._spare_page = num_pages if spare else None
         self._kv = PagedKVStore(len(dims.attention_layers), num_pages + (self._spare_page is not None),
                                 config.page_size, dims.num_key_value_heads, dims.head_dim, dt, dev)
         self._state = StateImageStore(len(dims.gdn_layers), config.num_slots, num_scratch,
@@ -194,7 +200,7 @@ class Qwen36Program(CheckpointOps):
         # NOTE: the prefill graphs are captured on first use of each bucket (prefill_graphs.py).
         self.prefill_graphs: prefill_graphs.PrefillGraphs | None = None
         self.prefill_graphs_enabled = True   # a switch for benchmarks and tests; eager when False
-        if graphs and dev.type == "cuda" and self.model.ops.name == "fast":
+        if _graphs_may_run(config) and self.model.ops.name == "fast":
             if self._spare_page is not None:
                 self.prefill_graphs = prefill_graphs.PrefillGraphs(
                     self.model, config.page_size, self._spare_page, dev, prefill_graphs.graph_tokens(dims),
