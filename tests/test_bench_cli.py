@@ -38,9 +38,27 @@ def test_bench_prefill_cpu(capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     data = _json_line(out)
+    assert data["hf_baseline"] is False               # off by default on the CPU
     assert [r["prompt"] for r in data["results"]] == [16, 40]
-    assert all(r["ttft_ms"] > 0 and r["floor_ms"] > 0 and r["chunk"] == 16 for r in data["results"])
+    assert all(r["ttft_ms"] > 0 and r["floor_ms"] > 0 and r["chunk"] == 16 and r["impl"] == "ninfer"
+               for r in data["results"])
     assert "floor_ms" in out and "prefill_tok/s" in out
+
+
+def test_bench_prefill_with_the_transformers_baseline_cpu(capsys):
+    rc = main(["bench", "prefill", "--identity", "qwen3_6-tiny-dense", "--device", "cpu", "--lengths", "16", "40",
+               "--reps", "2", "--hf-baseline"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    data = _json_line(out)
+    assert not data["errors"] and data["hf_baseline"] is True
+    rows = {(r["kind"], r["prompt"]): r for r in data["results"]}
+    assert set(rows) == {("prefill", 16), ("prefill", 40), ("hf_prefill", 16), ("hf_prefill", 40)}
+    for L in (16, 40):
+        hf = rows[("hf_prefill", L)]
+        assert hf["impl"].startswith("transformers ") and hf["chunk"] == L and hf["reps"] == 2
+        assert hf["ttft_ms"] > 0 and hf["floor_ms"] == rows[("prefill", L)]["floor_ms"]
+    assert "transformers_ttft_ms" in out and "speedup" in out
 
 
 @pytest.mark.parametrize("client", ["http", "openai"])

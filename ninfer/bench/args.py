@@ -58,6 +58,12 @@ def add_common_args(ap, default_identities: list[str]) -> None:
                     help="give up a step (one identity / length / concurrency) after S seconds (0 = none)")
 
 
+def add_hf_baseline_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--hf-baseline", dest="hf_baseline", action="store_true", default=None,
+                    help="also time Hugging Face transformers on the same dims (default: on for CUDA runs)")
+    ap.add_argument("--no-hf-baseline", dest="hf_baseline", action="store_false")
+
+
 def decode_args(ap: argparse.ArgumentParser) -> None:
     add_common_args(ap, ["qwen3_6-27b", "qwen3_6-35b-a3b"])
     ap.add_argument("--ctx", nargs="+", type=int_in(1), default=[1024, 8192], help="context lengths")
@@ -70,9 +76,7 @@ def decode_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--prefill-ref-gdn", action="store_true",
                     help="prefill with the PyTorch chunk delta rule (skips fla's first-call compile)")
     ap.add_argument("--host-overhead", action="store_true", help="tiny dense on the GPU: host time per round")
-    ap.add_argument("--hf-baseline", dest="hf_baseline", action="store_true", default=None,
-                    help="also time Hugging Face transformers on the same dims (default: on for CUDA runs)")
-    ap.add_argument("--no-hf-baseline", dest="hf_baseline", action="store_false")
+    add_hf_baseline_args(ap)
     ap.add_argument("--hf-batches", nargs="+", type=int_in(1), default=[1, 8], help="batches of the HF baseline")
 
 
@@ -86,6 +90,7 @@ def prefill_args(ap: argparse.ArgumentParser) -> None:
                     help="prefill stage size in tokens (0 = the whole prompt at once)")
     ap.add_argument("--enforce-eager", action="store_true",
                     help="no CUDA graphs (default: as `ninfer serve` runs: short first stages replay a prefill graph)")
+    add_hf_baseline_args(ap)
 
 
 def serve_args(ap: argparse.ArgumentParser) -> None:

@@ -181,6 +181,48 @@ def json_line(name: str, payload: dict) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# The transformers baseline's model (decode and prefill benches)
+# ---------------------------------------------------------------------------------------------
+def hf_model(identity: str, device: str):
+    """Hugging Face `Qwen3_5(Moe)ForCausalLM` built from the identity's dims with HF's own random init,
+    directly on the device, in the bench dtype (bf16 on CUDA, fp32 on the CPU), sdpa attention, eval mode.
+    Returns (model, dims, dtype, transformers version). The 27B in bf16 is ~54 GB: build it only after
+    the bench's own Program is freed."""
+    import transformers as tf
+
+    from ninfer.targets.registry import lookup
+    from ninfer.testing.tiny_hf import hf_text_config_kwargs
+
+    dims = lookup(identity).dims
+    dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    cfg_cls = tf.Qwen3_5MoeTextConfig if dims.is_moe else tf.Qwen3_5TextConfig
+    model_cls = tf.Qwen3_5MoeForCausalLM if dims.is_moe else tf.Qwen3_5ForCausalLM
+    cfg = cfg_cls(**hf_text_config_kwargs(dims))
+    cfg._attn_implementation = "sdpa"
+    t0 = time.perf_counter()
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = model_cls(cfg).eval()
+    finally:
+        torch.set_default_dtype(old)
+    sync(device)
+    mem = torch.cuda.memory_allocated() / 2**30 if str(device).startswith("cuda") else 0.0
+    print(f"[hf {identity}] transformers {tf.__version__} model built in {time.perf_counter() - t0:.1f} s; "
+          f"GPU memory {mem:.1f} GiB", flush=True)
+    return model, dims, dtype, tf.__version__
+
+
+def free_model(device: str) -> None:
+    """After `del model`: collect and give the cached blocks back (the next identity needs the memory)."""
+    import gc
+    gc.collect()
+    if str(device).startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------------------------------------
 # Partial results and per-step timeouts (a device run must keep what it measured so far)
 # ---------------------------------------------------------------------------------------------
 class Recorder:

@@ -39,8 +39,8 @@ import time
 import torch
 
 from ninfer.bench.args import decode_args
-from ninfer.bench.common import (Recorder, decode_floor_ms, prefill_flops, default_device, env_record, measure_ceilings,
-                                 print_ceilings, print_table, run_step)
+from ninfer.bench.common import (Recorder, decode_floor_ms, prefill_flops, default_device, env_record, free_model,
+                                 hf_model, measure_ceilings, print_ceilings, print_table, run_step)
 from ninfer.ops.fast import reference_ops
 from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
@@ -254,35 +254,13 @@ def host_overhead(reps: int = 50) -> list[dict]:
 # ---------------------------------------------------------------------------------------------
 def hf_baseline(identity: str, ctx: int, batches: list[int], reps: int, bw: float, device: str,
                 on_row=None) -> list[dict]:
-    """Hugging Face `Qwen3_5(Moe)ForCausalLM` built from the identity's dims, random weights in the
-    bench dtype on the device (27B bf16: ~54 GB, run after our Program is freed). Per batch: prefill
-    `ctx` random tokens with its cache, then time single-token forwards (`logits_to_keep=1`) with that
-    cache, host wall clock, median of `reps` after 2 warm-ups (the context grows by one per step)."""
-    import transformers as tf
-
-    from ninfer.bench.common import decode_floor_ms
-    from ninfer.targets.registry import lookup
-    from ninfer.testing.tiny_hf import hf_text_config_kwargs
-
-    dims = lookup(identity).dims
+    """Hugging Face `Qwen3_5(Moe)ForCausalLM` built from the identity's dims (`common.hf_model`; run after
+    our Program is freed). Per batch: prefill `ctx` random tokens with its cache, then time single-token
+    forwards (`logits_to_keep=1`) with that cache, host wall clock, median of `reps` after 2 warm-ups
+    (the context grows by one per step)."""
+    model, dims, dtype, hf_version = hf_model(identity, device)
     cuda = device.startswith("cuda")
-    dtype = torch.bfloat16 if cuda else torch.float32
-    cfg_cls = tf.Qwen3_5MoeTextConfig if dims.is_moe else tf.Qwen3_5TextConfig
-    model_cls = tf.Qwen3_5MoeForCausalLM if dims.is_moe else tf.Qwen3_5ForCausalLM
-    cfg = cfg_cls(**hf_text_config_kwargs(dims))
-    cfg._attn_implementation = "sdpa"
-    t0 = time.perf_counter()
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):                 # HF's own random init, directly on the device
-            model = model_cls(cfg).eval()
-    finally:
-        torch.set_default_dtype(old)
     sync = (lambda: torch.cuda.synchronize()) if cuda else (lambda: None)
-    sync()
-    print(f"[hf {identity}] transformers {tf.__version__} model built in {time.perf_counter() - t0:.1f} s; "
-          f"GPU memory {(torch.cuda.memory_allocated() / 2**30) if cuda else 0:.1f} GiB", flush=True)
     out = []
     rng = torch.Generator().manual_seed(1)
     try:
@@ -307,7 +285,7 @@ def hf_baseline(identity: str, ctx: int, batches: list[int], reps: int, bw: floa
                         times.append((time.perf_counter() - t0) * 1e3)
                     cache = res.past_key_values
             floor = decode_floor_ms(dims, B, ctx, bw / 1e12, dtype.itemsize)
-            row = dict(identity=identity, kind="hf_decode", ops=f"transformers {tf.__version__}", graphs=False,
+            row = dict(identity=identity, kind="hf_decode", ops=f"transformers {hf_version}", graphs=False,
                        ctx=ctx, batch=B, step_ms=statistics.median(times), min_ms=min(times), floor_ms=floor,
                        hf_prefill_ms=pre_ms)
             out.append(row)
@@ -318,9 +296,7 @@ def hf_baseline(identity: str, ctx: int, batches: list[int], reps: int, bw: floa
             del cache, res
     finally:
         del model
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
+        free_model(device)
     return out
 
 

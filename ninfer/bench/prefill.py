@@ -1,7 +1,7 @@
 """Prefill: TTFT and prefill throughput through the Program, real sizes with synthetic (dummy) weights.
 
     ninfer bench prefill [--identity qwen3_6-27b qwen3_6-35b-a3b] [--lengths 1024 8192 32768]
-        [--reps 3] [--chunk 0] [--out DIR] [--step-timeout S]
+        [--reps 3] [--chunk 0] [--out DIR] [--step-timeout S] [--hf-baseline | --no-hf-baseline]
     (or: PYTHONPATH=$PWD python bench/prefill.py ...)
 
 One measurement = a fresh random prompt of L tokens: `plan_materialize` + `start_materialize`, then
@@ -17,6 +17,12 @@ outside every timed TTFT. The first timed repetition of each length is still rep
 the capture of a prefill graph: CUDA graphs are on as `ninfer serve` runs them unless --enforce-eager);
 the median is of the others. Lengths > 8192 run --long-reps times (default 1: that one run is the
 figure).
+
+--hf-baseline (default on for CUDA): Hugging Face transformers' Qwen3_5(Moe)ForCausalLM with the
+identity's dims and random weights on the same device, after our Program is freed (`common.hf_model`):
+one forward over the whole prompt with its cache (`logits_to_keep=1`) and the first token's argmax,
+synchronized, the same lengths and repetitions (a fresh random prompt each), after one untimed prompt
+of the shortest length (fla-core's autotuning, when transformers uses it). Rows `kind: hf_prefill`.
 
 Floor (performance.md): 2 x active matrix params x tokens (lm_head once) + causal attention
 (2 x T^2 x heads x head_dim per attention layer), at the bf16 matmul rate measured in this run; beside
@@ -34,7 +40,7 @@ import time
 import torch
 
 from ninfer.bench.args import prefill_args
-from ninfer.bench.common import (Recorder, default_device, env_record, measure_ceilings,
+from ninfer.bench.common import (Recorder, default_device, env_record, free_model, hf_model, measure_ceilings,
                                  prefill_flops, print_ceilings, print_table, run_step, sync)
 from ninfer.runtime.contract.types import Refusal, SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
@@ -124,14 +130,7 @@ def run_identity(identity: str, lengths: list[int], reps: int, long_reps: int, c
                     prompt = tuple(torch.randint(0, dims.vocab_size, (L,), generator=rng).tolist())
                     times.append(prefill_once(prog, prompt, chunk, device))
                     print(f"[{identity}] prompt {L}: {times[-1]:.1f} ms", flush=True)
-                flops = prefill_flops(dims, L)
-                ms = statistics.median(times[1:]) if len(times) > 1 else times[0]
-                floor = flops / peak[0] * 1e3
-                return dict(identity=identity, kind="prefill", prompt=L, chunk=min(chunk or L, L), reps=len(times),
-                            warmup_s=warmup_s, first_ms=times[0], ttft_ms=ms, tokens_per_s=L / ms * 1e3,
-                            flops=flops, floor_ms=floor, x_floor=ms / floor,
-                            floor_sustained_ms=flops / peak[1] * 1e3 if peak[1] else None,
-                            tflops=flops / (ms * 1e-3) / 1e12, all_ms=times)
+                return prefill_row(identity, "prefill", "ninfer", dims, L, min(chunk or L, L), times, warmup_s, peak)
 
             row = run_step(rec, step_timeout, f"{identity} prefill {L}", measure)
             if row is not None:
@@ -141,6 +140,61 @@ def run_identity(identity: str, lengths: list[int], reps: int, long_reps: int, c
         gc.collect()
         if cuda:
             torch.cuda.empty_cache()
+
+
+def prefill_row(identity: str, kind: str, impl: str, dims, L: int, chunk: int, times: list[float], warmup_s: float,
+                peak: tuple[float, float]) -> dict:
+    """One result row: the first repetition apart, the median of the others (the only one when reps = 1)."""
+    flops = prefill_flops(dims, L)
+    ms = statistics.median(times[1:]) if len(times) > 1 else times[0]
+    floor = flops / peak[0] * 1e3
+    return dict(identity=identity, kind=kind, impl=impl, prompt=L, chunk=chunk, reps=len(times), warmup_s=warmup_s,
+                first_ms=times[0], ttft_ms=ms, tokens_per_s=L / ms * 1e3, flops=flops, floor_ms=floor,
+                x_floor=ms / floor, floor_sustained_ms=flops / peak[1] * 1e3 if peak[1] else None,
+                tflops=flops / (ms * 1e-3) / 1e12, all_ms=times)
+
+
+def hf_baseline(identity: str, lengths: list[int], reps: int, long_reps: int, peak: tuple[float, float], device: str,
+                rec: Recorder, step_timeout: float | None) -> None:
+    """transformers over the same prompt lengths (see the module docstring); each length is its own step
+    (a length that fails, e.g. out of memory, is recorded and the next one still runs)."""
+    model, dims, dtype, hf_version = hf_model(identity, device)
+    rng = torch.Generator().manual_seed(2)
+
+    def once(L: int) -> float:
+        ids = torch.randint(0, dims.vocab_size, (1, L), generator=rng).to(device)
+        sync(device)
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            res = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            tok = res.logits[:, -1].argmax(-1)
+        sync(device)
+        ms = (time.perf_counter() - t0) * 1e3
+        del res, tok
+        return ms
+
+    try:
+        t0 = time.perf_counter()
+        once(min(lengths))
+        warmup_s = time.perf_counter() - t0
+        print(f"[hf {identity}] warm-up prompt {min(lengths)}: {warmup_s:.1f} s", flush=True)
+        for L in lengths:
+            def measure(L=L) -> dict:
+                times = []
+                for _ in range(max(1, long_reps if L > 8192 else reps)):
+                    times.append(once(L))
+                    print(f"[hf {identity}] prompt {L}: {times[-1]:.1f} ms", flush=True)
+                return prefill_row(identity, "hf_prefill", f"transformers {hf_version}", dims, L, L, times, warmup_s,
+                                   peak)
+
+            row = run_step(rec, step_timeout, f"{identity} transformers prefill {L}", measure)
+            if row is not None:
+                rec.add(row)
+            elif str(device).startswith("cuda"):
+                torch.cuda.empty_cache()
+    finally:
+        del model
+        free_model(device)
 
 
 add_args = prefill_args
@@ -159,16 +213,32 @@ def run(args: argparse.Namespace) -> int:
     rec = Recorder("prefill", args.out, {"env": env, "ceilings": ceil, "device": device,
                                          "dtype": "bf16" if cuda else "fp32", "batch": 1, "page_size": PAGE,
                                          "weights": "dummy (synthetic)", "identities": args.identity,
-                                         "lengths": args.lengths, "enforce_eager": args.enforce_eager})
+                                         "lengths": args.lengths, "enforce_eager": args.enforce_eager,
+                                         "hf_baseline": bool(args.hf_baseline if args.hf_baseline is not None
+                                                             else cuda)})
+    hf = cuda if args.hf_baseline is None else args.hf_baseline
+    lengths = sorted(args.lengths)
     for ident in args.identity:
         run_step(rec, None, f"{ident} prefill",
-                 lambda: run_identity(ident, sorted(args.lengths), args.reps, args.long_reps, args.chunk, peak,
+                 lambda: run_identity(ident, lengths, args.reps, args.long_reps, args.chunk, peak,
                                       device, rec, args.step_timeout, args.enforce_eager))
+        gc.collect()
+        if hf:
+            run_step(rec, None, f"{ident} transformers baseline",
+                     lambda: hf_baseline(ident, lengths, args.reps, args.long_reps, peak, device, rec,
+                                         args.step_timeout))
     print()
-    rows = [[r["identity"], r["prompt"], r["chunk"], r["first_ms"], r["ttft_ms"], r["floor_ms"], r["x_floor"],
-             r.get("floor_sustained_ms"), r["tokens_per_s"], r["tflops"]] for r in rec.results]
-    print_table(["identity", "prompt", "chunk", "first_ms", "ttft_ms", "floor_ms", "x_floor", "floor_sustained_ms",
-                 "prefill_tok/s", "TFLOP/s"], rows)
+    rows = [[r["identity"], r["impl"], r["prompt"], r["chunk"], r["first_ms"], r["ttft_ms"], r["floor_ms"],
+             r["x_floor"], r.get("floor_sustained_ms"), r["tokens_per_s"], r["tflops"]] for r in rec.results]
+    print_table(["identity", "impl", "prompt", "chunk", "first_ms", "ttft_ms", "floor_ms", "x_floor",
+                 "floor_sustained_ms", "prefill_tok/s", "TFLOP/s"], rows)
+    ours = {(r["identity"], r["prompt"]): r["ttft_ms"] for r in rec.results if r["kind"] == "prefill"}
+    rows = [[r["identity"], r["prompt"], ours[(r["identity"], r["prompt"])], r["ttft_ms"],
+             r["ttft_ms"] / ours[(r["identity"], r["prompt"])]]
+            for r in rec.results if r["kind"] == "hf_prefill" and (r["identity"], r["prompt"]) in ours]
+    if rows:
+        print()
+        print_table(["identity", "prompt", "ninfer_ttft_ms", "transformers_ttft_ms", "speedup"], rows)
     rec.finish()
     return 1 if rec.errors and not rec.results else 0
 
