@@ -64,6 +64,11 @@ def add_hf_baseline_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--no-hf-baseline", dest="hf_baseline", action="store_false")
 
 
+def hf_baseline_on(args: argparse.Namespace, cuda: bool) -> bool:
+    """--hf-baseline / --no-hf-baseline as given, else on exactly for CUDA runs."""
+    return cuda if args.hf_baseline is None else bool(args.hf_baseline)
+
+
 def decode_args(ap: argparse.ArgumentParser) -> None:
     add_common_args(ap, ["qwen3_6-27b", "qwen3_6-35b-a3b"])
     ap.add_argument("--ctx", nargs="+", type=int_in(1), default=[1024, 8192], help="context lengths")

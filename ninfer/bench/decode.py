@@ -38,7 +38,7 @@ import time
 
 import torch
 
-from ninfer.bench.args import decode_args
+from ninfer.bench.args import decode_args, hf_baseline_on
 from ninfer.bench.common import (Recorder, decode_floor_ms, prefill_flops, default_device, env_record, free_model,
                                  hf_model, measure_ceilings, print_ceilings, print_table, run_step)
 from ninfer.ops.fast import reference_ops
@@ -142,9 +142,7 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, ref_compa
         for h in handles:
             prog.release(h)
     del prog, w
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
+    free_model(device)
     return out
 
 
@@ -307,7 +305,7 @@ add_args = decode_args
 def run(args: argparse.Namespace) -> int:
     device = args.device or default_device()
     cuda = device.startswith("cuda")
-    hf = cuda if args.hf_baseline is None else args.hf_baseline
+    hf = hf_baseline_on(args, cuda)
     env = env_record()
     print(f"env: {env}", flush=True)
     ceil = measure_ceilings(device)

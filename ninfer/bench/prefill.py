@@ -39,7 +39,7 @@ import time
 
 import torch
 
-from ninfer.bench.args import prefill_args
+from ninfer.bench.args import hf_baseline_on, prefill_args
 from ninfer.bench.common import (Recorder, default_device, env_record, free_model, hf_model, measure_ceilings,
                                  prefill_flops, print_ceilings, print_table, run_step, sync)
 from ninfer.runtime.contract.types import Refusal, SamplingParams, SequenceRequest
@@ -137,9 +137,7 @@ def run_identity(identity: str, lengths: list[int], reps: int, long_reps: int, c
                 rec.add(row)
     finally:
         del prog, w
-        gc.collect()
-        if cuda:
-            torch.cuda.empty_cache()
+        free_model(device)
 
 
 def prefill_row(identity: str, kind: str, impl: str, dims, L: int, chunk: int, times: list[float], warmup_s: float,
@@ -158,7 +156,7 @@ def hf_baseline(identity: str, lengths: list[int], reps: int, long_reps: int, pe
                 rec: Recorder, step_timeout: float | None) -> None:
     """transformers over the same prompt lengths (see the module docstring); each length is its own step
     (a length that fails, e.g. out of memory, is recorded and the next one still runs)."""
-    model, dims, dtype, hf_version = hf_model(identity, device)
+    model, dims, _, hf_version = hf_model(identity, device)
     rng = torch.Generator().manual_seed(2)
 
     def once(L: int) -> float:
@@ -210,13 +208,12 @@ def run(args: argparse.Namespace) -> int:
     # NOTE: (burst rate, sustained rate): the floor is at the burst rate (performance.md); a long prompt's
     #       GEMMs run at the power-limited sustained rate, so its floor is printed beside it.
     peak = (ceil["matmul_8192_TFLOPs"] * 1e12, (ceil.get("matmul_sustained_TFLOPs") or 0.0) * 1e12)
+    hf = hf_baseline_on(args, cuda)
     rec = Recorder("prefill", args.out, {"env": env, "ceilings": ceil, "device": device,
                                          "dtype": "bf16" if cuda else "fp32", "batch": 1, "page_size": PAGE,
                                          "weights": "dummy (synthetic)", "identities": args.identity,
                                          "lengths": args.lengths, "enforce_eager": args.enforce_eager,
-                                         "hf_baseline": bool(args.hf_baseline if args.hf_baseline is not None
-                                                             else cuda)})
-    hf = cuda if args.hf_baseline is None else args.hf_baseline
+                                         "hf_baseline": hf})
     lengths = sorted(args.lengths)
     for ident in args.identity:
         run_step(rec, None, f"{ident} prefill",
