@@ -45,8 +45,9 @@ def test_bench_prefill_cpu(capsys):
     assert "floor_ms" in out and "prefill_tok/s" in out
 
 
-def test_bench_prefill_with_the_transformers_baseline_cpu(capsys):
-    rc = main(["bench", "prefill", "--identity", "qwen3_6-tiny-dense", "--device", "cpu", "--lengths", "16", "40",
+@pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
+def test_bench_prefill_with_the_transformers_baseline_cpu(capsys, identity):
+    rc = main(["bench", "prefill", "--identity", identity, "--device", "cpu", "--lengths", "16", "40",
                "--reps", "2", "--hf-baseline"])
     out = capsys.readouterr().out
     assert rc == 0, out
