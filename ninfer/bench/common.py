@@ -215,7 +215,8 @@ def hf_model(identity: str, device: str):
 
 
 def free_model(device: str) -> None:
-    """After `del model`: collect and give the cached blocks back (the next identity needs the memory)."""
+    """After a bench step that held a model returns (or fails): collect its frames and give the cached blocks
+    back, since the next model needs the memory. The benches' `run` loops call it after every such step."""
     import gc
     gc.collect()
     if str(device).startswith("cuda"):

@@ -30,7 +30,6 @@ the smallest ctx and --hf-batches (after our Program is freed: 27B bf16 is ~54 G
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import statistics
 import sys
@@ -141,8 +140,6 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, ref_compa
             out += serving_loop(prog, identity, ctx, handles, batches, reps, budget, on_row)
         for h in handles:
             prog.release(h)
-    del prog, w
-    free_model(device)
     return out
 
 
@@ -241,9 +238,6 @@ def host_overhead(reps: int = 50) -> list[dict]:
             print(f"[host] graphs={graphs} B={B}: round {wall:.3f} ms, thread CPU {statistics.median(cpus):.3f} ms, "
                   f"GPU forward {gpu_ms:.4f} ms", flush=True)
     prog.graphs_enabled = True
-    del prog, w
-    gc.collect()
-    torch.cuda.empty_cache()
     return out
 
 
@@ -261,40 +255,36 @@ def hf_baseline(identity: str, ctx: int, batches: list[int], reps: int, bw: floa
     sync = (lambda: torch.cuda.synchronize()) if cuda else (lambda: None)
     out = []
     rng = torch.Generator().manual_seed(1)
-    try:
-        for B in batches:
-            ids = torch.randint(0, dims.vocab_size, (B, ctx), generator=rng).to(device)
-            with torch.no_grad():
+    for B in batches:
+        ids = torch.randint(0, dims.vocab_size, (B, ctx), generator=rng).to(device)
+        with torch.no_grad():
+            sync()
+            t0 = time.perf_counter()
+            res = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+            sync()
+            pre_ms = (time.perf_counter() - t0) * 1e3
+            cache = res.past_key_values
+            nxt = res.logits[:, -1].argmax(-1, keepdim=True)
+            times = []
+            for i in range(2 + reps):
                 sync()
                 t0 = time.perf_counter()
-                res = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-                sync()
-                pre_ms = (time.perf_counter() - t0) * 1e3
-                cache = res.past_key_values
+                res = model(input_ids=nxt, past_key_values=cache, use_cache=True, logits_to_keep=1)
                 nxt = res.logits[:, -1].argmax(-1, keepdim=True)
-                times = []
-                for i in range(2 + reps):
-                    sync()
-                    t0 = time.perf_counter()
-                    res = model(input_ids=nxt, past_key_values=cache, use_cache=True, logits_to_keep=1)
-                    nxt = res.logits[:, -1].argmax(-1, keepdim=True)
-                    sync()
-                    if i >= 2:
-                        times.append((time.perf_counter() - t0) * 1e3)
-                    cache = res.past_key_values
-            floor = decode_floor_ms(dims, B, ctx, bw / 1e12, dtype.itemsize)
-            row = dict(identity=identity, kind="hf_decode", ops=f"transformers {hf_version}", graphs=False,
-                       ctx=ctx, batch=B, step_ms=statistics.median(times), min_ms=min(times), floor_ms=floor,
-                       hf_prefill_ms=pre_ms)
-            out.append(row)
-            print(f"[hf {identity}] ctx {ctx} B={B}: {row['step_ms']:.2f} ms (floor {floor:.2f}); "
-                  f"prefill {pre_ms:.0f} ms", flush=True)
-            if on_row:
-                on_row(row)
-            del cache, res
-    finally:
-        del model
-        free_model(device)
+                sync()
+                if i >= 2:
+                    times.append((time.perf_counter() - t0) * 1e3)
+                cache = res.past_key_values
+        floor = decode_floor_ms(dims, B, ctx, bw / 1e12, dtype.itemsize)
+        row = dict(identity=identity, kind="hf_decode", ops=f"transformers {hf_version}", graphs=False,
+                   ctx=ctx, batch=B, step_ms=statistics.median(times), min_ms=min(times), floor_ms=floor,
+                   hf_prefill_ms=pre_ms)
+        out.append(row)
+        print(f"[hf {identity}] ctx {ctx} B={B}: {row['step_ms']:.2f} ms (floor {floor:.2f}); "
+              f"prefill {pre_ms:.0f} ms", flush=True)
+        if on_row:
+            on_row(row)
+        del cache, res
     return out
 
 
@@ -318,15 +308,17 @@ def run(args: argparse.Namespace) -> int:
                                         "max_model_len": model_len(args.max_model_len, args.ctx)})
     if args.host_overhead and cuda:
         run_step(rec, args.step_timeout, "host overhead", lambda: host_overhead_rows(rec))
+        free_model(device)
     for ident in args.identity:
         run_step(rec, args.step_timeout, f"{ident} decode",
                  lambda: run_identity(ident, args.ctx, bw, args.reps, not args.no_ref, device=device,
                                       batches=args.batches, prefill_ref_gdn=args.prefill_ref_gdn, on_row=rec.add,
                                       max_model_len=args.max_model_len))
-        gc.collect()
+        free_model(device)              # NOTE: each step's model is freed here, however the step ended
         if hf:
             run_step(rec, args.step_timeout, f"{ident} transformers baseline",
                      lambda: hf_baseline(ident, min(args.ctx), args.hf_batches, args.reps, bw, device, on_row=rec.add))
+            free_model(device)
     results = rec.results
     print()
     rows = [[r["graphs"], r["batch"], r["round_ms"], r["cpu_ms"], r["gpu_forward_ms"], r["host_ms"]]

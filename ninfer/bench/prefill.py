@@ -31,7 +31,6 @@ it the same FLOPs at the rate the card sustains once its power limit holds the c
 from __future__ import annotations
 
 import argparse
-import gc
 import importlib
 import statistics
 import sys
@@ -118,26 +117,22 @@ def run_identity(identity: str, lengths: list[int], reps: int, long_reps: int, c
     print(f"[{identity}] synthetic weights generated and Program created in {time.perf_counter() - t0:.1f} s; "
           f"ops={prog.model.ops.name}", flush=True)
     rng = torch.Generator().manual_seed(0)
-    try:
-        warmup_s = warmup(prog, identity, lengths, chunk, dims.vocab_size, device)
-        print(f"[{identity}] warm-up (compiles, autotuning) {warmup_s:.1f} s", flush=True)
-        for L in lengths:
-            n = long_reps if L > 8192 else reps
+    warmup_s = warmup(prog, identity, lengths, chunk, dims.vocab_size, device)
+    print(f"[{identity}] warm-up (compiles, autotuning) {warmup_s:.1f} s", flush=True)
+    for L in lengths:
+        n = long_reps if L > 8192 else reps
 
-            def measure(L=L, n=n) -> dict:
-                times = []
-                for _ in range(max(1, n)):
-                    prompt = tuple(torch.randint(0, dims.vocab_size, (L,), generator=rng).tolist())
-                    times.append(prefill_once(prog, prompt, chunk, device))
-                    print(f"[{identity}] prompt {L}: {times[-1]:.1f} ms", flush=True)
-                return prefill_row(identity, "prefill", "ninfer", dims, L, min(chunk or L, L), times, warmup_s, peak)
+        def measure(L=L, n=n) -> dict:
+            times = []
+            for _ in range(max(1, n)):
+                prompt = tuple(torch.randint(0, dims.vocab_size, (L,), generator=rng).tolist())
+                times.append(prefill_once(prog, prompt, chunk, device))
+                print(f"[{identity}] prompt {L}: {times[-1]:.1f} ms", flush=True)
+            return prefill_row(identity, "prefill", "ninfer", dims, L, min(chunk or L, L), times, warmup_s, peak)
 
-            row = run_step(rec, step_timeout, f"{identity} prefill {L}", measure)
-            if row is not None:
-                rec.add(row)
-    finally:
-        del prog, w
-        free_model(device)
+        row = run_step(rec, step_timeout, f"{identity} prefill {L}", measure)
+        if row is not None:
+            rec.add(row)
 
 
 def prefill_row(identity: str, kind: str, impl: str, dims, L: int, chunk: int, times: list[float], warmup_s: float,
@@ -171,28 +166,24 @@ def hf_baseline(identity: str, lengths: list[int], reps: int, long_reps: int, pe
         del res, tok
         return ms
 
-    try:
-        t0 = time.perf_counter()
-        once(min(lengths))
-        warmup_s = time.perf_counter() - t0
-        print(f"[hf {identity}] warm-up prompt {min(lengths)}: {warmup_s:.1f} s", flush=True)
-        for L in lengths:
-            def measure(L=L) -> dict:
-                times = []
-                for _ in range(max(1, long_reps if L > 8192 else reps)):
-                    times.append(once(L))
-                    print(f"[hf {identity}] prompt {L}: {times[-1]:.1f} ms", flush=True)
-                return prefill_row(identity, "hf_prefill", f"transformers {hf_version}", dims, L, L, times, warmup_s,
-                                   peak)
+    t0 = time.perf_counter()
+    once(min(lengths))
+    warmup_s = time.perf_counter() - t0
+    print(f"[hf {identity}] warm-up prompt {min(lengths)}: {warmup_s:.1f} s", flush=True)
+    for L in lengths:
+        def measure(L=L) -> dict:
+            times = []
+            for _ in range(max(1, long_reps if L > 8192 else reps)):
+                times.append(once(L))
+                print(f"[hf {identity}] prompt {L}: {times[-1]:.1f} ms", flush=True)
+            return prefill_row(identity, "hf_prefill", f"transformers {hf_version}", dims, L, L, times, warmup_s,
+                               peak)
 
-            row = run_step(rec, step_timeout, f"{identity} transformers prefill {L}", measure)
-            if row is not None:
-                rec.add(row)
-            elif str(device).startswith("cuda"):
-                torch.cuda.empty_cache()
-    finally:
-        del model
-        free_model(device)
+        row = run_step(rec, step_timeout, f"{identity} transformers prefill {L}", measure)
+        if row is not None:
+            rec.add(row)
+        else:
+            free_model(device)          # the failed length's activations; the model stays for the next
 
 
 add_args = prefill_args
@@ -219,11 +210,12 @@ def run(args: argparse.Namespace) -> int:
         run_step(rec, None, f"{ident} prefill",
                  lambda: run_identity(ident, lengths, args.reps, args.long_reps, args.chunk, peak,
                                       device, rec, args.step_timeout, args.enforce_eager))
-        gc.collect()
+        free_model(device)              # NOTE: each step's model is freed here, however the step ended
         if hf:
             run_step(rec, None, f"{ident} transformers baseline",
                      lambda: hf_baseline(ident, lengths, args.reps, args.long_reps, peak, device, rec,
                                          args.step_timeout))
+            free_model(device)
     print()
     rows = [[r["identity"], r["impl"], r["prompt"], r["chunk"], r["first_ms"], r["ttft_ms"], r["floor_ms"],
              r["x_floor"], r.get("floor_sustained_ms"), r["tokens_per_s"], r["tflops"]] for r in rec.results]
