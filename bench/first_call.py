@@ -57,7 +57,7 @@ def main() -> None:
                 rows.append(dict(op="sdpa", backend=name, hq=hq, hkv=hkv, L=L, first_ms=first, second_ms=second,
                                  steady_ms=st))
     from torch.nn.attention.bias import causal_lower_right
-    from ninfer.ops.attention import padded_causal_sdpa, sdpa_rows
+    from ninfer.ops.reference.attention import padded_causal_sdpa, sdpa_rows
     for L in [1001, 1003, 1017, 3001, 3007, 7001, 7003]:               # 1024, 1024, 1024, 3072, 3072, 7168, 7168
         q = torch.randn(L, 16, 256, device=dev, dtype=torch.bfloat16)
         k = torch.randn(L, 2, 256, device=dev, dtype=torch.bfloat16)

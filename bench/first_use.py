@@ -107,8 +107,8 @@ def main() -> None:
     ap.add_argument("--max-model-len", type=int, default=8192)
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
-    from ninfer.engine import Engine
-    from ninfer.types import EngineConfig
+    from ninfer.engine.facade import Engine
+    from ninfer.config import EngineConfig
 
     compiled = _log_compiles()          # from the start: the warmup's compiles are what a first use is diffed against
     t0 = time.perf_counter()

@@ -38,9 +38,9 @@ def main() -> int:
         print("gdn_prefill: no CUDA device; nothing measured")
         return 0
     from torch.profiler import ProfilerActivity, profile
-    from ninfer import ops as ref
-    from ninfer.ops.fast.conv import chunk_causal_conv1d
-    from ninfer.ops.fast.gated_delta import chunk_gated_delta_rule
+    from ninfer.ops import reference as ref
+    from ninfer.ops.triton.conv import chunk_causal_conv1d
+    from ninfer.ops.triton.gated_delta import chunk_gated_delta_rule
     print(env_record(), flush=True)
     T, dev = args.tokens, "cuda"
     g0 = torch.Generator(device=dev).manual_seed(0)

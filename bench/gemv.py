@@ -1,4 +1,4 @@
-"""Decode GEMV bench: cuBLAS (F.linear) vs the Triton skinny GEMM (ninfer/ops/fast/gemv.py) at every
+"""Decode GEMV bench: cuBLAS (F.linear) vs the Triton skinny GEMM (ninfer/ops/triton/gemv.py) at every
 weight shape of one Qwen3.6 decode step (27B and 35B-A3B, from the dimension facts), M = 1, 2, 4, 8.
 
     PYTHONPATH=$PWD python3 bench/gemv.py [--out FILE]                  sweep (< 4 min on an H200)
@@ -11,7 +11,7 @@ Sweep: per (N, K, M) the median device time (CUDA events, L2 flushed before ever
 and of every config of `gemv.sweep_space`; a config counts only if its relative RMS error vs the
 fp32 product is < 1e-2. Prints a table and the copy ceiling of this run; `--out FILE` gets one JSON
 line (every result) and then `CONFIGS = {...}` / `USE_TRITON = {...}` / `USE_TRITON_SWIGLU = {...}`
-python literals to paste into ninfer/ops/fast/gemv.py (USE_TRITON: shapes where the best config beats
+python literals to paste into ninfer/ops/triton/gemv.py (USE_TRITON: shapes where the best config beats
 cuBLAS by >= --min-speedup; USE_TRITON_SWIGLU: MLP down shapes where the SwiGLU folded into the
 GEMV beats the SwiGLU kernel + the product by as much).
 
@@ -37,7 +37,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ninfer.targets.qwen3_6.dims import Qwen36Dims  # noqa: E402
-from ninfer.targets.qwen3_6.runtime.model_view import stored_rows  # noqa: E402
+from ninfer.targets.qwen3_6.program.model_view import stored_rows  # noqa: E402
 
 TOL = 1e-2
 DEVICE = "cuda"
@@ -196,7 +196,7 @@ def swiglu_sweep(results: list[dict], gemv, min_speedup: float) -> tuple[list[di
     does with an empty table: `linear` picks Triton or cuBLAS from USE_TRITON) vs the SwiGLU folded
     into the GEMV's x load (`gemv(..., swiglu=True)` with the sweep's best config). Returns the rows
     and the `USE_TRITON_SWIGLU` literal (folded >= min_speedup faster)."""
-    from ninfer.ops.fast.fused import silu_mul_halves
+    from ninfer.ops.triton.fused import silu_mul_halves
     rows, use = [], {}
     for r in results:
         if not r["best"] or r["M"] not in (1, 2, 4, 8) or not any(".down" in u and "shared" not in u
@@ -372,7 +372,7 @@ def parse_args(argv=None):
 
 def dry_run(args) -> int:
     try:
-        from ninfer.ops.fast import gemv
+        from ninfer.ops.triton import gemv
     except ImportError as e:
         gemv = None
         print(f"(no Triton here: {e}; sweep sizes not shown)")
@@ -399,7 +399,7 @@ def main(argv=None) -> int:
         print("bench/gemv.py needs a CUDA GPU (try --dry-run for the shapes)", file=sys.stderr)
         return 2
     try:
-        from ninfer.ops.fast import gemv
+        from ninfer.ops.triton import gemv
     except ImportError as e:
         print(f"bench/gemv.py needs Triton: {e}", file=sys.stderr)
         return 2

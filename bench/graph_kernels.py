@@ -14,8 +14,8 @@ import torch
 
 from ninfer.bench.common import graph_replay_ms
 from ninfer.targets.dummy_weights import DummyWeights
-from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
-from ninfer.targets.qwen3_6.runtime.cuda_graphs import decode_body
+from ninfer.targets.qwen3_6.program.config import ProgramConfig
+from ninfer.targets.qwen3_6.program.cuda_graphs import decode_body
 
 
 def main() -> None:

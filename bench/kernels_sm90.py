@@ -1,6 +1,6 @@
 """Compile decode kernels for sm_90 without a GPU, with the ptxas and cuobjdump that Triton's wheel
 carries, and print each variant's registers, stack and local memory (spills): the GEMV
-(ninfer/ops/fast/gemv.py), the GDN decode step (gdn_decode.py, 27B heads), the MoE expert kernels
+(ninfer/ops/triton/gemv.py), the GDN decode step (gdn_decode.py, 27B heads), the MoE expert kernels
 (moe.py, 35B-A3B tiles), the paged decode attention (attention.py, 35B-A3B heads) and the q/k norm +
 rotary with and without the paged KV write (fused.py, 27B heads).
 Registers bound the programs per SM (65536 / (regs x 32 x warps)), so they are the first thing to
@@ -18,11 +18,11 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from ninfer.ops.fast import attention as A
-from ninfer.ops.fast import fused as F
-from ninfer.ops.fast import gdn_decode as D
-from ninfer.ops.fast import gemv as G
-from ninfer.ops.fast import moe as M
+from ninfer.ops.triton import attention as A
+from ninfer.ops.triton import fused as F
+from ninfer.ops.triton import gdn_decode as D
+from ninfer.ops.triton import gemv as G
+from ninfer.ops.triton import moe as M
 
 # mode name -> the constexprs that differ from BASE (tiles of the 27B's M=1 table unless noted)
 GEMV_VARIANTS = {

@@ -15,9 +15,9 @@ import time
 
 import torch
 
-import ninfer.targets.qwen3_6.runtime.model_view as current
+import ninfer.targets.qwen3_6.program.model_view as current
 from ninfer.targets.dummy_weights import DummyWeights
-from ninfer.targets.qwen3_6.runtime.program import _free_device_bytes
+from ninfer.targets.qwen3_6.program.program import _free_device_bytes
 from ninfer.targets.registry import lookup
 
 G = 2 ** 30

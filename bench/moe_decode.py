@@ -67,9 +67,9 @@ def main() -> None:
         print("bench/moe_decode.py: CUDA is not available; this bench needs an NVIDIA GPU (nothing measured).")
         sys.exit(2)
     from ninfer.bench.common import env_record, json_line, print_table
-    from ninfer.ops.fast import _pdl, gemv
-    from ninfer.ops.fast import moe as fm
-    from ninfer.ops.moe import SharedExpert
+    from ninfer.ops.triton import _pdl, gemv
+    from ninfer.ops.triton import moe as fm
+    from ninfer.ops.reference.moe import SharedExpert
 
     t_start = time.time()
     dev, dt, L = torch.device("cuda"), torch.bfloat16, args.layers

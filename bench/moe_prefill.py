@@ -1,5 +1,5 @@
 """The MoE prefill's kernels at the real sizes, swept over their tiles: the expert sort, the grouped
-gate|up and down GEMMs (`ninfer.ops.fast.moe`), and the [shared gate | shared up | gate | router] GEMM
+gate|up and down GEMMs (`ninfer.ops.triton.moe`), and the [shared gate | shared up | gate | router] GEMM
 with its row count as stored and padded to a multiple of 8 (CUDA events, `triton.testing.do_bench`).
 
     PYTHONPATH=$PWD python3 bench/moe_prefill.py [--identity qwen3_6-35b-a3b] [--tokens 1024 8192] [--quick]
@@ -69,7 +69,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("moe_prefill: no CUDA device; nothing measured")
         return 0
-    from ninfer.ops.fast import moe as fm
+    from ninfer.ops.triton import moe as fm
     from ninfer.targets.registry import lookup
 
     d = lookup(args.identity).dims

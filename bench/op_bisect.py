@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-from ninfer.ops.fast import fast_ops, reference_ops
+from ninfer.ops.triton import fast_ops, reference_ops
 from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.testing.forced_run import forced_logits
 

@@ -17,9 +17,9 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench._common import env_record, json_line, print_table  # noqa: E402
-from ninfer.runtime.contract.types import SamplingParams, SequenceRequest  # noqa: E402
+from ninfer.contract.program import SamplingParams, SequenceRequest  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
-from ninfer.targets.qwen3_6.runtime.config import ProgramConfig  # noqa: E402
+from ninfer.targets.qwen3_6.program.config import ProgramConfig  # noqa: E402
 
 
 def _inside(e, name: str) -> bool:

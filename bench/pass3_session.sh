@@ -29,26 +29,26 @@ for part in "$@"; do
   stamp "$part"
   case $part in
     tests)   timeout ${T_TESTS:-240} python3 -m pytest -v -m gpu -p no:cacheprovider -rf --timeout ${T_TEST_EACH:-150} \
-               ${TEST_FILES:-tests/test_fused_ops_gpu.py tests/test_gdn_decode_gpu.py tests/test_fast_moe_gpu.py \
-               tests/test_gemv_gpu.py tests/test_cuda_graphs_gpu.py tests/test_program_cuda.py tests/test_hf_parity_gpu.py} \
+               ${TEST_FILES:-tests/gpu/test_fused_ops_gpu.py tests/gpu/test_gdn_decode_gpu.py tests/gpu/test_fast_moe_gpu.py \
+               tests/gpu/test_gemv_gpu.py tests/gpu/test_cuda_graphs_gpu.py tests/gpu/test_program_cuda.py tests/gpu/test_hf_parity_gpu.py} \
                ${TEST_K:+-k "$TEST_K"} -s > "$OUT/tests${TEST_TAG:-}.log" 2>&1
              grep -E "FAILED|ERROR|matched prefix|passed|failed" "$OUT/tests${TEST_TAG:-}.log" | tee -a "$LOG" | tail -40 ;;
-    fastops) timeout ${T_FASTOPS:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/test_fast_ops_gpu.py 2>&1 \
+    fastops) timeout ${T_FASTOPS:-150} python3 -m pytest -q -m gpu -p no:cacheprovider -rf tests/gpu/test_fast_ops_gpu.py 2>&1 \
                | tee -a "$LOG" | tail -15 ;;
     kernels) timeout ${T_KERNELS:-90} python3 bench/graph_kernels.py --identity qwen3_6-27b qwen3_6-35b-a3b --batches 1 8 2>&1 \
                | tee -a "$LOG" | tail -30 ;;
-    decode)  timeout ${T_DECODE:-200} python3 -m ninfer.cli.main bench decode --identity qwen3_6-27b qwen3_6-35b-a3b \
+    decode)  timeout ${T_DECODE:-200} python3 -m ninfer.gateway.cli.main bench decode --identity qwen3_6-27b qwen3_6-35b-a3b \
                --ctx ${DECODE_CTX:-1024} --batches 1 2 4 8 --reps 10 --no-ref --prefill-ref-gdn --host-overhead --no-hf-baseline \
                --step-timeout 80 2>&1 | tee -a "$LOG" | tail -30 ;;
     gemv)    timeout ${T_GEMV:-300} python3 bench/gemv.py --out "$OUT/gemv_configs.txt" ${GEMV_ARGS:-} 2>&1 \
                | tee -a "$LOG" | tail -60 ;;
-    hfbase)  timeout ${T_HF:-200} python3 -m ninfer.cli.main bench decode --identity qwen3_6-27b qwen3_6-35b-a3b \
+    hfbase)  timeout ${T_HF:-200} python3 -m ninfer.gateway.cli.main bench decode --identity qwen3_6-27b qwen3_6-35b-a3b \
                --ctx 1024 --batches 1 --reps 5 --no-ref --prefill-ref-gdn --hf-baseline --hf-batches 1 \
                --step-timeout 90 2>&1 | tee -a "$LOG" | grep -v "^JSON" | tail -14 ;;
-    serve)   timeout ${T_SERVE:-200} python3 -m ninfer.cli.main bench serve --identity qwen3_6-27b qwen3_6-35b-a3b \
+    serve)   timeout ${T_SERVE:-200} python3 -m ninfer.gateway.cli.main bench serve --identity qwen3_6-27b qwen3_6-35b-a3b \
                --concurrency 1 2 4 8 --prompt-len 1024 --output-len 32 --requests-per-client 1 \
                --startup-timeout 120 --step-timeout 40 2>&1 | tee -a "$LOG" | grep -v "^JSON" | tail -16 ;;
-    serve_engine) timeout ${T_SERVE:-200} python3 -m ninfer.cli.main bench serve --in-process \
+    serve_engine) timeout ${T_SERVE:-200} python3 -m ninfer.gateway.cli.main bench serve --in-process \
                --identity qwen3_6-27b qwen3_6-35b-a3b --concurrency 1 2 4 8 --prompt-len 1024 --output-len 32 \
                --requests-per-client 1 --startup-timeout 120 --step-timeout 60 2>&1 | tee -a "$LOG" | grep -v "^JSON" | tail -16 ;;
     profile) timeout ${T_PROFILE:-300} python3 bench/profile_step.py --decode ${PROFILE_DECODE:-qwen3_6-27b qwen3_6-35b-a3b} \
@@ -63,7 +63,7 @@ for part in "$@"; do
                --chunks ${TTFT_CHUNKS:-512 8192} --reps ${TTFT_REPS:-2} 2>&1 | tee -a "$LOG" | tail -80 ;;
     moe)     timeout ${T_MOE:-90} python3 bench/moe_decode.py ${MOE_ARGS:-} 2>&1 | tee -a "$LOG" | tail -30 ;;
     prefill_ops) timeout ${T_PREFILL_OPS:-120} python3 bench/prefill_ops.py ${PREFILL_OPS_ARGS:-} 2>&1 | tee -a "$LOG" | tail -40 ;;
-    prefill) timeout ${T_PREFILL:-200} python3 -m ninfer.cli.main bench prefill --identity qwen3_6-27b qwen3_6-35b-a3b \
+    prefill) timeout ${T_PREFILL:-200} python3 -m ninfer.gateway.cli.main bench prefill --identity qwen3_6-27b qwen3_6-35b-a3b \
                --lengths ${PREFILL_LENGTHS:-1024 8192} --reps 3 --long-reps 1 --chunk 8192 --step-timeout 120 2>&1 | tee -a "$LOG" | tail -20 ;;
   esac
 done

@@ -9,7 +9,7 @@ prompt's host / CUDA-event / wall times and allocator calls; --pause S idles S s
 prompt (an isolated request's TTFT: back to back the card sits at its power limit, bench/NOTES.md session 27).
 
     PYTHONPATH=$PWD python3 bench/prefill_ab.py --identity qwen3_6-27b --tokens 8192 \\
-        --variants base set:ninfer.targets.qwen3_6.runtime.model.SIDE_PREFILL_ROWS=0
+        --variants base set:ninfer.targets.qwen3_6.program.model.SIDE_PREFILL_ROWS=0
 """
 from __future__ import annotations
 
@@ -27,9 +27,9 @@ import torch  # noqa: E402
 from torch.profiler import record_function  # noqa: E402
 
 from ninfer.bench.common import json_line  # noqa: E402
-from ninfer.runtime.contract.types import Refusal, SamplingParams, SequenceRequest  # noqa: E402
+from ninfer.contract.program import Refusal, SamplingParams, SequenceRequest  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
-from ninfer.targets.qwen3_6.runtime.config import ProgramConfig  # noqa: E402
+from ninfer.targets.qwen3_6.program.config import ProgramConfig  # noqa: E402
 
 PAGE = 64
 

@@ -29,7 +29,7 @@ import torch
 from ninfer.bench.args import prefix_turn
 from ninfer.bench.prefill import PAGE, prefill_once
 from ninfer.targets.dummy_weights import DummyWeights
-from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+from ninfer.targets.qwen3_6.program.config import ProgramConfig
 
 
 def _timed(rows, identity, label, fields, reps, prog, once) -> None:

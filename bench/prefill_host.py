@@ -19,9 +19,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ninfer.bench.common import sync
-from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+from ninfer.contract.program import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
-from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+from ninfer.targets.qwen3_6.program.config import ProgramConfig
 
 
 def main() -> None:

@@ -52,7 +52,7 @@ if triton is not None:
     @triton.jit
     def _conv_fwd_v0(x, w, state, idx, cu, y, C, stride_x, stride_sn,
                      BT: tl.constexpr, BC: tl.constexpr, ACT: tl.constexpr):
-        # NOTE: the prefill conv kernel before this change (ninfer/ops/fast/conv.py at 6af55a6).
+        # NOTE: the prefill conv kernel before this change (ninfer/ops/triton/conv.py at 6af55a6).
         i_n = tl.program_id(0)
         i_t = tl.program_id(1)
         i_c = tl.program_id(2)
@@ -83,7 +83,7 @@ if triton is not None:
 
 def old_conv(kern, x, w, pool, idx, cu):
     """The conv before this change: [32 x 128] tiles, then the (unchanged) state kernel."""
-    from ninfer.ops.fast.conv import _conv_state_kernel
+    from ninfer.ops.triton.conv import _conv_state_kernel
     _, T, Cx = x.shape
     x2 = x.reshape(T, Cx)
     y = torch.empty(1, T, Cx, dtype=x.dtype, device=x.device)
@@ -115,10 +115,10 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("prefill_ops: no CUDA device; nothing measured")
         return 0
-    from ninfer.ops.fast import attention as fa
-    from ninfer.ops.fast import conv as fc
-    from ninfer.ops.fast import gated_delta as fg
-    from ninfer.ops.attention import gather_kv_paged
+    from ninfer.ops.triton import attention as fa
+    from ninfer.ops.triton import conv as fc
+    from ninfer.ops.triton import gated_delta as fg
+    from ninfer.ops.reference.attention import gather_kv_paged
 
     torch.manual_seed(0)
     dev, T, bf = "cuda", args.tokens, torch.bfloat16

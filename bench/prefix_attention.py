@@ -1,4 +1,4 @@
-"""The prefill graphs' attention (`ninfer.ops.fast.attention.prefix_attention_rows`, Triton) against the eager
+"""The prefill graphs' attention (`ninfer.ops.triton.attention.prefix_attention_rows`, Triton) against the eager
 path's (`chunk_paged_attention`: paged gather + PyTorch SDPA) on the same stage, and a sweep of its tiles.
 
     python3 bench/prefix_attention.py [--shapes 16x2 24x4] [--cases 0:2048 20000:2000 7000:1000 100:20 ...]
@@ -18,8 +18,8 @@ import torch
 import triton
 
 from ninfer.bench.args import prefix_turn
-from ninfer.ops.fast import attention as fa
-from ninfer.targets.qwen3_6.runtime.prefill_graphs import BUCKETS
+from ninfer.ops.triton import attention as fa
+from ninfer.targets.qwen3_6.program.prefill_graphs import BUCKETS
 
 TILES = [(8, 32, 8, 2), (8, 64, 8, 2), (16, 32, 8, 2), (16, 64, 8, 2), (8, 32, 4, 2), (16, 32, 8, 3), (8, 64, 8, 3),
          (32, 32, 8, 2), (16, 64, 4, 2)]

@@ -24,9 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _common import env_record, json_line, print_table  # noqa: E402
 
 from ninfer import Engine  # noqa: E402
-from ninfer.runtime.contract.types import SamplingParams  # noqa: E402
-from ninfer.targets.qwen3_6.frontend.types import OutputOptions  # noqa: E402
-from ninfer.types import EngineConfig, GenerationDelta, GenerationResult, GenerationStart  # noqa: E402
+from ninfer.contract.program import SamplingParams  # noqa: E402
+from ninfer.contract.frontend import OutputOptions  # noqa: E402
+from ninfer.config import EngineConfig, GenerationDelta, GenerationResult, GenerationStart  # noqa: E402
 
 SYSTEM = ("You are a coding agent. You can read files, run shell commands and edit code. Think step by "
           "step, call tools when you need information, and answer concisely. " * 3)
@@ -90,7 +90,7 @@ def main() -> int:
     ap.add_argument("--no-session", action="store_true", help="send no session_id (prefix index only)")
     args = ap.parse_args()
     if args.model is None:
-        from ninfer.product.demo_model import ensure_demo_artifact
+        from ninfer.demo import ensure_demo_artifact
         args.model = str(ensure_demo_artifact())
     results = {}
     for cache in (False, True):

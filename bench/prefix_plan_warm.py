@@ -46,8 +46,8 @@ def _in_fresh_thread(fn):
 
 
 def ops(a) -> list[dict]:
-    from ninfer.ops import prefix_routing as pr
-    from ninfer.ops.fast import attention as fa
+    from ninfer.ops.reference import prefix_routing as pr
+    from ninfer.ops.triton import attention as fa
     dev = torch.device("cuda")
     rows = []
     for M in a.max_prompt:
@@ -88,8 +88,8 @@ def ops(a) -> list[dict]:
 
 def engine(a) -> dict:
     from ninfer.bench.serve import _prompt, engine_request
-    from ninfer.engine import Engine
-    from ninfer.types import EngineConfig
+    from ninfer.engine.facade import Engine
+    from ninfer.config import EngineConfig
     eng = Engine.from_config(EngineConfig(load_format="dummy", identity=a.identity, max_model_len=a.max_model_len,
                                           max_concurrency=1, kv_memory_fraction=0.8))
     try:

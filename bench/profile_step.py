@@ -31,8 +31,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from ninfer.bench.common import graph_replay_ms
 from ninfer.targets.dummy_weights import DummyWeights
-from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
-from ninfer.targets.qwen3_6.runtime.cuda_graphs import DecodeGraphs
+from ninfer.targets.qwen3_6.program.config import ProgramConfig
+from ninfer.targets.qwen3_6.program.cuda_graphs import DecodeGraphs
 
 CUDA = torch.autograd.DeviceType.CUDA
 
@@ -103,7 +103,7 @@ def decode(ident: str, batches: list[int], pdl: bool, top: int, sequence: int = 
                     print(f"  {a - t0:8.2f} {a - prev:6.2f} {b - a:7.2f}  {short(e.name)}")
                     prev = b
     if pdl:
-        from ninfer.ops.fast import _pdl
+        from ninfer.ops.triton import _pdl
         was = _pdl.enabled()
         os.environ["NINFER_PDL"] = "0" if was else "1"
         _pdl.enabled.cache_clear()

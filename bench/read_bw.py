@@ -41,7 +41,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--mb", nargs="+", type=float, default=[50, 180, 356, 2048])
     a = ap.parse_args()
-    from ninfer.ops.fast import gemv
+    from ninfer.ops.triton import gemv
     rows = []
     for mb in a.mb:
         n = int(mb * 1e6) // 2 // 5120 * 5120

@@ -23,9 +23,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ninfer.bench.common import graph_replay_ms
-from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+from ninfer.contract.program import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
-from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+from ninfer.targets.qwen3_6.program.config import ProgramConfig
 
 CUDA = torch.autograd.DeviceType.CUDA
 

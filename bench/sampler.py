@@ -1,4 +1,4 @@
-"""Time of one sampler call (`ninfer.ops.sampling.sample`, drawn rows as the decode loop passes them) over
+"""Time of one sampler call (`ninfer.ops.reference.sampling.sample`, drawn rows as the decode loop passes them) over
 the Qwen3.6 vocabulary, per sampling configuration and batch size: the device time (CUDA events via
 do_bench; wall clock on the CPU) and the host time of the call alone (no sync). Each configuration runs
 three times in the same process: as the decode loop calls it now (`Sampler.sample_ids`: the host facts of
@@ -25,8 +25,8 @@ import torch
 
 from _common import bench_ms, env_record, json_line, print_table
 from ninfer.bench.common import default_device, sync
-from ninfer.ops import sampling as S
-from ninfer.ops.sampling import SamplingTensors, drawing_rows, rng_state_from_seed, sample
+from ninfer.ops.reference import sampling as S
+from ninfer.ops.reference.sampling import SamplingTensors, drawing_rows, rng_state_from_seed, sample
 
 CONFIGS = {
     "greedy": dict(temperature=0.0),

@@ -7,12 +7,12 @@ Each variant's logits are checked against the base graphs' (relative RMS, argmax
 A variant is a '+'-joined list of items, each either a `bench/gemv.py --out FILE` result overlaid on
 the committed GEMV tables (`load_tuning`, what $NINFER_GEMV_CONFIGS does at import) or a built-in:
     post-mixer-nofold the post-mixer leaf (MoE, dense MLP) takes a materialised norm, returns the plain sum
-    moe=A,B,C,...     the MoE decode tiles for one token (`ninfer.ops.fast.moe.DECODE_CONFIG`, DecodeConfig fields)
+    moe=A,B,C,...     the MoE decode tiles for one token (`ninfer.ops.triton.moe.DECODE_CONFIG`, DecodeConfig fields)
     op:NAME=FILE      the OpSet's op NAME replaced by the function NAME in the module file FILE (e.g. an
                       older tree's copy of a fast-op module: before/after of a kernel in one process)
     set:MOD.ATTR=V    module attribute MOD.ATTR set to the int V while the variant's graphs are captured
-                      and run (a fusion switch read at call time, e.g. set:ninfer.ops.fast.gdn_decode.FUSE_NORM=0);
-                      for a NamedTuple attribute V is its fields, e.g. set:ninfer.ops.fast.moe.PERSISTENT_CONFIG=1,512,4,8
+                      and run (a fusion switch read at call time, e.g. set:ninfer.ops.triton.gdn_decode.FUSE_NORM=0);
+                      for a NamedTuple attribute V is its fields, e.g. set:ninfer.ops.triton.moe.PERSISTENT_CONFIG=1,512,4,8
 
     PYTHONPATH=$PWD python3 bench/step_ab.py --identity qwen3_6-35b-a3b --variants post-mixer-nofold F F+post-mixer-nofold
 
@@ -31,12 +31,12 @@ import torch
 
 from ninfer.bench.common import graph_replay_ms
 from ninfer.bench.kernels import rel_rms
-from ninfer.ops.fast import gemv as G
-from ninfer.ops.fast import moe as M
-from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+from ninfer.ops.triton import gemv as G
+from ninfer.ops.triton import moe as M
+from ninfer.contract.program import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
-from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
-from ninfer.targets.qwen3_6.runtime.cuda_graphs import DecodeGraphs
+from ninfer.targets.qwen3_6.program.config import ProgramConfig
+from ninfer.targets.qwen3_6.program.cuda_graphs import DecodeGraphs
 
 from bench.decode_round import rounds_ms
 

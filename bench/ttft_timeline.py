@@ -32,8 +32,8 @@ def main() -> None:
     ap.add_argument("--no-prefix-cache", action="store_true")
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
-    from ninfer.engine import Engine
-    from ninfer.types import EngineConfig
+    from ninfer.engine.facade import Engine
+    from ninfer.config import EngineConfig
 
     cuda = a.device.startswith("cuda")
     rng = random.Random(0)

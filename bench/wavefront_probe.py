@@ -33,12 +33,12 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from ninfer.bench.common import json_line  # noqa: E402
-from ninfer.runtime.contract.types import SamplingParams, SequenceRequest  # noqa: E402
+from ninfer.contract.program import SamplingParams, SequenceRequest  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
-from ninfer.targets.qwen3_6.runtime.config import ProgramConfig  # noqa: E402
-from ninfer.targets.qwen3_6.runtime.model import ForwardBatch, Qwen36Model, _RowMeta  # noqa: E402
-from ninfer.ops.fused import materialize  # noqa: E402
-from ninfer.ops.rope import mrope_cos_sin  # noqa: E402
+from ninfer.targets.qwen3_6.program.config import ProgramConfig  # noqa: E402
+from ninfer.targets.qwen3_6.program.model import ForwardBatch, Qwen36Model, _RowMeta  # noqa: E402
+from ninfer.ops.reference.fused import materialize  # noqa: E402
+from ninfer.ops.reference.rope import mrope_cos_sin  # noqa: E402
 
 PAGE = 64
 

@@ -3,7 +3,7 @@
 Gateways use `ninfer.Engine`, the public types below and the Frontend types; nothing else.
 `Engine` and `GenerationHandle` are imported on first use (the engine pulls in the runtime).
 """
-from ninfer.types import (Availability, AvailabilityState, EngineConfig, EngineMetrics, EngineRequestError,
+from ninfer.config import (Availability, AvailabilityState, EngineConfig, EngineMetrics, EngineRequestError,
                           ErrorKind, FinishReason, GenerationDelta, GenerationError, GenerationEvent,
                           GenerationResult, GenerationStart, HistogramSnapshot, OutputDelta, OutputOptions,
                           PreparedPrompt, Purpose, SamplingParams, TokenLogprob, ToolCall, ToolCallDelta, Usage)
@@ -17,9 +17,9 @@ __all__ = ["Engine", "GenerationHandle", "Availability", "AvailabilityState", "E
 
 def __getattr__(name: str):
     if name == "Engine":
-        from ninfer.engine import Engine
+        from ninfer.engine.facade import Engine
         return Engine
     if name == "GenerationHandle":
-        from ninfer.runtime.engine.handle import GenerationHandle
+        from ninfer.engine.handle import GenerationHandle
         return GenerationHandle
     raise AttributeError(f"module 'ninfer' has no attribute {name!r}")

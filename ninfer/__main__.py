@@ -1,5 +1,5 @@
 import sys
 
-from ninfer.cli.main import main
+from ninfer.gateway.cli.main import main
 
 sys.exit(main())

@@ -5,7 +5,7 @@ import argparse
 import math
 from typing import Callable
 
-from ninfer.types import MAX_CONCURRENCY as MAX_BATCH       # no torch import (see the module docstring)
+from ninfer.config import MAX_CONCURRENCY as MAX_BATCH       # no torch import (see the module docstring)
 
 
 def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:

@@ -40,10 +40,10 @@ import torch
 from ninfer.bench.args import decode_args, hf_baseline_on
 from ninfer.bench.common import (Recorder, decode_floor_ms, prefill_flops, default_device, env_record, free_model,
                                  hf_model, measure_ceilings, print_ceilings, print_table, run_step)
-from ninfer.ops.fast import reference_ops
-from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
+from ninfer.ops.triton import reference_ops
+from ninfer.contract.program import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
-from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+from ninfer.targets.qwen3_6.program.config import ProgramConfig
 
 PAGE = 64
 LOOP_BUDGET = 512        # output tokens each bench row may commit (the serving-loop rounds commit theirs)

@@ -13,10 +13,10 @@ import sys
 
 import torch
 
-from ninfer import ops as ref
+from ninfer.ops import reference as ref
 from ninfer.bench.args import kernels_args as add_args
 from ninfer.bench.common import Recorder, bench_ms, env_record, measure_ceilings, print_ceilings, print_table
-from ninfer.ops.fast import attention as fa, conv as fc, gated_delta as fg, moe as fm, norms as fn
+from ninfer.ops.triton import attention as fa, conv as fc, gated_delta as fg, moe as fm, norms as fn
 
 DEV = "cuda"
 BF = torch.bfloat16

@@ -41,9 +41,9 @@ import torch
 from ninfer.bench.args import hf_baseline_on, prefill_args
 from ninfer.bench.common import (Recorder, default_device, env_record, free_model, hf_model, measure_ceilings,
                                  prefill_flops, print_ceilings, print_table, run_step, sync)
-from ninfer.runtime.contract.types import Refusal, SamplingParams, SequenceRequest
+from ninfer.contract.program import Refusal, SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
-from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+from ninfer.targets.qwen3_6.program.config import ProgramConfig
 
 PAGE = 64
 

@@ -80,7 +80,7 @@ class Server:
         self.name = f"{identity}-dummy"
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        cmd = [sys.executable, "-m", "ninfer.cli.main", "serve", "--load-format", "dummy", "--identity", identity,
+        cmd = [sys.executable, "-m", "ninfer.gateway.cli.main", "serve", "--load-format", "dummy", "--identity", identity,
                "--host", "127.0.0.1", "--port", str(self.port), "--served-model-name", self.name,
                "--max-concurrency", str(max_concurrency), "--max-model-len", str(max_model_len),
                "--log-level", "warning", "--drain-timeout-s", "5", *(["--device", device] if device else []), *extra]
@@ -226,9 +226,9 @@ async def run_level(url: str, model: str, c: int, per_client: int, prompt_len: i
 
 def engine_request(engine, prompt: list[int], output_len: int) -> dict:
     """One request through the public Engine (the in-process counterpart of `one_request`)."""
-    from ninfer.targets.qwen3_6.frontend.types import OutputOptions
-    from ninfer.runtime.contract.types import SamplingParams
-    from ninfer.types import GenerationDelta, GenerationError, GenerationResult, GenerationStart
+    from ninfer.contract.frontend import OutputOptions
+    from ninfer.contract.program import SamplingParams
+    from ninfer.config import GenerationDelta, GenerationError, GenerationResult, GenerationStart
 
     t0 = time.perf_counter()
     admit = first = last = None
@@ -373,8 +373,8 @@ def _report(identity: str, row: dict) -> None:
 
 def bench_identity_in_process(identity: str, args, ceil: dict, device: str, rec: Recorder) -> None:
     """The same levels through the public Engine in this process (no HTTP)."""
-    from ninfer.engine import Engine
-    from ninfer.types import EngineConfig
+    from ninfer.engine.facade import Engine
+    from ninfer.config import EngineConfig
 
     cuda = device.startswith("cuda")
     cfg = EngineConfig(load_format="dummy", identity=identity, device=device,

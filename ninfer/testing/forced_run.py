@@ -8,8 +8,8 @@ from typing import Any, Sequence
 
 import torch
 
-from ninfer.runtime.contract.types import SamplingParams, SequenceRequest
-from ninfer.targets.qwen3_6.runtime.config import ProgramConfig
+from ninfer.contract.program import SamplingParams, SequenceRequest
+from ninfer.targets.qwen3_6.program.config import ProgramConfig
 
 __all__ = ["forced_logits"]
 

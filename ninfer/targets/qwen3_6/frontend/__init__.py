@@ -5,7 +5,7 @@ Imports nothing from Engine or Program (architecture.md section 2).
 from .frontend import Qwen36Frontend
 from .session import OutputSession
 from .tokenizer import Qwen36Tokenizer
-from .types import (FinalOutput, FinishReason, MediaPlaceholder, OutputDelta, OutputOptions,
+from ninfer.contract.frontend import (FinalOutput, FinishReason, MediaPlaceholder, OutputDelta, OutputOptions,
                     PreparedPrompt, Preview, PromptError, SessionError, ToolCall, ToolCallDelta)
 
 __all__ = [

@@ -24,7 +24,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from .tool_args import convert_value, tool_properties
-from .types import ToolCall, ToolCallDelta
+from ninfer.contract.frontend import ToolCall, ToolCallDelta
 
 THINK_END = "</think>"
 TOOL_START = "<tool_call>"

@@ -22,7 +22,7 @@ import jinja2.ext
 import jinja2.utils
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .types import PromptError
+from ninfer.contract.frontend import PromptError
 
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 

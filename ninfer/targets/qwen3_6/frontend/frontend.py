@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 from .chat_template import ChatTemplate, normalize_messages
 from .session import OutputSession
 from .tokenizer import Qwen36Tokenizer
-from .types import MediaPlaceholder, OutputOptions, PreparedPrompt, PromptError
+from ninfer.contract.frontend import MediaPlaceholder, OutputOptions, PreparedPrompt, PromptError
 
 IM_START_ID = 248045
 ASSISTANT_HEADER = (IM_START_ID, 74455, 198)        # <|im_start|> assistant \n

@@ -15,7 +15,7 @@ from typing import Sequence
 
 from .chat_template import ChatTemplate
 from .tokenizer import Qwen36Tokenizer
-from .types import PromptError, ToolCall
+from ninfer.contract.frontend import PromptError, ToolCall
 
 _PROBE = "."
 IM_END = "<|im_end|>"

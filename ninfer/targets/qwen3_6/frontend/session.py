@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 from . import stops
 from .channels import ChannelConfig, ChannelOutput, ChannelParser
 from .reconstruction import reproduced_output_tokens
-from .types import (FinalOutput, FinishReason, OutputDelta, OutputOptions, PreparedPrompt,
+from ninfer.contract.frontend import (FinalOutput, FinishReason, OutputDelta, OutputOptions, PreparedPrompt,
                     Preview, SessionError, ToolCall, ToolCallDelta)
 
 if TYPE_CHECKING:

@@ -1,0 +1,314 @@
+"""Public, owning host values of the NInfer Engine facade.
+
+Gateways (CLI, HTTP) use only `ninfer.Engine`, these types and the Frontend types re-exported here.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+
+from ninfer.contract.program import SamplingParams, TokenLogprob
+from ninfer.contract.frontend import (FinishReason, OutputDelta, OutputOptions,
+                                                   PreparedPrompt, ToolCall, ToolCallDelta)
+
+MAX_CONCURRENCY = 8        # active requests at once: EngineConfig.max_concurrency is in 1..MAX_CONCURRENCY
+
+__all__ = ["EngineConfig", "SamplingParams", "TokenLogprob", "FinishReason", "OutputOptions",
+           "PreparedPrompt", "ToolCall", "ToolCallDelta", "OutputDelta", "Availability",
+           "AvailabilityState", "GenerationStart", "GenerationDelta", "GenerationResult",
+           "GenerationError", "ErrorKind", "Usage", "Purpose", "EngineRequestError", "HistogramSnapshot",
+           "EngineMetrics", "GenerationEvent", "ScoreInput", "ScoreResult"]
+
+
+class Purpose(str, enum.Enum):
+    GENERATION = "generation"
+    CAUSAL_SCORING = "causal_scoring"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Frozen start-time configuration. CLI flags mirror these field names one to one."""
+    purpose: Purpose = Purpose.GENERATION
+    device: str = "auto"                  # "auto" = cuda when available, else cpu
+    dtype: str = "auto"                   # "auto" = bfloat16 on CUDA, float32 on CPU; or bf16/fp32
+    max_concurrency: int = 4              # 1..8 active requests
+    queue_size: int = 16                  # bounded FIFO waiting queue
+    request_timeout_s: float = 600.0      # default deadline of a request while waiting in the queue
+    # NOTE: a 27B prefill stage cost ~90 ms of host work whatever its size (H200, pass 7: 512 tokens 100-155
+    #       ms, 2048 165-179, 4095 334): 512-token stages made a 4096-token prompt's TTFT 1097 ms against 360
+    #       in one stage (bench/ttft_timeline.py, bench/NOTES.md). Pass 8's chunk-GDN graphs cut a short
+    #       stage's host work (511 tokens: 54 ms, pass 9), not the cost of an extra stage. 8192 as vLLM / SGLang on H100-class
+    #       GPUs; a stage still runs between decode rounds, so a long prompt delays the others by one stage.
+    prefill_chunk_tokens: int = 8192      # staged prefill size
+    page_size: int = 16                   # KV page size (power of two, 16..256)
+    num_pages: int = 0                    # 0 = max_concurrency x ceil(max_model_len / page_size)
+    # NOTE: with num_pages == 0 on CUDA, the pool is the smaller of that full-length size and this
+    # share of the device memory free after the weights and StateImage slots (CPU: full-length size).
+    kv_memory_fraction: float = 0.5
+    max_model_len: int = 8192             # prompt + output limit of one request
+    enforce_eager: bool = False           # no CUDA graphs
+    decode_step_ahead: bool = True        # decode rounds launch the next step before their sync (step_ahead.py)
+    # NOTE: the run's seed (as vLLM's --seed): requests without a seed get consecutive private RNG
+    # streams derived from it, so a run is reproducible and another seed changes it; it also seeds
+    # the synthetic weights of load_format "dummy".
+    seed: int = 0
+    # context cache (prefix reuse across requests and conversation turns)
+    prefix_cache: bool = True             # reuse and publish checkpoints of hybrid state
+    cache_slots: int = -1                 # StateImage slots for inactive checkpoints (-1 = 2 x max_concurrency)
+    cache_device_bytes: int = 0           # device budget of inactive checkpoints (0 = bounded by the pools)
+    cache_host_bytes: int = 0             # host-memory replica budget (0 = no host replicas)
+    cache_capture_stride: int = 0         # also capture every N prompt tokens (0 = off; any N >= 1)
+    # weights: "artifact" = a .ninfer file; "dummy" = seeded random weights of a registered `identity`
+    # generated on the device, with the built-in Frontend (a benchmarking aid: outputs are synthetic)
+    load_format: str = "artifact"
+    identity: str = ""                    # required with load_format "dummy" (e.g. qwen3_6-27b)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.purpose, Purpose):
+            object.__setattr__(self, "purpose", Purpose(self.purpose))
+        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
+        if self.dtype not in ("auto", "bf16", "bfloat16", "fp32", "float32"):
+            raise ValueError(f"dtype must be auto, bf16 or fp32, got {self.dtype!r}")
+        if not (1 <= self.max_concurrency <= MAX_CONCURRENCY):
+            raise ValueError(f"max_concurrency must be in 1..{MAX_CONCURRENCY}, got {self.max_concurrency}")
+        if not (0 <= self.queue_size <= 4096):
+            raise ValueError(f"queue_size must be in 0..4096, got {self.queue_size}")
+        if not (self.request_timeout_s > 0):
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if not (1 <= self.prefill_chunk_tokens <= 65536):
+            raise ValueError(f"prefill_chunk_tokens must be in 1..65536, got {self.prefill_chunk_tokens}")
+        if self.page_size not in (16, 32, 64, 128, 256):
+            raise ValueError(f"page_size must be a power of two in 16..256, got {self.page_size}")
+        if self.num_pages < 0:
+            raise ValueError(f"num_pages must be >= 0, got {self.num_pages}")
+        if not (0.0 < self.kv_memory_fraction <= 0.95):
+            raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction}")
+        if not (2 <= self.max_model_len <= 262144):
+            raise ValueError(f"max_model_len must be in 2..262144, got {self.max_model_len}")
+        if not (-1 <= self.cache_slots <= 1024):
+            raise ValueError(f"cache_slots must be in -1..1024 (-1 = auto), got {self.cache_slots}")
+        for name in ("cache_device_bytes", "cache_host_bytes", "cache_capture_stride"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.load_format not in ("artifact", "dummy"):
+            raise ValueError(f"load_format must be artifact or dummy, got {self.load_format!r}")
+        if self.load_format == "dummy":
+            if not self.identity:
+                raise ValueError("load_format dummy needs an identity (e.g. qwen3_6-27b)")
+            from ninfer.targets.registry import lookup
+            lookup(self.identity)                 # UnknownIdentityError (a ValueError) names the known ones
+        elif self.identity:
+            raise ValueError("identity is only used with load_format dummy (an artifact names its own)")
+
+    @property
+    def synthetic(self) -> bool:
+        """True for dummy weights: every output of such an engine is meaningless (benchmarks only)."""
+        return self.load_format == "dummy"
+
+    @property
+    def num_cache_slots(self) -> int:
+        if not self.prefix_cache:
+            return 0
+        return 2 * self.max_concurrency if self.cache_slots < 0 else self.cache_slots
+
+    def resolved(self, cuda_available: bool) -> "EngineConfig":
+        """Resolve "auto" values (never mutates)."""
+        device = self.device
+        if device == "auto":
+            device = "cuda" if cuda_available else "cpu"
+        dtype = {"bfloat16": "bf16", "float32": "fp32"}.get(self.dtype, self.dtype)
+        if dtype == "auto":
+            dtype = "bf16" if device.startswith("cuda") else "fp32"
+        return replace(self, device=device, dtype=dtype)
+
+
+class AvailabilityState(str, enum.Enum):
+    STARTING = "starting"
+    READY = "ready"
+    FAILED = "failed"
+    SHUTTING_DOWN = "shutting_down"
+
+
+@dataclass(frozen=True, slots=True)
+class Availability:
+    state: AvailabilityState
+    reason: str = ""
+
+    @property
+    def ready(self) -> bool:
+        return self.state is AvailabilityState.READY
+
+
+class ErrorKind(str, enum.Enum):
+    OVERLOADED = "overloaded"            # queue full at submit (HTTP 429)
+    QUEUE_TIMEOUT = "queue_timeout"      # deadline passed while waiting (HTTP 503/408)
+    INVALID_REQUEST = "invalid_request"  # cannot be represented / too long / infeasible (HTTP 400)
+    NOT_READY = "not_ready"              # engine starting, failed or shutting down (HTTP 503)
+    ENGINE_FAILED = "engine_failed"      # engine-wide failure (HTTP 500)
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_reused_tokens: int = 0
+    num_reasoning_tokens: int = 0
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens taken from the context cache (OpenAI's usage.prompt_tokens_details.cached_tokens)."""
+        return self.num_reused_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationStart:
+    request_id: str
+    num_prompt_tokens: int
+    num_reused_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationDelta:
+    request_id: str
+    delta: OutputDelta
+    token_ids: tuple[int, ...]
+    logprobs: tuple[TokenLogprob, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationResult:
+    request_id: str
+    text: str
+    reasoning: str
+    tool_calls: tuple[ToolCall, ...]
+    token_ids: tuple[int, ...]
+    finish_reason: FinishReason
+    usage: Usage
+    logprobs: tuple[TokenLogprob, ...] | None = None
+    extra: dict = field(default_factory=dict)
+    # one entry per prompt token when submitted with prompt_logprobs (the first is None: no context)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationError:
+    request_id: str
+    kind: ErrorKind
+    message: str
+    usage: Usage | None = None
+
+
+GenerationEvent = GenerationStart | GenerationDelta | GenerationResult | GenerationError
+
+
+class EngineRequestError(RuntimeError):
+    """A request the Engine rejected or could not complete.
+
+    Raised by `Engine.submit` for OVERLOADED, NOT_READY and INVALID_REQUEST (nothing was queued), and
+    by `GenerationHandle.result()` / `Engine.generate` when the request ended with a GenerationError
+    (QUEUE_TIMEOUT, INVALID_REQUEST found at admission, ENGINE_FAILED). Gateways map `kind` to HTTP.
+    """
+
+    def __init__(self, kind: ErrorKind, message: str, request_id: str | None = None):
+        super().__init__(f"{kind.value}: {message}")
+        self.kind = kind
+        self.message = message
+        self.request_id = request_id
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramSnapshot:
+    """Cumulative histogram (Prometheus style): counts[i] = observations <= bounds[i]; `count` is +Inf."""
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum: float
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineMetrics:
+    """A consistent snapshot published by the Engine worker (read from any thread; never calls Program)."""
+    availability: Availability
+    running: int                          # requests holding a lane (materializing, active, terminal pending)
+    waiting: int                          # accepted requests not yet admitted
+    max_concurrency: int
+    queue_size: int
+    outstanding: int                      # requests holding outstanding capacity
+    outstanding_capacity: int             # max_concurrency + queue_size
+    outstanding_capacity_free: int
+    pages_total: int
+    pages_free: int
+    slots_total: int
+    slots_free: int
+    page_size: int
+    num_requests_submitted: int           # accepted at submit
+    num_requests_rejected: dict[str, int]  # by ErrorKind value, raised at submit
+    num_prompt_tokens: int                # prompt tokens of admitted requests
+    num_reused_tokens: int
+    num_generation_tokens: int            # committed output tokens
+    num_finished: dict[str, int]          # by FinishReason value (results)
+    num_errors: dict[str, int]            # by ErrorKind value (GenerationError events)
+    num_prefill_units: int
+    num_decode_rounds: int
+    num_control_units: int
+    queue_time_s: HistogramSnapshot
+    ttft_s: HistogramSnapshot
+    inter_token_s: HistogramSnapshot
+    e2e_s: HistogramSnapshot
+    decode_batch_size: HistogramSnapshot
+    # context cache (prefix reuse): admissions that looked for a source, those that reused one,
+    # the prompt tokens reused, checkpoints captured while running, evicted, moved to host memory;
+    # inactive checkpoints now and their bytes
+    num_cache_queries: int = 0
+    num_cache_hits: int = 0
+    num_cache_hit_tokens: int = 0
+    num_cache_captures: int = 0
+    num_cache_evictions: int = 0
+    num_cache_offloads: int = 0
+    num_checkpoints_device: int = 0
+    num_checkpoints_host: int = 0
+    checkpoint_device_bytes: int = 0
+    checkpoint_host_bytes: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# CausalScoring (Engine.score on an engine started with purpose=CAUSAL_SCORING)
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class ScoreInput:
+    """One text to score: `text` or `token_ids`. With a `context` (text or ids) only the text's
+    tokens are scored, each given the context and the text before it (continuation scoring)."""
+    text: str | None = None
+    token_ids: tuple[int, ...] | None = None
+    context: str | None = None
+    context_ids: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.text is None) == (self.token_ids is None):
+            raise ValueError("ScoreInput needs exactly one of text or token_ids")
+        if self.context is not None and self.context_ids is not None:
+            raise ValueError("ScoreInput takes at most one of context or context_ids")
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreResult:
+    """Scores of one ScoreInput. Tokens are context + text (+ a leading BOS with add_bos).
+
+    num_scored_tokens: tokens with a log-prob (the text's, except the very first token of the
+    sequence, which has no context). logprob: their summed log-likelihood (natural log).
+    perplexity: exp(-logprob / num_scored_tokens); None when nothing was scored.
+    is_greedy: every scored token is the model's argmax (evaluation harnesses' "is_greedy").
+    token_logprobs: with per_token, one entry per token of `token_ids`, None where unscored.
+    """
+    token_ids: tuple[int, ...]
+    num_context_tokens: int
+    num_scored_tokens: int
+    logprob: float
+    perplexity: float | None
+    is_greedy: bool
+    token_logprobs: tuple[TokenLogprob | None, ...] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)

@@ -1,0 +1,170 @@
+"""`ninfer chat [MODEL]`: an interactive terminal chat.
+
+The conversation is one context-cache session (`--session NAME`, default: a fresh name per chat),
+so each turn reuses the previous one's checkpoint instead of computing the history again
+(`--no-prefix-cache` turns the cache off).
+
+Commands: /reset (forget the conversation), /system TEXT (set the system message and reset),
+/think on|off (thinking mode), /help, /exit. Reasoning is shown dimmed before the answer.
+Ctrl-C cancels the answer being generated (the turn is dropped) and returns to the prompt;
+Ctrl-D (end of input) exits.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import uuid
+
+from ninfer.gateway.cli.common import (add_engine_args, add_model_arg, add_sampling_args, check_max_tokens, dim,
+                               engine_config, open_engine, resolve_model, sampling_params, use_color)
+
+HELP = ("commands: /reset  /system TEXT  /think on|off  /help  /exit    "
+        "(Ctrl-C cancels an answer, Ctrl-D exits)")
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    add_model_arg(p)
+    p.add_argument("--system", default=None, help="initial system message")
+    p.add_argument("--think", choices=("on", "off"), default="on", help="thinking mode (default: on)")
+    p.add_argument("--session", default=None, metavar="NAME",
+                   help="context-cache session key of this conversation (default: a fresh one per chat)")
+    add_sampling_args(p, max_tokens=1024)
+    add_engine_args(p)
+
+
+class ChatSession:
+    def __init__(self, engine, args):
+        self.engine = engine
+        self.args = args
+        self.system: str | None = args.system
+        self.think = args.think == "on"
+        self.history: list[dict] = []
+        self.color = use_color(sys.stdout)
+        self.session_base = args.session or f"chat-{uuid.uuid4().hex[:12]}"
+        self.resets = 0
+
+    @property
+    def session_id(self) -> str:
+        # NOTE: /reset starts a new conversation, so a new session key (the old one stays valid).
+        return self.session_base if not self.resets else f"{self.session_base}#{self.resets}"
+
+    def messages(self) -> list[dict]:
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        return head + self.history
+
+    def command(self, line: str) -> bool:
+        """Handle a /command; False means exit."""
+        cmd, _, rest = line.partition(" ")
+        rest = rest.strip()
+        if cmd in ("/exit", "/quit"):
+            return False
+        if cmd == "/reset":
+            self.history.clear()
+            self.resets += 1
+            print("[conversation reset]")
+        elif cmd == "/system":
+            self.system = rest or None
+            self.history.clear()
+            self.resets += 1
+            print("[system message set; conversation reset]" if rest else "[system message cleared; conversation reset]")
+        elif cmd == "/think":
+            if rest not in ("on", "off"):
+                print("usage: /think on|off")
+            else:
+                self.think = rest == "on"
+                print(f"[thinking {rest}]")
+        elif cmd == "/help":
+            print(HELP)
+        else:
+            print(f"unknown command {cmd}; {HELP}")
+        return True
+
+    def answer(self, text: str) -> None:
+        from ninfer.config import (EngineRequestError, GenerationDelta, GenerationError, GenerationResult,
+                                  OutputOptions)
+
+        turn = self.history + [{"role": "user", "content": text}]
+        head = [{"role": "system", "content": self.system}] if self.system else []
+        try:
+            prompt = self.engine.frontend.prepare_chat(head + turn,
+                                                       chat_template_kwargs={"enable_thinking": self.think})
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return
+        room = self.engine.max_model_len - prompt.num_prompt_tokens
+        if room < 1:
+            print(f"error: the conversation has {prompt.num_prompt_tokens} tokens, over max_model_len "
+                  f"{self.engine.max_model_len}; /reset to start over", file=sys.stderr)
+            return
+        try:
+            handle = self.engine.submit(prompt, sampling_params(self.args, self.engine.frontend.sampling_defaults),
+                                        max_tokens=min(self.args.max_tokens, room), output=OutputOptions(),
+                                        session_id=self.session_id)
+        except EngineRequestError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return
+        out = sys.stdout
+        in_reasoning = False
+        result = None
+        try:
+            for ev in handle:
+                if isinstance(ev, GenerationDelta):
+                    if ev.delta.reasoning:
+                        out.write(dim(ev.delta.reasoning, self.color))
+                        in_reasoning = True
+                    if ev.delta.text:
+                        if in_reasoning:
+                            out.write("\n\n")
+                            in_reasoning = False
+                        out.write(ev.delta.text)
+                    out.flush()
+                elif isinstance(ev, GenerationResult):
+                    result = ev
+                elif isinstance(ev, GenerationError):
+                    print(f"\nerror ({ev.kind.value}): {ev.message}", file=sys.stderr)
+        except KeyboardInterrupt:
+            handle.cancel()
+            print("\n[cancelled]")
+            return
+        finally:
+            handle.close()
+        out.write("\n")
+        out.flush()
+        if result is None:
+            return
+        if result.finish_reason.value == "length":
+            print("[answer cut at --max-tokens]")
+        msg = {"role": "assistant", "content": result.text}
+        if result.reasoning:
+            msg["reasoning_content"] = result.reasoning
+        self.history = turn + [msg]
+
+
+def run(args: argparse.Namespace) -> int:
+    check_max_tokens(args.max_tokens)
+    sampling_params(args)                 # NOTE: a bad sampling flag fails before the model loads
+    config = engine_config(args)
+    path, name, _ = resolve_model(args.model, config=config)
+    engine = open_engine(path, config)
+    try:
+        session = ChatSession(engine, args)
+        print(f"chatting with {name}. {HELP}")
+        while True:
+            try:
+                line = input("> ")
+            except EOFError:
+                print()
+                return 0
+            except KeyboardInterrupt:
+                print()
+                continue
+            line = line.strip()
+            if not line:
+                continue
+            if line.startswith("/"):
+                if not session.command(line):
+                    return 0
+                continue
+            session.answer(line)
+    finally:
+        engine.close()

@@ -1,0 +1,113 @@
+"""`ninfer generate [MODEL] -p PROMPT`: stream one generation to stdout.
+
+Content goes to stdout; reasoning (thinking) goes to stderr, dimmed on a terminal, so that
+`ninfer generate ... > out.txt` keeps only the answer. A usage line ends on stderr.
+`--json` prints one JSON object (text, reasoning, tool_calls, finish_reason, usage) instead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from ninfer.gateway.cli.common import (add_engine_args, add_model_arg, add_sampling_args, check_max_tokens, dim,
+                               engine_config, open_engine, resolve_model, sampling_params, usage_line,
+                               use_color)
+from ninfer.gateway.cli.main import CLIError
+
+
+def add_parser(p: argparse.ArgumentParser) -> None:
+    add_model_arg(p)
+    p.add_argument("-p", "--prompt", required=True, help="the prompt ('-' reads it from stdin)")
+    p.add_argument("--chat", action="store_true",
+                   help="wrap the prompt as one user message with the chat template")
+    p.add_argument("--system", default=None, help="system message (with --chat)")
+    p.add_argument("--think", choices=("on", "off"), default="on",
+                   help="thinking mode of the chat template (with --chat; default: on)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    add_sampling_args(p, max_tokens=256)
+    add_engine_args(p)
+
+
+def _prompt(engine, args):
+    from ninfer.config import OutputOptions
+
+    text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not args.chat:
+        return engine.frontend.prepare_text(text), OutputOptions(stop=tuple(args.stop), parse_reasoning=False,
+                                                                 parse_tool_calls=False)
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+        [{"role": "user", "content": text}]
+    prompt = engine.frontend.prepare_chat(messages, chat_template_kwargs={"enable_thinking": args.think == "on"})
+    return prompt, OutputOptions(stop=tuple(args.stop), parse_tool_calls=False)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ninfer.config import GenerationDelta, GenerationError, GenerationResult
+
+    max_tokens = check_max_tokens(args.max_tokens)
+    if args.system and not args.chat:
+        raise CLIError("--system needs --chat")
+    sampling_params(args)                 # NOTE: a bad sampling flag fails before the model loads
+    config = engine_config(args)
+    path, _, _ = resolve_model(args.model, config=config)
+    engine = open_engine(path, config)
+    try:
+        try:
+            prompt, output = _prompt(engine, args)
+        except ValueError as e:
+            raise CLIError(str(e)) from None
+        limit = engine.max_model_len - prompt.num_prompt_tokens
+        if limit < 1:
+            raise CLIError(f"the prompt has {prompt.num_prompt_tokens} tokens; max_model_len is {engine.max_model_len}")
+        t0 = time.monotonic()
+        handle = engine.submit(prompt, sampling_params(args, engine.frontend.sampling_defaults), max_tokens=min(max_tokens, limit),
+                               output=output)
+        color = use_color(sys.stderr)
+        ttft = None
+        in_reasoning = False
+        result = None
+        try:
+            for ev in handle:
+                if isinstance(ev, GenerationDelta):
+                    if ttft is None and ev.token_ids:
+                        ttft = time.monotonic() - t0
+                    if args.json:
+                        continue
+                    if ev.delta.reasoning:
+                        sys.stderr.write(dim(ev.delta.reasoning, color))
+                        sys.stderr.flush()
+                        in_reasoning = True
+                    if ev.delta.text:
+                        if in_reasoning:
+                            sys.stderr.write("\n")
+                            in_reasoning = False
+                        sys.stdout.write(ev.delta.text)
+                        sys.stdout.flush()
+                elif isinstance(ev, GenerationResult):
+                    result = ev
+                elif isinstance(ev, GenerationError):
+                    raise CLIError(f"generation failed ({ev.kind.value}): {ev.message}", code=1)
+        finally:
+            handle.close()
+        elapsed = time.monotonic() - t0
+        if args.json:
+            u = result.usage
+            print(json.dumps({
+                "text": result.text, "reasoning": result.reasoning,
+                "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in result.tool_calls],
+                "finish_reason": result.finish_reason.value, "token_ids": list(result.token_ids),
+                "usage": {"prompt_tokens": u.num_prompt_tokens, "cached_tokens": u.num_reused_tokens,
+                          "output_tokens": u.num_output_tokens, "reasoning_tokens": u.num_reasoning_tokens},
+                "ttft_s": ttft, "elapsed_s": elapsed,
+                **({"synthetic_weights": True} if result.extra.get("synthetic_weights") else {})}, ensure_ascii=False))
+        else:
+            if in_reasoning:
+                sys.stderr.write("\n")
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+        print(usage_line(result, ttft, elapsed), file=sys.stderr)
+        return 0
+    finally:
+        engine.close()

@@ -1,0 +1,179 @@
+"""Shared CLI pieces: model resolution (a .ninfer path or the built-in demo), Engine flags that
+mirror `EngineConfig` field names one to one, sampling flags and terminal styling."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+from pathlib import Path
+
+from ninfer.gateway.cli.main import CLIError
+from ninfer.config import EngineConfig, Purpose
+
+_ENGINE_HELP = {
+    "device": "auto | cpu | cuda | cuda:N",
+    "dtype": "auto | bf16 | fp32 (auto: bf16 on CUDA, fp32 on CPU)",
+    "max_concurrency": "active requests at once (1..8)",
+    "queue_size": "bounded FIFO waiting queue; a full queue refuses requests (HTTP 429)",
+    "request_timeout_s": "how long a request may wait in the queue",
+    "prefill_chunk_tokens": "staged prefill size in tokens",
+    "page_size": "KV page size (16, 32, 64, 128, 256)",
+    "num_pages": "KV pages (0 = derived from --kv-memory-fraction and --max-model-len)",
+    "kv_memory_fraction": "share of free device memory for KV pages when --num-pages is 0",
+    "max_model_len": "prompt + output limit of one request",
+    "enforce_eager": "no CUDA graphs",
+    "decode_step_ahead": "decode rounds through the CUDA graphs launch the next step before waiting for "
+                         "their own tokens (rows without penalties, logit bias or log-probs)",
+    "seed": "the run's seed: requests without their own seed draw reproducible streams from it",
+    "prefix_cache": "context cache: reuse checkpoints of earlier prompts and conversation turns",
+    "cache_slots": "StateImage slots for inactive checkpoints (-1 = 2 x --max-concurrency)",
+    "cache_device_bytes": "device memory budget of inactive checkpoints in bytes (0 = bounded by the pools)",
+    "cache_host_bytes": "host-memory replica budget of inactive checkpoints in bytes (0 = none)",
+    "cache_capture_stride": "also capture a checkpoint every N prompt tokens (0 = off)",
+    "load_format": "artifact | dummy (dummy: seeded random weights of --identity, for benchmarks; outputs are meaningless)",
+    "identity": "registered model identity for --load-format dummy (qwen3_6-27b, qwen3_6-35b-a3b, qwen3_6-tiny-dense, ...)",
+}
+
+SYNTHETIC_NOTICE = ("note: --load-format dummy: {identity} with synthetic random weights (a benchmarking aid): "
+                    "its text is meaningless and every response is marked synthetic")
+
+
+def add_model_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
+                   help="a .ninfer artifact (default: the built-in demo model, random weights)")
+
+
+def add_engine_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """One flag per EngineConfig field (`max_concurrency` -> `--max-concurrency`)."""
+    g = p.add_argument_group("engine (EngineConfig)")
+    for f in dataclasses.fields(EngineConfig):
+        if f.name == "purpose" or f.name in skip:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        help_ = f"{_ENGINE_HELP.get(f.name, f.name)} (default: {f.default})"
+        if isinstance(f.default, bool) and f.default:
+            # NOTE: a feature on by default is turned off by --no-<field> (e.g. --no-prefix-cache).
+            g.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_false", default=True,
+                           help=f"turn off: {_ENGINE_HELP.get(f.name, f.name)}")
+        elif isinstance(f.default, bool):
+            g.add_argument(flag, dest=f.name, action="store_true", default=f.default, help=help_)
+        else:
+            g.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=help_)
+
+
+def engine_config(args: argparse.Namespace, purpose: Purpose = Purpose.GENERATION) -> EngineConfig:
+    kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
+          if f.name != "purpose" and hasattr(args, f.name)}
+    try:
+        return EngineConfig(purpose=purpose, **kw)
+    except ValueError as e:
+        raise CLIError(f"invalid engine setting: {e}") from None
+
+
+def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
+    g = p.add_argument_group("sampling")
+    g.add_argument("--max-tokens", type=int, default=max_tokens, help=f"output token limit (default: {max_tokens})")
+    g.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the model's generation_config, else 1.0)")
+    g.add_argument("--top-p", type=float, default=None)
+    g.add_argument("--top-k", type=int, default=None, help="0 = off")
+    g.add_argument("--min-p", type=float, default=None)
+    g.add_argument("--repetition-penalty", type=float, default=None)
+    g.add_argument("--presence-penalty", type=float, default=None)
+    g.add_argument("--frequency-penalty", type=float, default=None)
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT", help="stop string (repeatable)")
+
+
+def sampling_params(args: argparse.Namespace, defaults: dict | None = None):
+    """Flags given on the command line, else the model's generation_config defaults, else ours."""
+    from ninfer.config import SamplingParams
+
+    kw = dict(defaults or {})
+    for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "presence_penalty",
+                 "frequency_penalty"):
+        value = getattr(args, name, None)
+        if value is not None:
+            kw[name] = value
+    try:
+        return SamplingParams(**kw)     # unseeded: the stream comes from EngineConfig.seed (--seed)
+    except ValueError as e:
+        raise CLIError(f"invalid sampling setting: {e}") from None
+
+
+def check_max_tokens(n: int) -> int:
+    if n < 1:
+        raise CLIError(f"--max-tokens must be >= 1, got {n}")
+    return n
+
+
+# ---------------------------------------------------------------------------------------------
+# Model
+# ---------------------------------------------------------------------------------------------
+def resolve_model(model: str | None, quiet: bool = False,
+                  config: EngineConfig | None = None) -> tuple[Path | None, str, bool]:
+    """(artifact path, served model name, is_demo). Builds the demo artifact on first use.
+
+    With `config.load_format == "dummy"` there is no file: (None, "<identity>-dummy", False).
+    """
+    if config is not None and config.load_format == "dummy":
+        if model is not None:
+            raise CLIError(f"--load-format dummy takes no MODEL file (got {model}); the model is --identity")
+        if not quiet:
+            print(SYNTHETIC_NOTICE.format(identity=config.identity), file=sys.stderr, flush=True)
+        return None, f"{config.identity}-dummy", False
+    if model is None:
+        from ninfer.demo import DEMO_MODEL_NAME, DEMO_NOTICE, ensure_demo_artifact
+
+        def building(path: Path) -> None:
+            if not quiet:
+                print(f"building the demo model in {path} (first use only) ...", file=sys.stderr, flush=True)
+
+        path = ensure_demo_artifact(on_build=building)
+        if not quiet:
+            print(DEMO_NOTICE, file=sys.stderr, flush=True)
+        return path, DEMO_MODEL_NAME, True
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise CLIError(f"model file not found: {model}")
+    if path.is_dir():
+        raise CLIError(f"{model} is a directory; pass a .ninfer file (convert a checkpoint with `ninfer convert`)")
+    return path, path.name.removesuffix(".ninfer"), False
+
+
+def open_engine(path: Path | None, config: EngineConfig):
+    """Build the Engine and wait until the model is loaded (CLIError if it cannot start).
+    path None: `config` names the model (load_format dummy)."""
+    try:
+        from ninfer import Engine
+    except ImportError as e:                                  # pragma: no cover - broken install
+        raise CLIError(f"the NInfer engine is not available: {e}") from None
+    try:
+        engine = Engine(path, config)
+    except (OSError, ValueError) as e:
+        raise CLIError(f"cannot load {path or config.identity}: {e}") from None
+    availability = engine.wait_ready()
+    if not availability.ready:
+        engine.close(0.0)
+        raise CLIError(f"cannot start the engine for {path or config.identity}: "
+                       f"{availability.reason or availability.state.value}")
+    return engine
+
+
+# ---------------------------------------------------------------------------------------------
+# Terminal
+# ---------------------------------------------------------------------------------------------
+def use_color(stream) -> bool:
+    return hasattr(stream, "isatty") and stream.isatty() and not os.environ.get("NO_COLOR")
+
+
+def dim(text: str, on: bool) -> str:
+    return f"\x1b[2m{text}\x1b[0m" if on and text else text
+
+
+def usage_line(result, ttft_s: float | None, elapsed_s: float) -> str:
+    u = result.usage
+    rate = u.num_output_tokens / elapsed_s if elapsed_s > 0 else 0.0
+    ttft = f"{ttft_s:.3f}s" if ttft_s is not None else "-"
+    return (f"[usage] prompt_tokens={u.num_prompt_tokens} cached_tokens={u.num_reused_tokens} "
+            f"output_tokens={u.num_output_tokens} reasoning_tokens={u.num_reasoning_tokens} "
+            f"finish_reason={result.finish_reason.value} ttft={ttft} tokens/s={rate:.1f}")

@@ -1,0 +1,1 @@
+"""Helpers shared by the test files (import as `support.<module>`; tests/ is on the path)."""

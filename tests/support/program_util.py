@@ -1,0 +1,111 @@
+"""Helpers shared by the Program and model-parity tests (tiny identities, fp32 on CPU)."""
+from __future__ import annotations
+
+import functools
+import importlib
+
+import torch
+
+from ninfer.artifact import open_artifact
+from ninfer.contract.program import SamplingParams, SequenceHandle, SequenceRequest
+from ninfer.targets.qwen3_6.program.config import ProgramConfig
+from ninfer.targets.registry import lookup
+from ninfer.testing.tiny_hf import KINDS
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _artifact(path: str):
+    return open_artifact(path)
+
+
+def tiny_program(tiny_artifact_path, kind: str, **config):
+    """A fresh Program of the tiny identity `kind` over the session's cached text-layout artifact
+    (whose weights are those of `build_hf_model(kind, "text")`)."""
+    art = _artifact(str(tiny_artifact_path(kind, layout="text")))
+    pkg = importlib.import_module(lookup(KINDS[kind]).module)
+    cfg = dict(device="cpu", dtype="fp32", page_size=16, num_pages=128, num_slots=8, max_model_len=1024)
+    cfg.update(config)
+    return pkg.create_program(art, ProgramConfig(**cfg))
+
+
+def tiny_parts(tiny_artifact_path, kind: str, **defaults):
+    """(Frontend, make_program) over the session's cached tiny artifact (official layout):
+    `make_program(**overrides)` builds a fresh fp32 CPU Program from `defaults` + overrides.
+    As `Engine` does, the Program samples only ids of the tokenizer's vocabulary (the lm_head's
+    padding rows are masked): an Engine test must not see padding ids the real Engine never emits."""
+    from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
+
+    art = _artifact(str(tiny_artifact_path(kind)))
+    module = importlib.import_module(art.package.module)
+    frontend = Qwen36Frontend.from_resources(art.frontend_resources())
+
+    def make_program(**overrides):
+        return module.create_program(art, ProgramConfig(**{"device": "cpu", "dtype": "fp32",
+                                                           "sampleable_vocab_size": frontend.vocab_size,
+                                                           **defaults, **overrides}))
+    return frontend, make_program
+
+
+def greedy_reference(program, prompt, n: int) -> tuple[int, ...]:
+    """Greedy tokens driven on Program directly: one-shot prefill, then single-row decode steps;
+    the sequence is released and the integrity check must hold."""
+    seq = materialize(program, prompt, n)
+    step = program.prefill(seq, len(prompt))
+    out = list(step.pending.rows[0].tokens)
+    program.commit(step.pending, [1])
+    while len(out) < n:
+        batch = program.decode([seq])
+        out.extend(batch.rows[0].tokens)
+        program.commit(batch, [1])
+    program.release(seq)
+    program.check_integrity()
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=None)
+def hf_model(kind: str):
+    from ninfer.testing.tiny_hf import build_hf_model
+    return build_hf_model(kind, "text")
+
+
+def prompt(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 248000, (n,), generator=g).tolist()
+
+
+def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).pow(2).mean().sqrt() / b.float().pow(2).mean().sqrt()).item()
+
+
+def materialize(prog, ids, max_output: int = 64, sampling: SamplingParams = GREEDY, **kw) -> SequenceHandle:
+    plan = prog.plan_materialize(SequenceRequest(tuple(ids), max_output, sampling, **kw))
+    res = prog.start_materialize(plan)
+    assert res.ok
+    prog.check_integrity()
+    return res.sequence
+
+
+def prefill_all(prog, seq, stage: int = 1 << 30) -> tuple[int, torch.Tensor]:
+    """Prefill in stages of `stage`, commit the first token; return (first token, logits [P, V])."""
+    parts = []
+    while True:
+        step, logits = prog.prefill_with_logits(seq, stage)
+        parts.append(logits)
+        prog.check_integrity()
+        if step.pending is not None:
+            prog.commit(step.pending, [1])
+            prog.check_integrity()
+            return step.pending.rows[0].tokens[0], torch.cat(parts)
+
+
+def decode_n(prog, seqs, n: int) -> list[list[int]]:
+    out = [[] for _ in seqs]
+    for _ in range(n):
+        b = prog.decode(seqs)
+        prog.commit(b, [1] * len(seqs))
+        for r, row in enumerate(b.rows):
+            out[r].append(row.tokens[0])
+    prog.check_integrity()
+    return out
