@@ -71,16 +71,23 @@ def hf_baseline_on(args: argparse.Namespace, cuda: bool) -> bool:
 
 def decode_args(ap: argparse.ArgumentParser) -> None:
     add_common_args(ap, ["qwen3_6-27b", "qwen3_6-35b-a3b"])
-    ap.add_argument("--ctx", nargs="+", type=int_in(1), default=[1024, 8192], help="context lengths")
+    ap.add_argument("--ctx", nargs="+", type=int_in(1), default=[1024, 8192], help="context (prompt) lengths")
     ap.add_argument("--max-model-len", type=int_in(0), default=0, metavar="N",
-                    help="the Program's max_model_len, i.e. the decode block-table width (default: largest ctx + 64; "
-                         "a server runs at its configured limit, e.g. 8192 or 32768)")
-    ap.add_argument("--reps", type=int_in(1), default=10)
-    ap.add_argument("--no-ref", action="store_true", help="skip the reference-ops comparison at the smallest ctx")
-    ap.add_argument("--batches", nargs="+", type=int_in(1, MAX_BATCH), default=list(range(1, 9)))
+                    help="the Engine's max_model_len (default: largest ctx + 64, more when the decode budget of "
+                         "--reps rounds needs it; a server runs at its configured limit, e.g. 8192 or 32768)")
+    ap.add_argument("--reps", type=int_in(1), default=10, help="decode rounds timed per B (after 3 warm-up rounds)")
+    ap.add_argument("--no-ref", action="store_true",
+                    help="accepted, no effect: the Engine runs its own ops; the reference-ops comparison of the "
+                         "Program's step is `python3 bench/program_step.py decode`")
+    ap.add_argument("--batches", nargs="+", type=int_in(1, MAX_BATCH), default=list(range(1, 9)),
+                    help="concurrent requests decoding together")
     ap.add_argument("--prefill-ref-gdn", action="store_true",
-                    help="prefill with the PyTorch chunk delta rule (skips fla's first-call compile)")
-    ap.add_argument("--host-overhead", action="store_true", help="tiny dense on the GPU: host time per round")
+                    help="accepted, no effect: the Engine prefills with its own ops "
+                         "(`python3 bench/program_step.py decode --prefill-ref-gdn` has it)")
+    ap.add_argument("--enforce-eager", action="store_true",
+                    help="no CUDA graphs (default: as `ninfer serve` runs, decode rounds replay CUDA graphs)")
+    ap.add_argument("--host-overhead", action="store_true",
+                    help="tiny dense on the GPU through the Engine: round time, graphs off and on")
     add_hf_baseline_args(ap)
     ap.add_argument("--hf-batches", nargs="+", type=int_in(1), default=[1, 8], help="batches of the HF baseline")
 
@@ -92,7 +99,7 @@ def prefill_args(ap: argparse.ArgumentParser) -> None:
                     help="repetitions per length <= 8192 (first one reported apart)")
     ap.add_argument("--long-reps", type=int_in(1), default=1, help="repetitions per length > 8192")
     ap.add_argument("--chunk", type=int_in(0, 65536), default=0,
-                    help="prefill stage size in tokens (0 = the whole prompt at once)")
+                    help="prefill stage size in tokens (0 = the whole prompt at once, up to 65536 tokens per stage)")
     ap.add_argument("--enforce-eager", action="store_true",
                     help="no CUDA graphs (default: as `ninfer serve` runs: short first stages replay a prefill graph)")
     add_hf_baseline_args(ap)

@@ -25,7 +25,7 @@ import torch
 
 from ninfer.targets.qwen3_6.schema import active_matrix_params
 
-# performance.md reference ceilings (H200, PyTorch)
+# the reference ceilings of docs/performance.md (PyTorch), printed beside the ones measured in this run
 DOC_COPY_TBS = 4.26
 DOC_GEMV_TBS = 3.98
 DOC_MATMUL_TFLOPS = 793.0
@@ -36,8 +36,8 @@ def default_device() -> str:
 
 
 def env_record() -> dict:
-    # NOTE: NINFER_COMMIT, when set, names the tree: the device machine's copy of the work tree may carry a
-    #       .git of an older commit (session 22: HEAD there read d0badf4+dirty on tree 7e5d31f).
+    # NOTE: NINFER_COMMIT, when set, names the tree: a copy of the work tree (e.g. on a remote machine) may
+    #       carry a .git of another commit.
     commit, dirty = os.environ.get("NINFER_COMMIT", "") or "unknown", False
     if commit == "unknown":
         try:
@@ -138,9 +138,9 @@ def measure_ceilings(device: str = "cuda") -> dict:
 
 
 def _sustained_matmul_tflops(A: torch.Tensor, B: torch.Tensor, n: int = 400) -> float:
-    """The 8192^3 product's rate once the card has run it back to back for ~0.3 s (n products of ~1.5 ms,
-    the last half timed): a long prefill's GEMMs run at this rate, not at the burst rate of a short bench_ms
-    (bench/NOTES.md, session 15: 796 TFLOP/s burst, ~680 sustained at the 700 W board power limit)."""
+    """The 8192^3 product's rate once the card has run it back to back (n products, the last half timed): a long
+    prefill's GEMMs run at this rate, not at the burst rate of a short bench_ms, once the board's power limit
+    holds the clocks down."""
     C = torch.empty(A.shape[0], B.shape[1], dtype=A.dtype, device=A.device)
     s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for i in range(n):
@@ -150,6 +150,15 @@ def _sustained_matmul_tflops(A: torch.Tensor, B: torch.Tensor, n: int = 400) -> 
     e.record()
     e.synchronize()
     return 2 * A.shape[0] * A.shape[1] * B.shape[1] * (n - n // 2) / (s.elapsed_time(e) * 1e-3) / 1e12
+
+
+def measure_ceilings_apart(device: str = "cuda") -> dict:
+    """`measure_ceilings` in a child process: the ceiling runs' large buffers stay out of this process, where
+    an Engine is timed next."""
+    import concurrent.futures
+    import multiprocessing
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(measure_ceilings, device).result()
 
 
 def print_ceilings(c: dict) -> None:

@@ -1,25 +1,27 @@
-"""Prefill: TTFT and prefill throughput through the Program, real sizes with synthetic (dummy) weights.
+"""Prefill: TTFT and prefill throughput through the public Engine, real sizes with synthetic (dummy) weights.
 
     ninfer bench prefill [--identity qwen3_6-27b qwen3_6-35b-a3b] [--lengths 1024 8192 32768]
         [--reps 3] [--chunk 0] [--out DIR] [--step-timeout S] [--hf-baseline | --no-hf-baseline]
     (or: PYTHONPATH=$PWD python bench/prefill.py ...)
 
-One measurement = a fresh random prompt of L tokens: `plan_materialize` + `start_materialize`, then
-`Program.prefill` until the prompt is consumed (in one call, or in --chunk-token stages as the
-Engine stages it), which samples the first token; then `commit` and `release`. Host wall clock
-around it (synchronized), so TTFT here = prefill + first-token sampling, without queueing/HTTP.
+Per identity one Engine (`Engine.from_config(EngineConfig(load_format="dummy", identity=...))`,
+max_concurrency 1, prefill stages of --chunk tokens, or the whole prompt when --chunk is 0) with a trace
+callback that stamps its model units (ninfer/bench/engine_clock.py). One measurement = a fresh random
+prompt of L tokens submitted as one greedy request (max_tokens 1) to the idle engine; TTFT = from
+just before `submit` to the commit of the prefill stage that sampled the first token (queueing,
+admission, every stage and the first-token sampling; not HTTP, not the event's delivery).
 Before any timed step, each identity warms up (`warmup_s`, reported apart and not under
 --step-timeout): one untimed prompt per chunk configuration the timed lengths use (one stage: the
 shortest such length; several stages: the shortest such length, at most two stages), so the
-first-call Triton compiles and fla-core autotuning (minutes for the 27B on a fresh machine) are
+first-call Triton compiles and fla-core autotuning (long for the 27B on a fresh machine) are
 outside every timed TTFT. The first timed repetition of each length is still reported apart
 (`first_ms`: what is left is length-dependent, e.g. a kernel block size picked from the row count, or
 the capture of a prefill graph: CUDA graphs are on as `ninfer serve` runs them unless --enforce-eager);
 the median is of the others. Lengths > 8192 run --long-reps times (default 1: that one run is the
-figure).
+figure). The Program-level prefill timer (no Engine) is `python3 bench/program_step.py prefill`.
 
 --hf-baseline (default on for CUDA): Hugging Face transformers' Qwen3_5(Moe)ForCausalLM with the
-identity's dims and random weights on the same device, after our Program is freed (`common.hf_model`):
+identity's dims and random weights on the same device, after the Engine is closed (`common.hf_model`):
 one forward over the whole prompt with its cache (`logits_to_keep=1`) and the first token's argmax,
 synchronized, the same lengths and repetitions (a fresh random prompt each), after one untimed prompt
 of the shortest length (fla-core's autotuning, when transformers uses it). Rows `kind: hf_prefill`.
@@ -31,7 +33,7 @@ it the same FLOPs at the rate the card sustains once its power limit holds the c
 from __future__ import annotations
 
 import argparse
-import importlib
+import random
 import statistics
 import sys
 import time
@@ -39,45 +41,19 @@ import time
 import torch
 
 from ninfer.bench.args import hf_baseline_on, prefill_args
-from ninfer.bench.common import (Recorder, default_device, env_record, free_model, hf_model, measure_ceilings,
+from ninfer.bench.common import (Recorder, default_device, env_record, free_model, hf_model, measure_ceilings_apart,
                                  prefill_flops, print_ceilings, print_table, run_step, sync)
-from ninfer.contract.program import Refusal, SamplingParams, SequenceRequest
-from ninfer.targets.dummy_weights import DummyWeights
-from ninfer.targets.qwen3_6.program.config import ProgramConfig
+from ninfer.bench.engine_clock import UnitClock, random_prompt, start_engine, ttft_ms
+from ninfer.config import EngineConfig
+from ninfer.targets.registry import lookup
 
-PAGE = 64
+PAGE_SIZE = EngineConfig().page_size     # the Engine's KV page size (as `ninfer serve` runs)
+MAX_STAGE = 65536                        # EngineConfig.prefill_chunk_tokens' upper bound
 
 
-def prefill_once(prog, prompt: tuple[int, ...], chunk: int, device: str, prefix: int = 0) -> float:
-    """ms from materialize to the first sampled token; the sequence is released afterwards. prefix > 0:
-    a first stage of that many tokens runs untimed, and the clock starts after it (a stage over a cached
-    prefix: a chat's next turn)."""
-    req = SequenceRequest(prompt_token_ids=prompt, max_output_tokens=2, sampling=SamplingParams(temperature=0.0))
-    sync(device)
-    t0 = time.perf_counter()
-    plan = prog.plan_materialize(req)
-    if isinstance(plan, Refusal):
-        raise RuntimeError(f"prompt of {len(prompt)} tokens refused: {plan.reason}")
-    h = prog.start_materialize(plan).sequence
-    step = None
-    try:
-        if prefix:
-            prog.prefill(h, prefix)
-            sync(device)
-            t0 = time.perf_counter()
-        while True:
-            step = prog.prefill(h, chunk or len(prompt))
-            if step.pending is not None:
-                break
-        sync(device)
-        ms = (time.perf_counter() - t0) * 1e3
-        prog.commit(step.pending, [1])
-    finally:
-        # NOTE: a step timeout can interrupt the prefill; give the sequence back so later lengths fit.
-        if step is not None and step.pending is not None and not step.pending.consumed:
-            prog.abort_pending(step.pending)
-        prog.release(h)
-    return ms
+def stage_tokens(lengths: list[int], chunk: int) -> int:
+    """The Engine's prefill stage size: --chunk, or (0) the longest prompt, capped at what the Engine allows."""
+    return min(chunk or max(lengths), MAX_STAGE)
 
 
 def warmup_lengths(lengths: list[int], chunk: int) -> list[int]:
@@ -89,50 +65,39 @@ def warmup_lengths(lengths: list[int], chunk: int) -> list[int]:
     return ([min(single)] if single else []) + ([min(min(staged), 2 * chunk)] if staged else [])
 
 
-def warmup(prog, identity: str, lengths: list[int], chunk: int, vocab_size: int, device: str) -> float:
-    """Untimed prefills through the timed code path (see `warmup_lengths`); returns seconds."""
-    rng = torch.Generator().manual_seed(1)
-    t0 = time.perf_counter()
-    for L in warmup_lengths(lengths, chunk):
-        prompt = tuple(torch.randint(0, vocab_size, (L,), generator=rng).tolist())
-        ms = prefill_once(prog, prompt, chunk, device)
-        print(f"[{identity}] warm-up prompt {L} (chunk {chunk or L}): {ms / 1e3:.1f} s", flush=True)
-    return time.perf_counter() - t0
-
-
 def run_identity(identity: str, lengths: list[int], reps: int, long_reps: int, chunk: int, peak: tuple[float, float],
                  device: str, rec: Recorder, step_timeout: float | None, enforce_eager: bool = False) -> None:
-    cuda = device.startswith("cuda")
-    dt = torch.bfloat16 if cuda else torch.float32
-    w = DummyWeights(identity, device=device, dtype=dt, seed=0)
-    pkg = importlib.import_module(w.package.module)
-    dims = w.dims
-    max_len = max(lengths)
-    cfg = ProgramConfig(device=device, dtype="bf16" if cuda else "fp32", page_size=PAGE,
-                        num_pages=max_len // PAGE + 8, num_slots=2, max_model_len=max_len + 16, max_batch=1,
-                        max_steps=1, enforce_eager=enforce_eager)
-    t0 = time.perf_counter()
-    prog = pkg.create_program(w, cfg)
-    sync(device)
-    print(f"[{identity}] synthetic weights generated and Program created in {time.perf_counter() - t0:.1f} s; "
-          f"ops={prog.model.ops.name}", flush=True)
-    rng = torch.Generator().manual_seed(0)
-    warmup_s = warmup(prog, identity, lengths, chunk, dims.vocab_size, device)
-    print(f"[{identity}] warm-up (compiles, autotuning) {warmup_s:.1f} s", flush=True)
-    for L in lengths:
-        n = long_reps if L > 8192 else reps
+    dims = lookup(identity).dims
+    stage = stage_tokens(lengths, chunk)
+    clock = UnitClock()
+    engine, ready_s = start_engine(identity, device, clock, max_concurrency=1, max_model_len=max(lengths) + 16,
+                                   prefill_chunk_tokens=stage, enforce_eager=enforce_eager)
+    try:
+        print(f"[{identity}] synthetic weights generated and Engine ready in {ready_s:.1f} s; prefill stage "
+              f"{stage} tokens", flush=True)
+        rng = random.Random(0)
+        wrng = random.Random(1)
+        t0 = time.perf_counter()
+        for L in warmup_lengths(lengths, chunk):
+            ms = ttft_ms(engine, clock, random_prompt(wrng, L), lambda: sync(device))
+            print(f"[{identity}] warm-up prompt {L} (chunk {chunk or L}): {ms / 1e3:.1f} s", flush=True)
+        warmup_s = time.perf_counter() - t0
+        print(f"[{identity}] warm-up (compiles, autotuning) {warmup_s:.1f} s", flush=True)
+        for L in lengths:
+            n = long_reps if L > 8192 else reps
 
-        def measure(L=L, n=n) -> dict:
-            times = []
-            for _ in range(max(1, n)):
-                prompt = tuple(torch.randint(0, dims.vocab_size, (L,), generator=rng).tolist())
-                times.append(prefill_once(prog, prompt, chunk, device))
-                print(f"[{identity}] prompt {L}: {times[-1]:.1f} ms", flush=True)
-            return prefill_row(identity, "prefill", "ninfer", dims, L, min(chunk or L, L), times, warmup_s, peak)
+            def measure(L=L, n=n) -> dict:
+                times = []
+                for _ in range(max(1, n)):
+                    times.append(ttft_ms(engine, clock, random_prompt(rng, L), lambda: sync(device)))
+                    print(f"[{identity}] prompt {L}: {times[-1]:.1f} ms", flush=True)
+                return prefill_row(identity, "prefill", "ninfer", dims, L, min(chunk or L, L), times, warmup_s, peak)
 
-        row = run_step(rec, step_timeout, f"{identity} prefill {L}", measure)
-        if row is not None:
-            rec.add(row)
+            row = run_step(rec, step_timeout, f"{identity} prefill {L}", measure)
+            if row is not None:
+                rec.add(row)
+    finally:
+        engine.close()
 
 
 def prefill_row(identity: str, kind: str, impl: str, dims, L: int, chunk: int, times: list[float], warmup_s: float,
@@ -194,14 +159,15 @@ def run(args: argparse.Namespace) -> int:
     cuda = device.startswith("cuda")
     env = env_record()
     print(f"env: {env}", flush=True)
-    ceil = measure_ceilings(device)
+    ceil = measure_ceilings_apart(device)         # the Engine timed next runs without the ceilings' buffers
     print_ceilings(ceil)
     # NOTE: (burst rate, sustained rate): the floor is at the burst rate (performance.md); a long prompt's
     #       GEMMs run at the power-limited sustained rate, so its floor is printed beside it.
     peak = (ceil["matmul_8192_TFLOPs"] * 1e12, (ceil.get("matmul_sustained_TFLOPs") or 0.0) * 1e12)
     hf = hf_baseline_on(args, cuda)
     rec = Recorder("prefill", args.out, {"env": env, "ceilings": ceil, "device": device,
-                                         "dtype": "bf16" if cuda else "fp32", "batch": 1, "page_size": PAGE,
+                                         "dtype": "bf16" if cuda else "fp32", "batch": 1, "page_size": PAGE_SIZE,
+                                         "path": "engine",
                                          "weights": "dummy (synthetic)", "identities": args.identity,
                                          "lengths": args.lengths, "enforce_eager": args.enforce_eager,
                                          "hf_baseline": hf})
@@ -210,7 +176,7 @@ def run(args: argparse.Namespace) -> int:
         run_step(rec, None, f"{ident} prefill",
                  lambda: run_identity(ident, lengths, args.reps, args.long_reps, args.chunk, peak,
                                       device, rec, args.step_timeout, args.enforce_eager))
-        free_model(device)              # NOTE: each step's model is freed here, however the step ended
+        free_model(device)              # each step's Engine is closed and freed here, however the step ended
         if hf:
             run_step(rec, None, f"{ident} transformers baseline",
                      lambda: hf_baseline(ident, lengths, args.reps, args.long_reps, peak, device, rec,

@@ -13,9 +13,7 @@ request (first-call compiles), then for each concurrency c runs c clients, each 
 `ignore_eos` so every output has the asked length. The clients (`--client http`, the default) post
 the OpenAI request JSON over one shared `httpx.AsyncClient` and read the SSE lines themselves, as
 vLLM's and SGLang's serving benches do with aiohttp. `--client openai` uses the official `openai`
-async client instead; its client-side work counts in the TTFT (~15 ms more per 1024-id request than
-the raw client: median of 8 interleaved requests each, tiny model on a 2-core CPU host, bench/NOTES.md
-pass 6).
+async client instead; its client-side work counts in the TTFT (docs/performance.md, "Decision log").
 
 Per request: TTFT = first streamed chunk with a choice - send time; TPOT = (last chunk - first
 chunk) / (output tokens - 1). Per level: TTFT mean/p50/p99, TPOT mean/p50/p99, output tokens/s =
@@ -49,7 +47,8 @@ from pathlib import Path
 
 from ninfer.bench.args import serve_args
 from ninfer.bench.common import (Recorder, decode_floor_ms, default_device, env_record,
-                                 measure_ceilings, prefill_floor_ms, print_ceilings, print_table)
+                                 measure_ceilings, measure_ceilings_apart, prefill_floor_ms, print_ceilings,
+                                 print_table)
 
 TOKEN_RANGE = (1000, 150000)      # ordinary text tokens of the Qwen3.6 vocabulary (no special ids)
 
@@ -424,15 +423,7 @@ def run(args: argparse.Namespace) -> int:
     SAMPLING.update(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
     env = env_record()
     print(f"env: {env}", flush=True)
-    if args.in_process:
-        # NOTE: measured in a child process: the ceiling runs' large buffers slowed the in-process
-        #       Engine that followed (CPU: tiny dense TTFT 80 -> 215 ms in the same process).
-        import concurrent.futures
-        import multiprocessing
-        with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-            ceil = pool.submit(measure_ceilings, device).result()
-    else:
-        ceil = measure_ceilings(device)
+    ceil = measure_ceilings_apart(device) if args.in_process else measure_ceilings(device)
     print_ceilings(ceil)
     if device.startswith("cuda"):
         import torch

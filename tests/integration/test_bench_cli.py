@@ -30,6 +30,20 @@ def test_bench_decode_cpu(capsys, tmp_path):
     for key in ("commit", "torch", "triton", "machine"):
         assert key in data["env"]
     assert "floor_ms" in out and json.loads((tmp_path / "decode.json").read_text())["partial"] is False
+    assert data["path"] == "engine"
+    assert all(r["ops"] == "engine" and r["rounds"] == 1 and r["tpot_ms"] == r["step_ms"]
+               for r in data["results"] if r["kind"] == "decode")
+
+
+def test_round_intervals_count_only_consecutive_full_decode_units():
+    """A round is timed between the commits of two decode units that both held all B rows."""
+    from ninfer.bench.engine_clock import Unit, round_intervals
+
+    units = [Unit("prefill", 1, 0.0), Unit("decode", 1, 1.0), Unit("prefill", 1, 2.0), Unit("decode", 2, 3.0),
+             Unit("decode", 2, 3.5), Unit("control", 1, 4.0), Unit("decode", 2, 5.0), Unit("decode", 2, 5.25),
+             Unit("decode", 2, None), Unit("decode", 1, 7.0)]
+    assert round_intervals(units, 2) == [0.5, 0.25]
+    assert round_intervals(units, 1) == []
 
 
 def test_bench_prefill_cpu(capsys):
@@ -43,6 +57,7 @@ def test_bench_prefill_cpu(capsys):
     assert all(r["ttft_ms"] > 0 and r["floor_ms"] > 0 and r["chunk"] == 16 and r["impl"] == "ninfer"
                for r in data["results"])
     assert "floor_ms" in out and "prefill_tok/s" in out
+    assert data["path"] == "engine"
 
 
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])

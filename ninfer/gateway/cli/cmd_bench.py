@@ -1,4 +1,6 @@
 """`ninfer bench {decode,prefill,serve,kernels}`: the benchmarks of ninfer/bench/ (synthetic weights).
+decode, prefill and serve drive the public Engine; the Program-level step timer (a developer tool) is
+bench/program_step.py.
 
 Each prints a table with the performance.md floor beside every figure and one `JSON {...}` line
 (machine, torch/triton versions, identity, dtype, batch, lengths, commit); `--out DIR` also
@@ -10,8 +12,8 @@ import argparse
 import importlib
 
 SUBCOMMANDS = {
-    "decode": ("ninfer.bench.decode", "decode step time through the Program, B=1..8, with a transformers baseline"),
-    "prefill": ("ninfer.bench.prefill", "prefill TTFT and throughput for 1k/8k/32k prompts"),
+    "decode": ("ninfer.bench.decode", "decode round time (TPOT) through the Engine, B=1..8, with a transformers baseline"),
+    "prefill": ("ninfer.bench.prefill", "prefill TTFT and throughput through the Engine for 1k/8k/32k prompts"),
     "serve": ("ninfer.bench.serve", "end-to-end OpenAI-API serving: TTFT, TPOT, tokens/s at concurrency 1..8"),
     "kernels": ("ninfer.bench.kernels", "every fast op vs its PyTorch reference at the 27B shapes (CUDA only)"),
 }
