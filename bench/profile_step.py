@@ -12,7 +12,8 @@ same tables list the aten ops of the reference op set (a smoke run with a tiny i
 NOTE: with programmatic dependent launch on, a kernel's recorded duration includes its wait for the
       previous one; take per-kernel breakdowns with NINFER_PDL=0 (docs/performance.md, "How to measure").
 
-    PYTHONPATH=$PWD python3 bench/profile_step.py --decode qwen3_6-27b qwen3_6-35b-a3b --batches 1 8 --prefill qwen3_6-27b:8192
+    PYTHONPATH=$PWD python3 bench/profile_step.py --decode qwen3_6-27b qwen3_6-35b-a3b --batches 1 8 \
+        --prefill qwen3_6-27b:8192
     PYTHONPATH=$PWD python3 bench/profile_step.py --device cpu --decode qwen3_6-tiny-dense --prefill qwen3_6-tiny-moe:40
 """
 from __future__ import annotations
