@@ -1,4 +1,4 @@
-# Sourced by the device-session scripts: $OUT, PYTHONPATH with the repo and the carried wheels
+# Sourced before a device command (`. bench/_device_env.sh; python3 ...`): $OUT, PYTHONPATH with the repo and the carried wheels
 # (.whl/*.whl, e.g. fla-core, installed into /tmp/site), unbuffered Python.
 OUT=${OUT:-out}; mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1

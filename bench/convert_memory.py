@@ -11,7 +11,7 @@ to `convert(candidates=...)`, the documented benchmark hook; `open_artifact` wou
 The checkpoint is written shard by shard (HF layout `model.language_model.*`, index file) from a
 pool of random bytes, then converted in a child process whose peak RSS (ru_maxrss) is reported.
 
-    python3 bench/convert_memory.py [--dir /work/tmp-bench] [--keep]
+    python3 bench/convert_memory.py [--dir /work/tmp-bench] [--keep] [--tiny]
 """
 from __future__ import annotations
 
@@ -36,7 +36,12 @@ from ninfer.targets.registry import lookup
 SHARD_BYTES = 4 << 30
 
 
-def bench_package() -> TargetPackage:
+def bench_package(tiny: bool = False) -> TargetPackage:
+    """The bench-only package; tiny: the tiny MoE identity's widths (a smoke run of the same path)."""
+    if tiny:
+        base = lookup("qwen3_6-tiny-moe").dims
+        dims = dataclasses.replace(base, num_hidden_layers=4, layer_types=hybrid_layer_types(4), vision=None)
+        return TargetPackage("qwen3_6-bench-memory", "qwen3_6", dims, StorageProfile("bf16", "bench only"), __name__)
     base = lookup("qwen3_6-27b").dims
     dims = dataclasses.replace(
         base, num_hidden_layers=4, layer_types=hybrid_layer_types(4), intermediate_size=0, vision=None,
@@ -105,31 +110,32 @@ def write_checkpoint(out: Path, pkg: TargetPackage) -> int:
     return total
 
 
-def child(src: str, out: str) -> None:
+def child(src: str, out: str, tiny: bool) -> None:
     from ninfer.convert import convert
 
-    pkg = bench_package()
+    pkg = bench_package(tiny)
     t = time.perf_counter()
     convert(src, out, candidates={pkg.identity: pkg}, progress=True)
     print(json.dumps({"convert_s": time.perf_counter() - t}))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--dir", default="/work/tmp-bench-convert")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--tiny", action="store_true", help="the tiny MoE widths: a smoke run (seconds, a few MB)")
     ap.add_argument("--child", nargs=2)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.child:
-        return child(*args.child)
+        return child(*args.child, args.tiny)
     work = Path(args.dir)
     src, out = work / "src", work / "bench.ninfer"
     try:
         t = time.perf_counter()
-        src_bytes = write_checkpoint(src, bench_package())
+        src_bytes = write_checkpoint(src, bench_package(args.tiny))
         t_write = time.perf_counter() - t
-        r = subprocess.run([sys.executable, __file__, "--child", str(src), str(out)], check=True,
-                           stdout=subprocess.PIPE, text=True)
+        r = subprocess.run([sys.executable, __file__, "--child", str(src), str(out)] + ["--tiny"] * args.tiny,
+                           check=True, stdout=subprocess.PIPE, text=True)
         res = json.loads(r.stdout.strip().splitlines()[-1])
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
         row = {"bench": "convert_memory", "identity": bench_package().identity, "source_bytes": src_bytes,

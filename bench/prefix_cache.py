@@ -14,19 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ninfer.bench.common import env_record, json_line, print_table
 
-from _common import env_record, json_line, print_table  # noqa: E402
-
-from ninfer import Engine  # noqa: E402
-from ninfer.contract.program import SamplingParams  # noqa: E402
-from ninfer.contract.frontend import OutputOptions  # noqa: E402
-from ninfer.config import EngineConfig, GenerationDelta, GenerationResult, GenerationStart  # noqa: E402
+from ninfer import Engine
+from ninfer.contract.program import SamplingParams
+from ninfer.contract.frontend import OutputOptions
+from ninfer.config import EngineConfig, GenerationDelta, GenerationResult, GenerationStart
 
 SYSTEM = ("You are a coding agent. You can read files, run shell commands and edit code. Think step by "
           "step, call tools when you need information, and answer concisely. " * 3)
@@ -79,7 +75,7 @@ def replay(engine: Engine, sessions: int, turns: int, max_tokens: int, use_sessi
                 captures=m.num_cache_captures, evictions=m.num_cache_evictions)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", nargs="?", default=None, help=".ninfer artifact (default: the demo model)")
     ap.add_argument("--device", default="auto")
@@ -88,7 +84,7 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--max-model-len", type=int, default=2048)
     ap.add_argument("--no-session", action="store_true", help="send no session_id (prefix index only)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.model is None:
         from ninfer.demo import ensure_demo_artifact
         args.model = str(ensure_demo_artifact())

@@ -5,10 +5,10 @@ a pure read may run faster or slower than it, so the decode floor should be take
 Per size (bf16 buffers, L2 flushed by do_bench before every rep; median):
     torch.sum                                     the framework's reduction
     triton stream  BLOCK x ITERS per program      16-byte loads, fp32 partial sums, one store per program
-    the GEMV kernel at M=1 on [N, K] = the same bytes (config_for: these N are in no table, so the
-                                                  unmeasured default_config), for the gap to it
+    F.linear (cuBLAS) and the Triton GEMV (ninfer.ops.triton.gemv) at M=1 on [N, 5120] = the same bytes,
+                                                  for the gap between a weight stream and a pure read
 
-    PYTHONPATH=$PWD python3 bench/read_bw.py [--mb 50 180 2048]
+    PYTHONPATH=$PWD python3 bench/read_bw.py [--mb 50 180 2048]       (needs CUDA and Triton)
 """
 from __future__ import annotations
 
@@ -37,10 +37,10 @@ def stream(x: torch.Tensor, out: torch.Tensor, block: int, iters: int, warps: in
     _stream_kernel[(triton.cdiv(n, block * iters),)](x, out, n, BLOCK=block, ITERS=iters, num_warps=warps)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--mb", nargs="+", type=float, default=[50, 180, 356, 2048])
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     from ninfer.ops.triton import gemv
     rows = []
     for mb in a.mb:
@@ -65,15 +65,18 @@ def main() -> None:
         K = 5120
         w = x.view(n // K, K)
         v = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
+        row["F.linear M=1"] = tb / (do_bench(lambda: torch.nn.functional.linear(v, w), warmup=10, rep=60,
+                                             return_mode="median") * 1e-3)
         row["gemv M=1"] = tb / (do_bench(lambda: gemv.gemv(v, w), warmup=10, rep=60, return_mode="median") * 1e-3)
-        row["gemv config"] = tuple(gemv.config_for(n // K, K, 1))
         rows.append(row)
         print(f"{row['MB']:8.1f} MB  torch.sum {row['torch.sum']:.3f} TB/s  triton stream {best[0]:.3f} TB/s "
-              f"{best[1]}  gemv [{n // K} x {K}] M=1 {row['gemv M=1']:.3f} TB/s", flush=True)
+              f"{best[1]}  [{n // K} x {K}] M=1: F.linear {row['F.linear M=1']:.3f}, gemv {row['gemv M=1']:.3f} TB/s",
+              flush=True)
         del x, out, w
         torch.cuda.empty_cache()
     print("JSON " + json.dumps({"bench": "read_bw", "gpu": torch.cuda.get_device_name(), "rows": rows}))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -21,9 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-# NOTE: bench/ holds scripts whose names shadow packages transformers probes (bench/kernels.py).
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
 def _status_kib(field: str) -> int:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -43,14 +40,14 @@ def _commit() -> str:
         return "unknown"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, nargs="+", default=[10_000, 30_000, 100_000])
     ap.add_argument("--window", type=int, default=8192)
     ap.add_argument("--stride", type=int, default=None)
     ap.add_argument("--kind", default="dense", choices=("dense", "moe"))
     ap.add_argument("--device", default="cpu")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     import torch
 
@@ -67,7 +64,6 @@ def main() -> int:
         engine = Engine(artifact, EngineConfig(purpose="causal_scoring", device=args.device, dtype="fp32",
                                                max_model_len=args.window))
         assert engine.wait_ready().ready, engine.availability
-        staging = engine._core.program.scoring.staging.nbytes
         loaded_kib = _status_kib("VmRSS")
         rows = []
         for n in args.tokens:
@@ -92,7 +88,7 @@ def main() -> int:
               f"{r['peak_minus_before_mib']:>11.0f} {r['seconds']:>8.1f} {r['tokens_per_s']:>7.0f}")
     print(json.dumps({"bench": "score_memory", "identity": KINDS[args.kind], "dtype": "fp32",
                       "device": args.device, "window": args.window, "stride": args.stride or args.window,
-                      "staging_mib": staging / 2**20, "rss_after_load_mib": loaded_kib / 1024,
+                      "rss_after_load_mib": loaded_kib / 1024,
                       "machine": f"{platform.machine()} {os.cpu_count()} cpus", "commit": _commit(),
                       "torch_threads": torch.get_num_threads(), "runs": rows}))
     return 0

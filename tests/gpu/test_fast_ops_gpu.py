@@ -285,7 +285,7 @@ def test_chunk_gdn_graphed_stages_equal_fla_eager(dtype, monkeypatch):
         assert (fg._GRAPHS.replays - replays) == (14 if graphed else 0)     # T = 2049: fla-core directly
         results[graphed] = outs
     # NOTE: bf16 inputs give the same bits; fp32 inputs run fla-core's TF32 dots, whose results move at
-    #       the 1e-4 level with the padded length (measured on the H200: see bench/NOTES.md pass 8).
+    #       the 1e-4 level with the padded length (measured on the H200: see docs/performance.md).
     tol = 1e-5 if dtype == torch.bfloat16 else 1e-3
     errs = [rel_rms(x, y) for a, b in zip(results[True], results[False]) for x, y in zip(a, b)]
     print(f"graphed vs eager fla-core, {dtype}: max rel RMS {max(errs):.2e}")
@@ -487,7 +487,7 @@ def test_program_fast_vs_reference_logits(identity):
     """fp32 Program, fast op set vs reference op set. fla-core's chunk gated-delta-rule kernels use TF32
     products for fp32 inputs (its triangular solve asks for tf32 explicitly; the other dots take
     Triton's tf32 default), which alone moves these logits by 6.5e-3 (dense) / 1.1e-2 (MoE) on the
-    H200 (bench/op_bisect.py, bench/NOTES.md pass 5; every other fast op swapped in alone: < 2e-5).
+    H200 (docs/performance.md, "Attention and prefill"; every other fast op swapped in alone: < 2e-5).
     So every op we own is held to fp32 agreement against the reference set carrying fla's chunk op,
     and the whole fast set to a TF32-level bound; the chunk op itself is checked against its
     reference above (test_chunk_gdn_fla_*)."""

@@ -127,7 +127,7 @@ def _check_graphs_equal_eager(identity, dtype):
     w, prog = _program(identity, dtype)
     pg = prog.prefill_graphs
     g = torch.Generator().manual_seed(11)
-    # NOTE: fp32: fla-core's TF32 chunk dots move with the padded length (bench/NOTES.md pass 8); bf16: the
+    # NOTE: fp32: fla-core's TF32 chunk dots move with the padded length (docs/performance.md); bf16: the
     #       GEMMs at the bucket's row count may block their sums differently.
     tol = 2e-3 if dtype == torch.float32 else 2e-2
     routed = "moe" in identity and dtype == torch.bfloat16
@@ -151,8 +151,8 @@ def _check_graphs_equal_eager(identity, dtype):
                 #       when any sum rounds differently (the graph's attention is its own kernel, the GEMMs run at
                 #       the bucket's row count), and its later layers' KV, the state and so the next logits move.
                 #       The eager path alone, staged (63, 1) vs (64,), differs by rel. RMS 0.32 in the decode
-                #       logits and up to 0.33 in the first token's, 0.21 in the whole KV (bench/NOTES.md session
-                #       21). So for it each graphed stage's median token KV must agree within tol (most tokens
+                #       logits and up to 0.33 in the first token's, 0.21 in the whole KV (measured on the
+                #       H200). So for it each graphed stage's median token KV must agree within tol (most tokens
                 #       take the same experts; a wrong position, prefix or state moves them all), and the rest
                 #       only as the same computation: rel. RMS < 0.5, where unrelated logits or KV give ~1.4.
                 loose = 0.5 if routed else tol
