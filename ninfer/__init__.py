@@ -1,7 +1,7 @@
 """NInfer: a single-GPU inference engine for the Qwen3.6 model family.
 
 Gateways use `ninfer.Engine`, the public types below and the Frontend types; nothing else.
-`Engine` and `GenerationHandle` are imported on first use (the engine pulls in the runtime).
+`Engine` and `GenerationHandle` are imported on first use, so that `import ninfer` stays light.
 """
 from ninfer.config import (Availability, AvailabilityState, EngineConfig, EngineMetrics, EngineRequestError,
                           ErrorKind, FinishReason, GenerationDelta, GenerationError, GenerationEvent,

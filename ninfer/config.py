@@ -34,11 +34,9 @@ class EngineConfig:
     max_concurrency: int = 4              # 1..8 active requests
     queue_size: int = 16                  # bounded FIFO waiting queue
     request_timeout_s: float = 600.0      # default deadline of a request while waiting in the queue
-    # NOTE: a 27B prefill stage cost ~90 ms of host work whatever its size (H200, pass 7: 512 tokens 100-155
-    #       ms, 2048 165-179, 4095 334): 512-token stages made a 4096-token prompt's TTFT 1097 ms against 360
-    #       in one stage (bench/ttft_timeline.py, bench/NOTES.md). Pass 8's chunk-GDN graphs cut a short
-    #       stage's host work (511 tokens: 54 ms, pass 9), not the cost of an extra stage. 8192 as vLLM / SGLang on H100-class
-    #       GPUs; a stage still runs between decode rounds, so a long prompt delays the others by one stage.
+    # NOTE: a prefill stage has a fixed host cost whatever its size, so fewer, larger stages give the
+    #       shorter TTFT (docs/performance.md, "Decision log"); 8192, as vLLM and SGLang use. A stage runs
+    #       between decode rounds, so a long prompt delays the others by one stage.
     prefill_chunk_tokens: int = 8192      # staged prefill size
     page_size: int = 16                   # KV page size (power of two, 16..256)
     num_pages: int = 0                    # 0 = max_concurrency x ceil(max_model_len / page_size)

@@ -28,6 +28,7 @@ from typing import Any, Callable, Sequence
 
 from ninfer.contract.program import Program, SamplingParams
 from ninfer.engine.causal_score_core import CausalScoreCore
+from ninfer.engine.context_cache import CacheConfig
 from ninfer.engine.engine_core import DECODE_STEPS, EngineCore, Trace
 from ninfer.engine.handle import GenerationHandle
 from ninfer.contract.frontend import OutputOptions, PreparedPrompt
@@ -55,37 +56,14 @@ class Engine:
 
         cfg = config.resolved(torch.cuda.is_available())
         if cfg.load_format == "dummy":
-            # NOTE: a benchmarking aid: the package's Program over seeded random weights generated on the
-            # device, with the built-in Frontend; every result carries extra["synthetic_weights"] = True.
             if artifact_path is not None:
                 raise ValueError("load_format 'dummy' takes no artifact path (the model is config.identity)")
-            from ninfer.targets.dummy_weights import DummyWeights
-            from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
-            from ninfer.targets.registry import lookup
-            package = lookup(cfg.identity)
-            package_module = importlib.import_module(package.module)
-            frontend = Qwen36Frontend.builtin()
-            program_config = _program_config(package_module, cfg, frontend.vocab_size)
-            dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
-
-            def load() -> Program:
-                weights = DummyWeights(package.identity, device=cfg.device, dtype=dtype, seed=cfg.seed)
-                return package_module.create_program(weights, program_config)
-
-            self._start(frontend, cfg, package.identity, load, trace)
-            return
-        if artifact_path is None:
+            frontend, identity, load = _dummy_model(cfg)
+        elif artifact_path is None:
             raise ValueError("Engine needs a .ninfer artifact path (or EngineConfig(load_format='dummy', identity=...))")
-        from ninfer.artifact import open_artifact
-        artifact = open_artifact(artifact_path)
-        package_module = importlib.import_module(artifact.package.module)
-        frontend = _create_frontend(package_module, artifact)
-        program_config = _program_config(package_module, cfg, frontend.vocab_size)
-
-        def load() -> Program:
-            return package_module.create_program(artifact, program_config)
-
-        self._start(frontend, cfg, artifact.identity, load, trace)
+        else:
+            frontend, identity, load = _artifact_model(artifact_path, cfg)
+        self._start(frontend, cfg, identity, load, trace)
 
     @classmethod
     def from_config(cls, config: EngineConfig, *, trace: Trace | None = None) -> "Engine":
@@ -197,7 +175,7 @@ class Engine:
         inputs: a text, a list of token ids, a ScoreInput (with `context` for continuation scoring)
         or a list of these; returns one ScoreResult per input. Long inputs are scored over windows
         of `window` tokens (default and maximum: max_model_len) moved by `stride` (default: window),
-        the standard sliding-window perplexity recipe (see runtime/engine/causal_score_core.py).
+        the standard sliding-window perplexity recipe (see engine/causal_score_core.py).
         per_token: also each token's log-prob (and `top_k` alternatives, 0..20). add_bos: prepend
         <|endoftext|> so the first token is scored too (off by default: the family has no BOS).
         progress: called with the number of tokens the recipe moved past, after every window.
@@ -313,6 +291,41 @@ def _score_inputs(inputs: Any) -> list[ScoreInput]:
     return [one(x) for x in inputs]
 
 
+# ---- the model: a package's Frontend and a loader of its Program ---------------------------------
+def _artifact_model(path: str | os.PathLike, cfg: EngineConfig) -> tuple[Any, str, Callable[[], Program]]:
+    """(Frontend, identity, Program loader) of a `.ninfer` artifact: its package builds both."""
+    from ninfer.artifact import open_artifact
+    artifact = open_artifact(path)
+    package_module = importlib.import_module(artifact.package.module)
+    frontend = _create_frontend(package_module, artifact)
+    program_config = _program_config(package_module, cfg, frontend.vocab_size)
+
+    def load() -> Program:
+        return package_module.create_program(artifact, program_config)
+    return frontend, artifact.identity, load
+
+
+def _dummy_model(cfg: EngineConfig) -> tuple[Any, str, Callable[[], Program]]:
+    """(Frontend, identity, Program loader) of load_format "dummy": a benchmarking aid, the package's
+    Program over seeded random weights generated on the device, with the built-in Frontend; every
+    result carries extra["synthetic_weights"] = True."""
+    import torch
+
+    from ninfer.targets.dummy_weights import DummyWeights
+    from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
+    from ninfer.targets.registry import lookup
+    package = lookup(cfg.identity)
+    package_module = importlib.import_module(package.module)
+    frontend = Qwen36Frontend.builtin()
+    program_config = _program_config(package_module, cfg, frontend.vocab_size)
+    dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
+
+    def load() -> Program:
+        weights = DummyWeights(package.identity, device=cfg.device, dtype=dtype, seed=cfg.seed)
+        return package_module.create_program(weights, program_config)
+    return frontend, package.identity, load
+
+
 def _create_frontend(package_module: Any, artifact: Any) -> Any:
     resources = artifact.frontend_resources()
     factory = getattr(package_module, "create_frontend", None)
@@ -322,6 +335,8 @@ def _create_frontend(package_module: Any, artifact: Any) -> Any:
     return Qwen36Frontend.from_resources(resources)
 
 
+# ---- EngineConfig -> the package's ProgramConfig and the context cache's CacheConfig -------------
+# NOTE: EngineConfig validated every user-facing value; these only derive the Program's fixed resources.
 def _num_slots(cfg: EngineConfig) -> int:
     """One StateImage slot per lane; with the context cache one more per lane (its publication
     slot, held from activation) and the slots of inactive checkpoints."""
@@ -339,14 +354,13 @@ def _num_scratch(cfg: EngineConfig) -> int:
     """Scratch entries of the Engine's open batch (it consumes each unit's PendingBatch before the next):
     a decode round's DECODE_STEPS per row, a control unit's forced suffix (one row, up to
     PROGRAM_MAX_STEPS), a final prefill stage's one. The Program adds what its own graphs hold
-    (`ninfer.targets.qwen3_6.program.program._num_scratch`). Its default, max_batch x max_steps, held 8
-    entries per lane: at the 35B-A3B's 61 MiB per entry 3.9 GiB, at the 27B's 147 MiB 9.4 GiB, taken from
-    the KV budget (neither model could serve 8 lanes on an 80 GB card)."""
+    (`ninfer.targets.qwen3_6.program.program._num_scratch`). Program's default, max_batch x max_steps,
+    would hold PROGRAM_MAX_STEPS entries per lane, taken from the KV budget (a large model's entry is
+    tens of MiB: docs/performance.md, "Decision log")."""
     return max(cfg.max_concurrency * DECODE_STEPS, PROGRAM_MAX_STEPS)
 
 
-def _cache_config(cfg: EngineConfig):
-    from ninfer.engine.context_cache import CacheConfig
+def _cache_config(cfg: EngineConfig) -> CacheConfig:
     return CacheConfig(enabled=cfg.prefix_cache, device_bytes=cfg.cache_device_bytes, host_bytes=cfg.cache_host_bytes,
                        capture_stride=cfg.cache_capture_stride)
 

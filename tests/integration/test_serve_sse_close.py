@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ninfer.gateway.http.app import SSEResponse
+from ninfer.gateway.http.streams import SSEResponse
 
 
 def _scope() -> dict:

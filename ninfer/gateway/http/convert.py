@@ -35,7 +35,7 @@ class EngineCall:
     sampling: SamplingParams
     output: OutputOptions
     max_tokens: int
-    prompt_logprobs: int | None = None    # echo + logprobs: log-probs of the prompt tokens (serve/echo.py)
+    prompt_logprobs: int | None = None    # echo + logprobs: log-probs of the prompt tokens (gateway/http/echo.py)
     discard_output: bool = False          # max_tokens 0 with echo: one token is run, none is returned
     session_id: str | None = None         # context-cache session key (request field `session_id`)
 
