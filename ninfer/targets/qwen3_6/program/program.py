@@ -25,9 +25,9 @@ moves the frontier. The final prefill stage, decode and control never touch the 
 step i of row r reads the previous state image (the slot, or the scratch entry of step i-1) and
 writes scratch entry [r][i]; KV of produced positions is written beyond the frontier, where no
 committed reader looks. `commit(accepted)` moves scratch entry [r][accepted-1]'s image into the slot
-(StateImageStore.swap: a relabel, no copy) and
-moves the frontier by the accepted tokens and stores the sampler's generator state after the
-last accepted draw, so an unaccepted draw is never seen again. Abort copies nothing.
+(StateImageStore.swap: a relabel, no copy), moves the frontier by the accepted tokens and stores the
+sampler's generator state after the last accepted draw, so an unaccepted draw is never seen again.
+Abort copies nothing.
 
 Semantics the Engine relies on:
   prefill(seq, n)       stages of any size; a non-final stage commits at once (pending None); the
