@@ -27,7 +27,7 @@ def create_program(weights, config):
     weights: an opened `.ninfer` Artifact or a Mapping[str, Tensor] of canonical names;
     config: `ninfer.targets.qwen3_6.program.config.ProgramConfig`.
     """
-    from ninfer.targets.qwen3_6.layers import build_program
+    from ninfer.targets.qwen3_6 import build_program
     from ninfer.targets.qwen3_6.layers.dense_mlp import DenseMLP
 
     return build_program(DIMS, DenseMLP(), weights, config)

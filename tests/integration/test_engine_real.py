@@ -118,7 +118,7 @@ def test_warm_up_runs_its_prompts_and_leaves_nothing_behind(tiny_artifact_path):
     request counters zeroed.
     On the CPU reference ops the Program names no lengths, so the default warmup runs nothing; bad
     lengths are refused before any request."""
-    from ninfer.targets.qwen3_6.program.program import warmup_lengths
+    from ninfer.targets.qwen3_6.program.warmup import warmup_lengths
     cfg = EngineConfig(max_concurrency=2, queue_size=2, max_model_len=128, page_size=16, prefill_chunk_tokens=64)
     with Engine(tiny_artifact_path("dense"), cfg) as eng:
         assert eng.wait_ready(60).ready, eng.availability.reason

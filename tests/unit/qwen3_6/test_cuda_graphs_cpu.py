@@ -229,7 +229,7 @@ def test_step_ahead_rounds_equal_plain_rounds(identity, kind):
     assert round_([0], 1, [1]) == (2, False)
     assert round_([0], 1, [1]) == (1, True)
     assert round_([0], 1, [1])[0] == 0                   # the last token of the budget: adopted, nothing after
-    assert prog._ahead is None
+    assert prog.step_ahead.pending is None
     for p in (ref, prog):
         s = p._seq(hs[p][0])
         assert len(s.tokens) - s.num_prompt == budgets[0]

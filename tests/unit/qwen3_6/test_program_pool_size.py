@@ -9,7 +9,7 @@ import torch
 from ninfer.targets.qwen3_6.program.config import ProgramConfig
 from ninfer.engine.engine_core import DECODE_STEPS
 from ninfer.targets.qwen3_6.program.model_view import fuse_rows
-from ninfer.targets.qwen3_6.program.program import _num_scratch, _pool_pages
+from ninfer.targets.qwen3_6.program import sizing
 from ninfer.targets.registry import lookup
 
 D27 = lookup("qwen3_6-27b").dims
@@ -28,20 +28,20 @@ def _cfg(**kw):
 
 def test_fraction_caps_the_pool_at_the_free_memory_share():
     free = 40 * GiB
-    pages = _pool_pages(D27, _cfg(num_pages=10**6), 8, mem_get_info=lambda dev: (free, 0))
+    pages = sizing.pool_pages(D27, _cfg(num_pages=10**6), 8, mem_get_info=lambda dev: (free, 0))
     assert pages == (free // 2 - (8 + 8) * ENTRY_27B) // (1 << 20)
     # the full-length size stays the upper bound when memory is plentiful
-    assert _pool_pages(D27, _cfg(num_pages=4096), 8, mem_get_info=lambda dev: (free, 0)) == 4096
+    assert sizing.pool_pages(D27, _cfg(num_pages=4096), 8, mem_get_info=lambda dev: (free, 0)) == 4096
 
 
 def test_too_little_memory_for_one_full_length_sequence_is_a_clear_error():
     with pytest.raises(ValueError, match="fewer than max_model_len 8192"):
-        _pool_pages(D27, _cfg(), 8, mem_get_info=lambda dev: (4 * GiB, 0))
+        sizing.pool_pages(D27, _cfg(), 8, mem_get_info=lambda dev: (4 * GiB, 0))
 
 
 def test_no_fraction_or_cpu_keeps_num_pages():
-    assert _pool_pages(D27, _cfg(kv_memory_fraction=0.0), 8, mem_get_info=lambda dev: (1, 0)) == 4096
-    assert _pool_pages(D27, _cfg(), 8) == 4096          # CPU: no device memory to ask about
+    assert sizing.pool_pages(D27, _cfg(kv_memory_fraction=0.0), 8, mem_get_info=lambda dev: (1, 0)) == 4096
+    assert sizing.pool_pages(D27, _cfg(), 8) == 4096          # CPU: no device memory to ask about
 
 
 def _engine_program_config(identity, max_concurrency=8, max_model_len=8192):
@@ -63,10 +63,10 @@ def test_an_engine_serves_eight_lanes_of_8k_on_an_80gb_card(identity, free_gib):
     dims, pc = _engine_program_config(identity)
     assert pc.num_scratch == max(8 * DECODE_STEPS, pc.max_steps) < pc.max_batch * pc.max_steps
     mem = lambda dev: (int(free_gib * GiB), 80 * GiB)          # noqa: E731
-    pages = _pool_pages(dims, pc, _num_scratch(pc), mem_get_info=mem)
+    pages = sizing.pool_pages(dims, pc, sizing.num_scratch(pc), mem_get_info=mem)
     assert pages * pc.page_size >= 8192
     with pytest.raises(ValueError, match="leaves 0 KV pages"):
-        _pool_pages(dims, pc, pc.max_batch * pc.max_steps, mem_get_info=mem)
+        sizing.pool_pages(dims, pc, pc.max_batch * pc.max_steps, mem_get_info=mem)
 
 
 def test_the_engine_provisional_area_fits_its_largest_units():
@@ -74,7 +74,7 @@ def test_the_engine_provisional_area_fits_its_largest_units():
     # one lane: a control unit's forced suffix (up to max_steps tokens) is the largest batch
     assert pc.num_scratch >= pc.max_steps and pc.num_scratch >= 2 * pc.max_batch
     # the Program adds its graphs' entries on CUDA: the step-ahead's one per row, a prefill capture's one
-    assert _num_scratch(pc) == pc.num_scratch + pc.max_batch + 1
+    assert sizing.num_scratch(pc) == pc.num_scratch + pc.max_batch + 1
     with pytest.raises(ValueError, match="num_scratch must be 0"):
         _cfg(max_batch=4, max_steps=2, num_scratch=3)
     assert _cfg(max_batch=4, max_steps=2, num_scratch=4).num_scratch == 4
@@ -82,11 +82,11 @@ def test_the_engine_provisional_area_fits_its_largest_units():
 
 def test_the_program_adds_its_graphs_entries_to_the_callers_area():
     eager = dict(device="cuda", enforce_eager=True)
-    assert _num_scratch(_cfg()) == 4 * 2                                  # CPU: no graphs, the default area
-    assert _num_scratch(_cfg(num_scratch=5)) == 5
-    assert _num_scratch(_cfg(**eager)) == 4 * 2
-    assert _num_scratch(_cfg(device="cuda")) == 4 * 2 + 4 + 1            # + the step-ahead's rows, a capture
-    assert _num_scratch(_cfg(device="cuda", num_scratch=5, decode_step_ahead=False)) == 5 + 1
+    assert sizing.num_scratch(_cfg()) == 4 * 2                                  # CPU: no graphs, the default area
+    assert sizing.num_scratch(_cfg(num_scratch=5)) == 5
+    assert sizing.num_scratch(_cfg(**eager)) == 4 * 2
+    assert sizing.num_scratch(_cfg(device="cuda")) == 4 * 2 + 4 + 1            # + the step-ahead's rows, a capture
+    assert sizing.num_scratch(_cfg(device="cuda", num_scratch=5, decode_step_ahead=False)) == 5 + 1
 
 
 @pytest.mark.gpu
@@ -103,7 +103,7 @@ def test_the_pool_counts_the_blocks_a_load_left_cached_as_free():
     del t
     assert torch.cuda.mem_get_info(dev)[0] < before - GiB - 512 * (1 << 20)
     cfg = _cfg(device="cuda", num_pages=10**6, max_model_len=16)
-    pages = _pool_pages(D27, cfg, 8)
+    pages = sizing.pool_pages(D27, cfg, 8)
     seen = (pages * (1 << 20) + (8 + 8) * ENTRY_27B) / cfg.kv_memory_fraction
     assert seen >= before - GiB - 64 * (1 << 20)        # only the fused matrix is used
     assert torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev) < 64 * (1 << 20)

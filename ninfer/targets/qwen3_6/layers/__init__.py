@@ -1,19 +1,23 @@
-"""Execution leaves shared by the Qwen3.6 packages (each package selects its own set).
+"""The execution leaves of the Qwen3.6 family: implementations of the protocols of
+`ninfer.targets.qwen3_6.program.leaves` (each package selects its own set, `ninfer.targets.qwen3_6.build_program`).
 
 attention.GatedAttentionProjection   attention projection leaf (q/gate, k, v, q/k norm, rotary; output gate, o_proj)
 gdn.GDNProjection                    GDN projection/control leaf (qkv/z/a/b projections, gates; gated norm, out_proj)
 dense_mlp.DenseMLP                   post-mixer leaf: SwiGLU MLP (27B and the tiny dense identity)
 moe.SparseMoE                        post-mixer leaf: routed experts + gated shared expert (35B-A3B, tiny MoE)
 """
+from __future__ import annotations
+
+from typing import Any
+
+import torch
 
 
-def build_program(dims, post_mixer, weights, config):
-    """The family Program over a package's dims with the shared attention and GDN leaves and the
-    package's post-mixer leaf (DenseMLP or SparseMoE)."""
-    from ninfer.targets.qwen3_6.program.leaves import LeafSet
-    from ninfer.targets.qwen3_6.program.program import Qwen36Program
-    from ninfer.targets.qwen3_6.layers.attention import GatedAttentionProjection
-    from ninfer.targets.qwen3_6.layers.gdn import GDNProjection
-
-    leaves = LeafSet(attention=GatedAttentionProjection(dims), gdn=GDNProjection(dims), post_mixer=post_mixer)
-    return Qwen36Program(dims, leaves, weights, config)
+def main_and_gate(ops: Any, h: Any, w: torch.Tensor, split: int, side: Any = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(h @ w[:split].T, h @ w[split:].T) of a mixer's in_proj packed [main | gate]: one GEMM and its two
+    column ranges, or with `side` (the schedule's `SideGemv`) two GEMVs, the second on its stream."""
+    if side is not None:
+        return side.pair(ops, h, w, split)
+    y = ops.linear(h, w)
+    return y[..., :split], y[..., split:]

@@ -6,7 +6,7 @@ from typing import Any
 import torch
 
 from ninfer.targets.qwen3_6.dims import Qwen36Dims
-from ninfer.targets.qwen3_6.program.leaves import main_and_gate
+from ninfer.targets.qwen3_6.layers import main_and_gate
 from ninfer.targets.qwen3_6.program.model_view import AttentionWeights
 
 

@@ -1,2 +1,2 @@
-"""The Qwen3.6 family Program: the forward schedule (`model`), the Program that owns sequences,
-stores, transactions and sampling (`program`), checkpoints, CUDA graphs and causal scoring."""
+"""The Qwen3.6 family Program: `program.Qwen36Program` (its module docstring maps the concerns to their
+modules), the forward schedule (`model`), its weights (`model_view`), CUDA graphs, sampling and scoring."""

@@ -177,7 +177,7 @@ class CheckpointOps:
     def plan_capture(self, seq: SequenceHandle, evictable: Sequence[int] = ()) -> ResourcePlan | Refusal:
         s = self._seq(seq)
         self._pending.require_idle(s.handle.seq_id, "capture")
-        self._discard_ahead(s.handle.seq_id)
+        self.step_ahead.discard(s.handle.seq_id)
         if s.frontier < 1:
             return Refusal(RefusalKind.INFEASIBLE, "nothing to capture at frontier 0")
         victims = self._ledger.victims(self._ledger.need(0), evictable)
@@ -250,7 +250,7 @@ class CheckpointOps:
         """Publish one complete checkpoint from a terminal sequence, or release it."""
         s = self._seq(seq)
         self._pending.require_idle(s.handle.seq_id, "retain")
-        self._discard_ahead(s.handle.seq_id)
+        self.step_ahead.discard(s.handle.seq_id)
         h = s.holding
         if h.pub_slot is not None and s.pub_target == s.frontier + 1 and s.pub_frontier != s.pub_target:
             # NOTE: the target covers the last sampled token, which is not in the state yet: one more
@@ -266,7 +266,7 @@ class CheckpointOps:
             return self.release(seq)
         cid = next(self._ckpt_ids)
         holding, _ = self._ledger.retain(s.handle.seq_id, cid, frontier, use_pub)
-        del self._seqs[s.handle.seq_id]
+        self._seqs.remove(s.handle.seq_id)
         info = self._publish(holding, tuple(s.tokens[:frontier]), "terminal", s)
         return ResourceResult(ok=True, resource_revision=self._ledger.revision, checkpoint=info)
 
@@ -312,7 +312,7 @@ class CheckpointOps:
             on_host = c.info.placement is Placement.HOST
             if on_host == c.holding.on_device or on_host != (c.host is not None):
                 raise InvariantError(f"checkpoint {cid}: placement {c.info.placement.value} inconsistent")
-        for s in self._seqs.values():
+        for s in self._seqs:
             if s.pub_frontier is not None and (s.holding.pub_slot is None or s.pub_frontier > s.frontier + 1):
                 raise InvariantError(f"sequence {s.handle.seq_id}: publication frontier {s.pub_frontier} "
                                      f"without a slot or beyond its state")

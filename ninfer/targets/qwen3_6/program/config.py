@@ -20,9 +20,13 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 @dataclass(frozen=True)
 class ProgramConfig:
-    """Fixed resources of one Program.
+    """Fixed resources of one Program. Validation checks only what the Program itself needs to run;
+    which values a user may choose is `ninfer.config.EngineConfig`'s rule, checked there once (the
+    Engine builds this config from it, `ninfer.engine.facade`; tests build it directly).
 
-    page_size      KV page size in tokens (power of two, 16..256; smaller powers of two allowed for tests)
+    page_size      KV page size in tokens, >= 1: the pools, block tables and kernels address position p
+                   as (page p // page_size, offset p % page_size) and need nothing more (the Engine
+                   offers the powers of two 16..256; tests use small pages)
     num_pages      pages of the shared paged KV pool (one pool per attention layer, same page ids)
     num_slots      StateImage slots (one per active sequence; checkpoints take more later)
     max_model_len  prompt + output + lookahead limit of one sequence
@@ -31,7 +35,7 @@ class ProgramConfig:
     num_scratch    StateImage entries for the caller's open batches (0 = max_batch x max_steps: any batch
                    of max_batch rows x max_steps steps at once); a caller whose batches are smaller sizes it
                    to them (the Engine: `ninfer.engine.facade._num_scratch`). At least max(max_batch, max_steps).
-                   The Program adds the entries its own graphs hold (program._num_scratch)
+                   The Program adds the entries its own graphs hold (sizing.num_scratch)
     purpose        "generation" | "causal_scoring": only the latter allocates the scoring staging
                    (temporary window State/KV and lm_head buffers, see scoring.py)
     scoring_window longest scoring window in tokens (0 = max_model_len); causal_scoring only
@@ -63,9 +67,8 @@ class ProgramConfig:
 
     def __post_init__(self) -> None:
         resolve_dtype(self.dtype)
-        ps = self.page_size
-        if not (1 <= ps <= 256 and ps & (ps - 1) == 0):
-            raise ValueError(f"page_size must be a power of two in 1..256, got {ps}")
+        if self.page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {self.page_size}")
         if self.num_pages < 1:
             raise ValueError(f"num_pages must be >= 1, got {self.num_pages}")
         if self.num_slots < 1:

@@ -54,11 +54,10 @@ def fill_static_inputs(host: "torch.Tensor | np.ndarray", W: int, input_ids: Seq
     positions, src, dst, context lengths (positions + 1), then row r's pages at 5B + r*W.
 
     NOTE: only each row's own pages are written; the entries past them keep stale ids, which no
-          kernel reads (attention and the KV write stop at the row's context). Padding every row
-          to W (= max_model_len / page_size) from a Python list cost ~3 ms per round at W = 4096.
-          The writes go through a numpy view of the buffer: ~2 us a round against ~20 us for
-          torch.tensor + slice assignments on a 2-core CPU host (on the H200 machine, 27B process,
-          B=1: 0.01-0.09 ms against 0.04-0.18 ms; bench/NOTES.md pass 6)."""
+          kernel reads (attention and the KV write stop at the row's context): padding every row
+          to W (= max_model_len / page_size) from a Python list is slow at a long max_model_len.
+          The writes go through a numpy view of the buffer, several times cheaper than
+          torch.tensor + slice assignments (docs/performance.md, "Decision log")."""
     a = host.numpy() if isinstance(host, torch.Tensor) else host
     B = len(input_ids)
     a[:B], a[B:2 * B], a[2 * B:3 * B], a[3 * B:4 * B] = input_ids, positions, src, dst
@@ -124,7 +123,7 @@ class DecodeGraphs:
 
     def _body(self, g: _Graph) -> torch.Tensor:
         # NOTE: the static-input copy is the graph's first node, not a host-side launch per round (one host
-        #       op fewer: 27B round 14.170 -> 14.097 ms measured interleaved, bench/NOTES.md pass 6).
+        #       op fewer per round).
         g.copy_in()
         return decode_body(self.model, self.state, g)
 

@@ -15,6 +15,9 @@ fused steps through it (one fast kernel per step on CUDA, the PyTorch references
 
 Shapes: N tokens of a packed batch, H hidden; nh/nkv/hd attention heads; C conv channels,
 nv/dv GDN value heads.
+
+The implementations are in `ninfer.targets.qwen3_6.layers`; a package picks its post-mixer, and
+`ninfer.targets.qwen3_6.build_program` assembles the set.
 """
 from __future__ import annotations
 
@@ -23,16 +26,6 @@ from typing import Any, Mapping, NamedTuple, Protocol
 import torch
 
 from ninfer.targets.qwen3_6.program.model_view import AttentionWeights, GDNWeights
-
-
-def main_and_gate(ops: Any, h: Any, w: torch.Tensor, split: int, side: Any = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(h @ w[:split].T, h @ w[split:].T) of a mixer's in_proj packed [main | gate]: one GEMM and its two
-    column ranges, or with `side` (the schedule's `SideGemv`) two GEMVs, the second on its stream."""
-    if side is not None:
-        return side.pair(ops, h, w, split)
-    y = ops.linear(h, w)
-    return y[..., :split], y[..., split:]
 
 
 class AttentionLeaf(Protocol):

@@ -20,8 +20,8 @@ Side stream (the decode graph's body, `decode_static`, on CUDA with the fast GEM
 of a mixer's in_proj that only its output gate reads (GDN z, the attention gate) are a second GEMV on a
 side stream, so their weight stream runs while the main stream does the state step (GDN conv + delta
 rule) or the paged attention, which leave HBM mostly idle; the main stream joins it right before the
-gate is read (the GDN gated norm, the attention's merge). At one row (B=1) only, where it was measured
-faster.
+gate is read (the GDN gated norm, the attention's merge). At one row (B=1) only (docs/performance.md,
+"Decision log").
 """
 from __future__ import annotations
 
@@ -39,13 +39,8 @@ from ninfer.targets.qwen3_6.program.leaves import LeafSet
 from ninfer.targets.qwen3_6.program.model_view import LayerView, ModelView
 
 
-# NOTE: read at each decode_static call (the decode graphs' capture). Measured on the H200 (bench/NOTES.md,
-#       "Decode pass 11", bench/step_ab.py, B=1, replay): 27B 13.983 -> 13.693 ms with the main rows' GEMV
-#       on 16-row tiles (13.902 with the 8-row ones), 35B-A3B 2.532 -> 2.477 ms. Two other forms were
-#       measured slower and removed: the gate GEMV forked after the main rows' GEMV (27B 14.121 vs 13.954),
-#       and one stream with the gate GEMV issued after the state step, launched beside it under PDL and
-#       waiting for it only before exiting (27B 14.071-14.328 over four main-row tiles, vs 13.807-13.961);
-#       a higher priority for the capture stream than the side stream did not help (27B 13.915 vs 13.726).
+# NOTE: read at each decode_static call (the decode graphs' capture); on because it shortens the B=1 step
+#       (docs/performance.md, "Decision log").
 SIDE_GATE = True
 
 
@@ -53,8 +48,8 @@ class SideGemv:
     """The side stream of the mixers' gate rows (module docstring) and the fork onto it: both GEMVs read
     the same input, so the side one forks before the main one is issued and they start together; the
     SMs take the main GEMV's blocks first (issued first), the gate's fill its tail and the state step.
-    Used for one-row graphs only: at B=8 the 27B's replay was 15.373 ms with it against 15.042 without
-    (bench/NOTES.md pass 11; the M > 1 tiles of the split shapes were not tuned)."""
+    Used for one-row graphs only: at more rows it lengthens the step (the M > 1 tiles of the split shapes
+    are not tuned; docs/performance.md, "Decision log")."""
 
     def __init__(self, device: torch.device) -> None:
         from ninfer.ops.triton import gemv

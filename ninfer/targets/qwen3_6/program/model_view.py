@@ -90,8 +90,8 @@ MLP_FUSED = {
 
 
 # NOTE: shared_in gets zero rows after its parts up to a multiple of 8, so its GEMM's output rows are
-#       16-byte aligned: cuBLAS ran the 35B-A3B's 1281-row shared_in on a slow kernel for unaligned
-#       operands in prefill (bench/NOTES.md, session 16). Its user (the SparseMoE leaf) slices the parts
+#       16-byte aligned: cuBLAS runs the 35B-A3B's 1281-row shared_in on a slow kernel for unaligned
+#       operands in prefill. Its user (the SparseMoE leaf) slices the parts
 #       by offset and length. The other groups are not padded: their last part runs to the end of the
 #       matrix (`main_and_gate`, `silu_mul_halves`), and at the real sizes their row counts are
 #       multiples of 8 already.
@@ -124,8 +124,8 @@ def load_model_view(dims: Qwen36Dims, weights: Any, device: torch.device | str, 
     """Copy the text model's tensors to `device`/`dtype` (fp32-stored A_log / GDN norm stay fp32).
 
     Each layer's groups are fused as soon as its tensors are loaded, so the parts a fusion frees are
-    reused by the next layer's same-shaped parts: loading all first held every part's block in the
-    CUDA caching allocator beside its fused copy (~21 GiB more at the peak on the 27B)."""
+    reused by the next layer's same-shaped parts; loading all first would hold every part's block in
+    the CUDA caching allocator beside its fused copy."""
     get = tensor_getter(weights)
     per_layer: dict[int, list] = {}
     t: dict[str, torch.Tensor] = {}

@@ -2,8 +2,7 @@
 none), padded to a bucket of rows.
 
 Why: a short stage is host bound. Its ~1300 kernel launches (35B-A3B) cost more host time than the GPU
-takes to run them: a 1024-token 35B-A3B stage took 45-50 ms on the host against ~29 ms of kernels
-(bench/NOTES.md, sessions 16-17). Replaying a graph of the whole stage leaves the GPU time only.
+takes to run them. Replaying a graph of the whole stage leaves the GPU time only.
 
     which stages   one sequence, 2..`max_tokens` tokens, text positions, at any start: a prompt's first
                    stage, a stage after a context-cache hit (a chat's next turn, a shared system prompt)
@@ -29,8 +28,8 @@ out of the capture), with fla-core called directly (`gated_delta.ungraphed`), th
 scratch entry the caller holds and every page the dummy. Nothing is owned by the capture, and the
 real stage then runs once, by the replay. After a capture, a few eager stages over a prefix run on the
 same scratch entry and the dummy page (`warm_eager_over_prefix`): what an eager stage over a prefix (one
-with prompt log-probs or kept logits) needs on first use, which the warmup's short stages, graphed now,
-no longer reach. All graphs share one memory
+with prompt log-probs or kept logits) needs on first use, which the warmup's short stages, being graphed,
+do not reach. All graphs share one memory
 pool: one runs at a time, on the current stream, and its output is read before the next. A capture
 that fails warns once, and the Program runs every stage eagerly from then on.
 """
@@ -53,12 +52,10 @@ BUCKETS = (8, 16, 32, 64, 128, 256, 512, 768, 1024, 1280, 1536, 1792, 2048)
 MAX_TOKENS = int(os.environ.get("NINFER_PREFILL_GRAPH_TOKENS", "2048"))   # 0: no prefill graphs
 
 
-# NOTE: a stage is host bound while its kernels take less than the ~45-50 ms of host time the eager path
-#       spends on its ~1300 launches; past that the padding only adds GPU work. Measured (bench/NOTES.md
-#       session 18, bench/prefill_graphs.py): the 27B gained 8-18 ms at 500 tokens and lost 1-5 ms at
-#       1000-2000 (its GEMMs ~90 ms at 1000); the 35B-A3B gained 5-40 ms up to 2000. So graphs go up to the
-#       largest bucket whose GEMMs stay under HOST_BOUND_FLOPS (~45 ms at the ~680 TFLOP/s the card
-#       sustains): the 27B to 512 rows, the 35B-A3B to 2048.
+# NOTE: a stage is host bound while its kernels take less than the host time the eager path spends on its
+#       ~1300 launches; past that the padding only adds GPU work. So graphs go up to the largest bucket whose
+#       GEMMs stay under HOST_BOUND_FLOPS, about that host time of GEMMs: the 27B to 512 rows, the 35B-A3B
+#       to 2048 (docs/performance.md, "Decision log").
 HOST_BOUND_FLOPS = 3e13
 
 
@@ -126,10 +123,9 @@ def warm_eager_over_prefix(model: Qwen36Model, rows: Sequence[int], image: int, 
     """Run the eager forward of a stage of each `rows` count over a prefix of one page, on the physical
     state image `image` (a scratch entry the caller holds) with every page the spare one; both are zeroed
     first (their content is never read by a sequence). Nothing else is written.
-    Why: with the prefill graphs the serve warmup's short stages no longer run eagerly, but a stage over a
-    prefix with prompt log-probs or kept logits does (the graphs keep the last row only). Its first use
-    paid what the warmup used to pay: the chunk-GDN graph of its length (15-50 ms) and Triton forms at odd
-    row counts (~0.4 s each; bench/NOTES.md session 19, when every stage over a prefix was eager)."""
+    Why: with the prefill graphs the serve warmup's short stages do not run eagerly, but a stage over a
+    prefix with prompt log-probs or kept logits does (the graphs keep the last row only); without this its
+    first use would pay the chunk-GDN graph of its length and the Triton forms at odd row counts."""
     dev = model.view.embed_tokens.device
     model.state.zero_image(image)
     model.kv.k[:, spare_page].zero_()

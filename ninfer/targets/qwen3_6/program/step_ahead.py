@@ -2,10 +2,9 @@
 
 A decode round ends in one host sync for its token ids; everything the host does after it (the
 Engine's commit, the Frontend's detokenisation, streaming, scheduling the next round, the next
-round's input fill and graph launch) used to leave the GPU idle: 0.3-0.5 ms per 27B round on the
-H200 (bench/NOTES.md, pass 6), more through the server. When a round of plain rows (greedy or drawn,
-without penalties, logit bias or log-probs: `Sampler.plain`) runs through the decode graphs, Program
-launches one more step of the same rows *before* it reads the round's tokens: the step takes its
+round's input fill and graph launch) would leave the GPU idle. When a round of plain rows (greedy
+or drawn, without penalties, logit bias or log-probs: `Sampler.plain`) runs through the decode
+graphs, Program launches one more step of the same rows *before* it reads the round's tokens: the step takes its
 input ids from the round's tokens on the device (the graph's `fed` buffer), draws from the rng
 states the round's draws leave (host-side generator states, known without a sync), reads the state
 the round wrote (its scratch entry) and writes a scratch entry of its own, held here. The next
@@ -21,7 +20,7 @@ What a step-ahead writes before it is adopted stays outside every committed read
 position after the frontier (what the round would write; beyond the frontier nobody reads) and a
 scratch entry. All work is queued on one CUDA stream, so later writes to freed pages or entries
 are ordered after it. A discarded step-ahead costs one step of GPU time; Program therefore launches
-one only when the next round is likely to adopt it (below, `eligible`).
+one only when the next round is likely to adopt it (`StepAhead.wanted`).
 """
 from __future__ import annotations
 
@@ -29,6 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from ninfer.contract.program import BatchKind, InvariantError, PendingBatch
+from ninfer.program.transactions import PendingLedger
 
 
 @dataclass(eq=False)
@@ -67,3 +69,67 @@ class Ahead:
     rng_out: list                     # each row's rng state after its draw
     sampling: Any                     # the rows' SamplingTensors (None: every row greedy), reused by the next round
     confirmed: bool = False           # that round was committed with every produced token accepted
+
+
+class StepAhead:
+    """The Program's one launched, not yet adopted step (`pending`), its switch and counters.
+
+    The scratch entries a step-ahead wrote are held in the PendingLedger for it until the next round
+    adopts them (they become that round's first step) or it is discarded (they go back)."""
+
+    def __init__(self, ledger: PendingLedger, enabled: bool) -> None:
+        self._ledger = ledger
+        self.enabled = enabled                         # a switch for benchmarks and tests
+        self.pending: Ahead | None = None
+        self.counts = {"launched": 0, "adopted": 0}    # for benchmarks and tests
+
+    def wanted(self, seqs: list, num_steps: int, num_live: int) -> bool:
+        """Whether to launch the step after a round of `num_steps` steps of `seqs`: the next round is
+        likely to be these rows again (every one of the `num_live` live sequences is in this round, so no
+        other is about to join) and every row may produce another token after it (budget and reservation).
+        The caller also checks that the step fits a decode graph."""
+        B = len(seqs)
+        if not self.enabled or num_live != B or self._ledger.num_free_scratch < B:
+            return False
+        return all(len(s.tokens) - s.num_prompt + num_steps < s.request.max_output_tokens
+                   and s.frontier + num_steps + 1 <= s.holding.reserved_tokens for s in seqs)
+
+    def launched(self, ahead: Ahead) -> None:
+        self.pending = ahead
+        self.counts["launched"] += 1
+
+    def adopt(self, seqs: list, kind: BatchKind, pipelined: bool) -> Ahead | None:
+        """The pending step when this round is exactly its rows' next step (else it is discarded)."""
+        a, self.pending = self.pending, None
+        if a is None:
+            return None
+        if (kind is BatchKind.DECODE and pipelined and a.confirmed
+                and a.seq_ids == tuple(s.handle.seq_id for s in seqs)
+                and all(s.frontier == f == len(s.tokens) - 1 for s, f in zip(seqs, a.frontier))
+                and all(s.rng_state is r for s, r in zip(seqs, a.rng_in))):
+            self.counts["adopted"] += 1
+            return a
+        self._ledger.unhold(a.entries)
+        return None
+
+    def on_commit(self, batch: PendingBatch, accepted: list[int], seq_ids) -> None:
+        """Before `batch` commits: confirm the pending step if `batch` is its source, committed in full;
+        discard it if any of the batch's rows (`seq_ids`) is one of its rows otherwise."""
+        a = self.pending
+        if (a is not None and batch.batch_id == a.source
+                and all(n == row.produced_tokens for row, n in zip(batch.rows, accepted))):
+            a.confirmed = True
+        else:
+            self.discard(*seq_ids)
+
+    def discard(self, *seq_ids: int) -> None:
+        """Drop the pending step if any of `seq_ids` is one of its rows."""
+        a = self.pending
+        if a is not None and set(seq_ids) & set(a.seq_ids):
+            self.pending = None
+            self._ledger.unhold(a.entries)
+
+    def check(self, live_ids: set[int]) -> None:
+        a = self.pending
+        if a is not None and (not set(a.seq_ids) <= live_ids or len(a.entries) != len(a.seq_ids)):
+            raise InvariantError(f"step-ahead of rows {a.seq_ids} outlived its sequences or entries")
