@@ -3,7 +3,7 @@ decoding together at context 1k and 8k, real sizes with synthetic (dummy) weight
 
     ninfer bench decode [--identity qwen3_6-27b qwen3_6-35b-a3b] [--ctx 1024 8192] [--batches 1 2 4 8]
         [--reps 10] [--max-model-len N] [--enforce-eager] [--host-overhead] [--hf-baseline | --no-hf-baseline]
-    (or: PYTHONPATH=$PWD python bench/decode.py ...)
+    (or: python3 -m ninfer.bench.decode ...)
 
 Per identity one Engine (`Engine.from_config(EngineConfig(load_format="dummy", identity=...))`,
 max_concurrency = the largest B, CUDA graphs as `ninfer serve` runs them unless --enforce-eager) with
@@ -237,7 +237,7 @@ def host_overhead_rows(rec: Recorder) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench/decode.py", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="ninfer bench decode", description=__doc__.split("\n\n")[0])
     add_args(ap)
     return run(ap.parse_args(argv))
 

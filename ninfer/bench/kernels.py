@@ -1,6 +1,6 @@
 """Kernel bench: every fast op vs its PyTorch reference at the 27B shapes, with a correctness gate.
 
-    ninfer bench kernels [--quick] [--out DIR]   (or: PYTHONPATH=$PWD python bench/kernels.py)
+    ninfer bench kernels [--quick] [--out DIR]   (or: python3 -m ninfer.bench.kernels)
 
 Per case: relative RMS error vs the reference (gate: bf16 1e-2, prefill GDN 2e-2), the median
 time of the fast op and of the reference (CUDA events), and the floor: max(bytes / copy bandwidth,
@@ -125,7 +125,7 @@ def cases(quick: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench/kernels.py")
+    ap = argparse.ArgumentParser(prog="ninfer bench kernels")
     add_args(ap)
     return run(ap.parse_args(argv))
 

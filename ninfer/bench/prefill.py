@@ -2,7 +2,7 @@
 
     ninfer bench prefill [--identity qwen3_6-27b qwen3_6-35b-a3b] [--lengths 1024 8192 32768]
         [--reps 3] [--chunk 0] [--out DIR] [--step-timeout S] [--hf-baseline | --no-hf-baseline]
-    (or: PYTHONPATH=$PWD python bench/prefill.py ...)
+    (or: python3 -m ninfer.bench.prefill ...)
 
 Per identity one Engine (`Engine.from_config(EngineConfig(load_format="dummy", identity=...))`,
 max_concurrency 1, prefill stages of --chunk tokens, or the whole prompt when --chunk is 0) with a trace
@@ -199,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench/prefill.py", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="ninfer bench prefill", description=__doc__.split("\n\n")[0])
     add_args(ap)
     return run(ap.parse_args(argv))
 

@@ -2,7 +2,7 @@
 
     ninfer bench serve [--identity qwen3_6-27b] [--concurrency 1 2 4 8] [--prompt-len 1024]
         [--output-len 128] [--requests-per-client 2] [--out DIR] [--step-timeout S]
-    (or: PYTHONPATH=$PWD python bench/serve.py ...)
+    (or: python3 -m ninfer.bench.serve ...)
 
 Per identity: starts `ninfer serve --load-format dummy --identity X` as a subprocess on a free
 loopback port (`--max-concurrency` = the largest concurrency, `--max-model-len` = this bench's
@@ -457,7 +457,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="bench/serve.py", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="ninfer bench serve", description=__doc__.split("\n\n")[0])
     add_args(ap)
     return run(ap.parse_args(argv))
 

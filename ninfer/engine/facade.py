@@ -354,7 +354,7 @@ def _num_scratch(cfg: EngineConfig) -> int:
     """Scratch entries of the Engine's open batch (it consumes each unit's PendingBatch before the next):
     a decode round's DECODE_STEPS per row, a control unit's forced suffix (one row, up to
     PROGRAM_MAX_STEPS), a final prefill stage's one. The Program adds what its own graphs hold
-    (`ninfer.targets.qwen3_6.program.program._num_scratch`). Program's default, max_batch x max_steps,
+    (`ninfer.targets.qwen3_6.program.sizing.num_scratch`). Program's default, max_batch x max_steps,
     would hold PROGRAM_MAX_STEPS entries per lane, taken from the KV budget (a large model's entry is
     tens of MiB: docs/performance.md, "Decision log")."""
     return max(cfg.max_concurrency * DECODE_STEPS, PROGRAM_MAX_STEPS)

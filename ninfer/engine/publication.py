@@ -61,6 +61,11 @@ class Publisher:
         self.publish(rec, event)
         rec.ticket.mark_response_done()
 
+    @property
+    def tracing(self) -> bool:
+        """True when a trace callback listens (callers skip building an event's arguments otherwise)."""
+        return self._trace is not None
+
     def emit(self, what: str, rec: RequestRecord | None, **info: Any) -> None:
         """One trace event (tests and tools); `rec` adds its request id and state."""
         if self._trace is not None:

@@ -53,7 +53,8 @@ class UnitExecutor:
         self.pending: PendingBatch | None = None        # the unconsumed batch of the running unit
 
     def run(self, unit: ExecutionUnit) -> None:
-        self.publisher.emit("unit", None, kind=unit.kind, rows=tuple(r.request_id for r in unit.records))
+        if self.publisher.tracing:
+            self.publisher.emit("unit", None, kind=unit.kind, rows=tuple(r.request_id for r in unit.records))
         self.metrics.unit(unit.kind.value, len(unit.records))
         if unit.kind is UnitKind.PREFILL:
             self._prefill(unit)
@@ -122,7 +123,8 @@ class UnitExecutor:
         if not batch.consumed:
             raise InvariantError(f"PendingBatch {batch.batch_id} is not consumed after commit/abort")
         self.pending = None
-        self.publisher.emit("program_commit", None, batch=batch.batch_id, accepted=tuple(accepted))
+        if self.publisher.tracing:
+            self.publisher.emit("program_commit", None, batch=batch.batch_id, accepted=tuple(accepted))
         now = self.clock()
         for d in decisions:                              # terminal resource result, when required
             if unit.kind is UnitKind.PREFILL:

@@ -1,4 +1,4 @@
-"""A Program run with forced tokens, for comparing op sets (tests, bench/op_bisect.py): one random
+"""A Program run with forced tokens, for comparing op sets (tests): one random
 prompt prefilled in stages, each sampled token replaced by a fixed id, then single-token decode
 rounds; returns every logits row the run produced."""
 from __future__ import annotations
