@@ -40,7 +40,7 @@ import torch
 from ninfer.bench.args import decode_args, hf_baseline_on
 from ninfer.bench.common import (Recorder, decode_floor_ms, prefill_flops, default_device, env_record, free_model,
                                  hf_model, measure_ceilings, print_ceilings, print_table, run_step)
-from ninfer.ops.triton import reference_ops
+from ninfer.ops.opset import reference_ops
 from ninfer.contract.program import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.program.config import ProgramConfig

@@ -431,7 +431,7 @@ def test_sparse_moe_leaf_fast_vs_reference(shape, dtype, N, pad):
     import dataclasses
 
     from ninfer.ops.triton import moe as fm
-    from ninfer.ops.triton import reference_ops
+    from ninfer.ops.opset import reference_ops
     from ninfer.targets.qwen3_6_35b_a3b import DIMS
     from ninfer.targets.qwen3_6.layers.moe import SparseMoE
     E, k, H, I, Is = shape
@@ -466,7 +466,7 @@ def test_sparse_moe_leaf_folds_the_residual_in_its_combine(shape, dtype, N, monk
     import dataclasses
 
     from ninfer.ops.triton import moe as fm
-    from ninfer.ops.triton import reference_ops
+    from ninfer.ops.opset import reference_ops
     from ninfer.ops.reference.fused import NormedRows, Residual
     from ninfer.targets.qwen3_6_35b_a3b import DIMS
     from ninfer.targets.qwen3_6.layers.moe import SparseMoE

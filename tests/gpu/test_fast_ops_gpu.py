@@ -491,7 +491,7 @@ def test_program_fast_vs_reference_logits(identity):
     So every op we own is held to fp32 agreement against the reference set carrying fla's chunk op,
     and the whole fast set to a TF32-level bound; the chunk op itself is checked against its
     reference above (test_chunk_gdn_fla_*)."""
-    from ninfer.ops.triton import fast_ops, reference_ops
+    from ninfer.ops.opset import fast_ops, reference_ops
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.testing.forced_run import forced_logits
 

@@ -374,7 +374,8 @@ def test_program_decode_folds_residual_norm(identity, monkeypatch):
     the unfolded schedule (same roundings; only the norms' sums of squares run in another order)."""
     import importlib
 
-    from ninfer.ops.triton import fast_ops, fused as fast_fused, gemv
+    from ninfer.ops.opset import fast_ops
+    from ninfer.ops.triton import fused as fast_fused, gemv
     from ninfer.contract.program import SamplingParams, SequenceRequest
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.targets.qwen3_6.program.config import ProgramConfig
@@ -466,7 +467,8 @@ def test_program_gemv_folds_match_reference_ops(identity, monkeypatch):
     """The reference op set with only `linear` taken from the GEMV (every shape on the kernel, the
     residual/norm folds at one row): an fp32 Program's logits equal the reference set's (prefill in two
     stages, decode rounds), and the decode steps ran the residual epilogue."""
-    from ninfer.ops.triton import gemv, reference_ops
+    from ninfer.ops.opset import reference_ops
+    from ninfer.ops.triton import gemv
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.testing.forced_run import forced_logits
 

@@ -319,7 +319,7 @@ def test_program_prefill_split_conv_and_host_bounds():
 
     from ninfer.ops.triton import attention as fa
     from ninfer.ops.triton import conv as fc
-    from ninfer.ops.triton import reference_ops
+    from ninfer.ops.opset import reference_ops
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.testing.forced_run import forced_logits
 

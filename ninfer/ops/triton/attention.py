@@ -40,9 +40,10 @@ import triton.language as tl
 from ninfer.ops.reference import attention as _ref
 from ninfer.ops.reference import prefix_routing as _routing
 from ninfer.ops.reference.attention import gather_kv_paged
-from ninfer.ops.triton._index import device_index
-from ninfer.ops.triton import _pdl
-from ninfer.ops.triton.fused import _fround, sigmoid_gate_mul
+from ninfer.ops.triton.common import device_index
+from ninfer.ops.triton import pdl
+from ninfer.ops.triton.common import fround
+from ninfer.ops.triton.fused import sigmoid_gate_mul
 
 __all__ = ["decode_paged_attention", "chunk_paged_attention", "prefix_attention_rows", "decode_splits",
            "split_prefix_sdpa", "front_padded_sdpa", "lower_right_sdpa"]
@@ -94,7 +95,7 @@ def _paged_decode_kernel(
     BH: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr = "tf32",
     PDL: tl.constexpr = False,
 ):
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     i_b = tl.program_id(0)
     i_kv = tl.program_id(1)
     i_s = tl.program_id(2)
@@ -155,7 +156,7 @@ def _merge_kernel(part_o, part_ml, lens, out, gate, nsplit, stride_ob, stride_oh
     """out = the splits' partials of one (row, head) combined: BS splits at a time with a running max
     (a [BS, D] tile, whatever the split count), over the splits that hold tokens (same ranges as the
     split kernel); HAS_GATE: times sigmoid(gate), rounded as `sigmoid_gate_mul` after an o in out's dtype."""
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
     ctx = tl.load(lens + i_b).to(tl.int32)
@@ -169,7 +170,7 @@ def _merge_kernel(part_o, part_ml, lens, out, gate, nsplit, stride_ob, stride_oh
     o = acc / l_run
     if HAS_GATE:
         g = tl.load(gate + i_b.to(tl.int64) * stride_gb + i_h * stride_gh + o_d).to(tl.float32)
-        o = _fround(o, dt) * _fround(1.0 / (1.0 + tl.exp(-g)), dt)
+        o = fround(o, dt) * fround(1.0 / (1.0 + tl.exp(-g)), dt)
     tl.store(out + i_b * stride_ob + i_h * stride_oh + o_d, o.to(dt))
 
 
@@ -212,7 +213,7 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), bt.stride(0),
         HQ=Hq, REP=rep, D=D, PAGE=page, BH=BH, BN=BN,
         # NOTE: fp32 caches (tests, the fp32 Program) get IEEE fp32 products, not TF32; bf16 is unaffected.
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2, **_pdl.launch())
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2, **pdl.launch())
     out = torch.empty_like(q)
     # NOTE: the split count is a run-time argument (it follows the block-table width and the batch): the
     #       merge walks the live splits BS at a time. It loaded all of them as one [next_pow2(nsplit), D]
@@ -221,7 +222,7 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
     if gate is not None and gate_stream is not None:
         torch.cuda.current_stream().wait_stream(gate_stream)
     _merge_kernel[(B, Hq)](part_o, part_ml, lens, out, g, nsplit, out.stride(0), out.stride(1), g.stride(0),
-                           g.stride(1), HQ=Hq, D=D, BN=BN, BS=16, HAS_GATE=fuse, num_warps=4, **_pdl.launch())
+                           g.stride(1), HQ=Hq, D=D, BN=BN, BS=16, HAS_GATE=fuse, num_warps=4, **pdl.launch())
     return out if gate is None or fuse else sigmoid_gate_mul(out, gate)
 
 

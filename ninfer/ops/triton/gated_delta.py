@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.reference import gated_delta as _ref
-from ninfer.ops.triton._index import device_index
+from ninfer.ops.triton.common import device_index
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "fla_available"]
 

@@ -51,7 +51,7 @@ import triton.language as tl
 
 from ninfer.ops.triton.fused import add_rms_norm as _fast_add_rms_norm, silu_mul_halves as _fast_silu_mul_halves
 from ninfer.ops.reference.fused import NormedRows, Residual
-from ninfer.ops.triton import _pdl
+from ninfer.ops.triton import pdl
 
 __all__ = ["GemvConfig", "RowNorm", "CONFIGS", "USE_TRITON", "USE_TRITON_SWIGLU",
            "MAX_ROWS", "linear", "linear_swiglu", "gemv", "use_triton", "concurrent_ok", "m_bucket", "config_for",
@@ -393,7 +393,7 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
     #       counters are touched only after it (every split has at least one block: no empty splits).
     offs_k = k_start + tl.arange(0, BLOCK_K)
     w = _load_w(w_rows, offs_k, k_end, EVEN_K, BLOCK_K)
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     rstd = 0.0
     if NORM:
         offs_p = tl.arange(0, BP)
@@ -569,7 +569,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
         M_PAD=m_pad, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1, DOT=cfg.dot, EVEN_K=K % bk == 0, PREC=prec,
         SWIGLU=swiglu, RESID=residual is not None, NORM=norm is not None, PREFETCH=cfg.prefetch,
         BP=triton.next_power_of_2(n_parts) if norm is not None else 1,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl.launch())
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch())
     return y if residual is None else (y, parts)
 
 

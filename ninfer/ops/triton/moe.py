@@ -64,7 +64,7 @@ from ninfer.ops.triton.fused import silu_mul_halves
 from ninfer.ops.triton.gemv import _gemv_block, _load_w
 from ninfer.ops.reference.fused import Residual
 from ninfer.ops.reference.moe import MoeRouting, SharedExpert
-from ninfer.ops.triton import _pdl
+from ninfer.ops.triton import pdl
 
 __all__ = ["route_topk", "moe_experts", "route_moe_experts", "DecodeConfig", "DECODE_CONFIG",
            "DECODE_CONFIG_MANY", "decode_config", "MAX_PAIRS", "PREFILL_CHUNK", "PREFILL_RESIDUAL_COMBINE",
@@ -108,7 +108,7 @@ def _topk_of_row(row, E, K: tl.constexpr, BE: tl.constexpr, BK: tl.constexpr):
 @triton.jit
 def _route_topk_kernel(logits, w_out, id_out, E, stride_l, K: tl.constexpr, BE: tl.constexpr,
                        BK: tl.constexpr, PDL: tl.constexpr = False):
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     wv, iv = _topk_of_row(logits + t * stride_l, E, K, BE, BK)
     o_k = tl.arange(0, BK)
@@ -129,7 +129,7 @@ def route_topk(router_logits: torch.Tensor, top_k: int) -> MoeRouting:
     if T:
         BE = triton.next_power_of_2(E)
         _route_topk_kernel[(T,)](lg, w, ids, E, lg.stride(0), K=top_k, BE=BE,
-                                 BK=triton.next_power_of_2(top_k), num_warps=1 if BE <= 1024 else 4, **_pdl.launch())
+                                 BK=triton.next_power_of_2(top_k), num_warps=1 if BE <= 1024 else 4, **pdl.launch())
     return MoeRouting(w, ids)
 
 
@@ -141,7 +141,7 @@ def _gate_up_act_kernel(x, ids, w, act, I, H, stride_x, stride_we, stride_wn, st
                         TOPK: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr,
                         PDL: tl.constexpr = False):
     """act[p, n] = silu(Σ_h w[e_p, n, h] x[t_p, h]) · Σ_h w[e_p, I + n, h] x[t_p, h], t_p = p // TOPK."""
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     p = tl.program_id(0)
     o_n = tl.program_id(1) * BN + tl.arange(0, BN)
     mn = o_n < I
@@ -175,7 +175,7 @@ def _down_sum_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is,
                      TOPK: tl.constexpr, HAS_SHARED: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                      BKS: tl.constexpr, PDL: tl.constexpr = False):
     """out[t, n] = Σ_j rw[t, j] Σ_i down[ids[t, j], n, i] act[t·TOPK + j, i]  (+ the shared expert)."""
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     o_n = tl.program_id(1) * BN + tl.arange(0, BN)
     mn = o_n < H
@@ -237,7 +237,7 @@ def _decode_legacy(x, ids, weights, gate_up, down, shared):
     BN1, BK1 = 16, min(256, triton.next_power_of_2(H))
     _gate_up_act_kernel[(P, triton.cdiv(I, BN1))](
         x, ids, gate_up, act, I, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
-        TOPK=k, BN=BN1, BK=BK1, EVEN_K=H % BK1 == 0, num_warps=4, **_pdl.launch())
+        TOPK=k, BN=BN1, BK=BK1, EVEN_K=H % BK1 == 0, num_warps=4, **pdl.launch())
     out = torch.empty(T, H, dtype=x.dtype, device=x.device)
     BN2 = 8 if T <= 2 else 16                        # T <= 2: 256+ programs, 2 per SM, for latency hiding
     BK2 = min(512, triton.next_power_of_2(I))
@@ -246,7 +246,7 @@ def _decode_legacy(x, ids, weights, gate_up, down, shared):
         act, ids, weights, down, out, *s_args, H, I, Is,
         act.stride(0), down.stride(0), down.stride(1), out.stride(0), *s_strides,
         TOPK=k, HAS_SHARED=shared is not None, BN=BN2, BK=BK2,
-        BKS=min(512, triton.next_power_of_2(Is)), num_warps=4, **_pdl.launch())
+        BKS=min(512, triton.next_power_of_2(Is)), num_warps=4, **pdl.launch())
     return out
 
 
@@ -313,7 +313,7 @@ def _experts_gate_up_kernel(x, logits, ids, rw, w, act, E, I, H, stride_x, strid
     """act[t·TOPK + j, n] = silu(Σ_h w[e_tj, n, h] x[t, h]) · Σ_h w[e_tj, I + n, h] x[t, h] for all j.
     ROUTE: e_t (and the weights) from the router logits of token t (`_topk_of_row`); programs of
     n-block 0 store them to ids / rw [T, TOPK] for the down kernel. Otherwise e_t is read from ids."""
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     nb = tl.program_id(1)
     o_j = tl.arange(0, KB)
@@ -360,7 +360,7 @@ def _experts_gate_up_rows_kernel(x, ids, w, act, I, H, stride_x, stride_we, stri
     (`DecodeConfig.up_stream`): program (n-block, t·TOPK + j) streams [BN, BK] blocks of expert e_tj's gate
     rows and up rows over H with the GEMV's one-row blocks (`gemv._load_w` / `_gemv_block`: products kept
     per lane, reduced once at the end), block k+1 loaded before block k's products."""
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     nb = tl.program_id(0)
     p = tl.program_id(1).to(tl.int64)
     e = tl.load(ids + p).to(tl.int64)
@@ -402,21 +402,21 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
     every program of its predecessor has passed its own wait, i.e. once everything before that has
     completed. They are read past L1 (.cg)."""
     if not EARLY:
-        _pdl.enter(PDL)
+        pdl.enter(PDL)
     t = tl.program_id(0).to(tl.int64)
     o_n = tl.program_id(1) * BN + tl.arange(0, BN)
     mn = o_n < H
     o_j = tl.arange(0, KB)
     mj = o_j < TOPK
     o_k = tl.arange(0, BK)
-    e = _pdl.load_input(ids + t * TOPK + o_j, mj, 0, EARLY).to(tl.int64)
-    wj = _pdl.load_input(rw + t * TOPK + o_j, mj, 0.0, EARLY).to(tl.float32)
+    e = pdl.load_input(ids + t * TOPK + o_j, mj, 0, EARLY).to(tl.int64)
+    wj = pdl.load_input(rw + t * TOPK + o_j, mj, 0.0, EARLY).to(tl.float32)
     dp = down + e[:, None, None] * stride_de + o_n[None, :, None].to(tl.int64) * stride_dn + o_k[None, None, :]
     ap = act + (t * TOPK + o_j)[:, None] * stride_act + o_k[None, :]
     acc = tl.zeros([KB, BN], dtype=tl.float32)
     sacc = tl.zeros([BN], dtype=tl.float32)
     if HAS_SHARED:
-        gl = _pdl.load_input(sg + t * stride_sg, None, None, EARLY).to(tl.float32)
+        gl = pdl.load_input(sg + t * stride_sg, None, None, EARLY).to(tl.float32)
         sp = sdown + o_n[:, None].to(tl.int64) * stride_sdn + o_k[None, :]
         gp = sgu + t * stride_sgu + o_k
     else:
@@ -428,7 +428,7 @@ def _experts_down_kernel(act, ids, rw, down, out, sgu, sg, sdown, H, I, Is, KMAX
         #       35B-A3B tiles, where the same loop (one trip) takes 128 (`bench/kernels_sm90.py`).
         d, sv, g, u = _down_weights(dp, sp, gp, 0, I, Is, mj, mn, o_k, HAS_SHARED, EVEN, EARLY)
         if EARLY:
-            _pdl.enter(PDL)
+            pdl.enter(PDL)
         acc, sacc = _down_products(acc, sacc, d, sv, g, u, ap, 0, I, mj, o_k, HAS_SHARED, EVEN)
     else:
         tl.static_assert(not EARLY, "EARLY needs ONE_BLOCK")
@@ -456,13 +456,13 @@ def _down_weights(dp, sp, gp, k0, I, Is, mj, mn, o_k, HAS_SHARED: tl.constexpr, 
     if HAS_SHARED:
         if EVEN:
             s = tl.load(sp + k0, eviction_policy="evict_first")
-            g = _pdl.load_input(gp + k0, None, None, EARLY).to(tl.float32)
-            u = _pdl.load_input(gp + Is + k0, None, None, EARLY).to(tl.float32)
+            g = pdl.load_input(gp + k0, None, None, EARLY).to(tl.float32)
+            u = pdl.load_input(gp + Is + k0, None, None, EARLY).to(tl.float32)
         else:
             ms = o_k < Is - k0
             s = tl.load(sp + k0, mask=mn[:, None] & ms[None, :], other=0.0, eviction_policy="evict_first")
-            g = _pdl.load_input(gp + k0, ms, 0.0, EARLY).to(tl.float32)
-            u = _pdl.load_input(gp + Is + k0, ms, 0.0, EARLY).to(tl.float32)
+            g = pdl.load_input(gp + k0, ms, 0.0, EARLY).to(tl.float32)
+            u = pdl.load_input(gp + Is + k0, ms, 0.0, EARLY).to(tl.float32)
     else:
         s = d
         g = tl.zeros([o_k.shape[0]], dtype=tl.float32)
@@ -530,13 +530,13 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
         bk1 = _tile_k(1, bn1, cfg.up_bk, H)
         _experts_gate_up_rows_kernel[(triton.cdiv(I, bn1), T * k)](
             x, ids, gate_up, act, I, H, x.stride(0), gate_up.stride(0), gate_up.stride(1), act.stride(0),
-            TOPK=k, BN=bn1, BK=bk1, EVEN=H % bk1 == 0, num_warps=cfg.up_warps, **_pdl.launch())
+            TOPK=k, BN=bn1, BK=bk1, EVEN=H % bk1 == 0, num_warps=cfg.up_warps, **pdl.launch())
     else:
         bk1 = _tile_k(KB, bn1, cfg.up_bk, H)
         _experts_gate_up_kernel[(T, triton.cdiv(I, bn1))](
             x, lg, ids, weights, gate_up, act, E, I, H, x.stride(0), stride_l, gate_up.stride(0),
             gate_up.stride(1), act.stride(0), TOPK=k, KB=KB, ROUTE=route, BE=triton.next_power_of_2(E), BN=bn1,
-            BK=bk1, EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, num_warps=cfg.up_warps, **_pdl.launch())
+            BK=bk1, EVEN=KB == k and I % bn1 == 0 and H % bk1 == 0, num_warps=cfg.up_warps, **pdl.launch())
     out = torch.empty(T, H, dtype=x.dtype, device=dev)
     Is, s_args, s_strides = _shared_args(shared, act, I)
     kmax = max(I, Is)
@@ -548,7 +548,7 @@ def _decode(x, gate_up, down, shared, k, *, ids=None, weights=None, logits=None,
         act.stride(0), down.stride(0), down.stride(1), out.stride(0), *s_strides,
         TOPK=k, KB=KB, HAS_SHARED=shared is not None, BN=bn2, BK=bk2,
         EVEN=KB == k and H % bn2 == 0 and I == Is and I % bk2 == 0, ONE_BLOCK=one_block,
-        EARLY=bool(cfg.down_early) and not route and one_block, num_warps=cfg.down_warps, **_pdl.launch())
+        EARLY=bool(cfg.down_early) and not route and one_block, num_warps=cfg.down_warps, **pdl.launch())
     return out, weights, ids
 
 

@@ -97,7 +97,7 @@ def test_sparse_moe_leaf_takes_normed_rows_and_leaves_the_residual_to_the_caller
     untouched: only the fast set adds into it (tests/gpu/test_fast_moe_gpu.py)."""
     import dataclasses
 
-    from ninfer.ops.triton import reference_ops
+    from ninfer.ops.opset import reference_ops
     from ninfer.ops.reference.fused import NormedRows, Residual
     from ninfer.ops.reference.norms import rms_norm
     from ninfer.targets.qwen3_6_35b_a3b import DIMS

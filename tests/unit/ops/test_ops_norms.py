@@ -62,7 +62,7 @@ def test_gdn_output_projection_is_the_hf_order(dtype):
     heads flattened, then the projection; a z view into a wider row; zero rows keep their shape."""
     from types import SimpleNamespace
 
-    from ninfer.ops.triton import reference_ops
+    from ninfer.ops.opset import reference_ops
     from ninfer.targets.qwen3_6.layers.gdn import GDNProjection
     g = torch.Generator().manual_seed(3)
     o = torch.randn(5, 4, 32, generator=g).to(dtype)
