@@ -21,14 +21,10 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 from ninfer.ops.opset import reference_ops  # noqa: E402
+from support.numerics import rel_rms  # noqa: E402
 from ninfer.contract.program import SamplingParams, SequenceRequest  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
 from ninfer.targets.qwen3_6.program.config import ProgramConfig  # noqa: E402
-
-
-def rel_rms(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 # (round, active row ids, steps, decision per row: "all" | "prefix" | "cancel", or "abort" for the batch)

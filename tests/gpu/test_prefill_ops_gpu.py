@@ -12,7 +12,8 @@ import torch
 
 from ninfer.ops import reference as ref
 
-from support.fast_env import DEV, GPU_MARKS, INTERPRET, STRICT, gen, paged_kv, poison_allocator, randn, rel_rms
+from support.fast_env import DEV, GPU_MARKS, INTERPRET, STRICT, gen, paged_kv, poison_allocator, randn
+from support.numerics import rel_rms
 
 pytestmark = GPU_MARKS
 

@@ -13,7 +13,8 @@ import sys
 import pytest
 import torch
 
-from support.program_util import hf_model, prompt, rel_rms
+from support.program_util import hf_model, prompt
+from support.numerics import rel_rms
 from ninfer.contract.program import SamplingParams, SequenceRequest
 from ninfer.targets.qwen3_6.program.config import ProgramConfig
 from ninfer.targets.registry import lookup

@@ -9,7 +9,7 @@
                              host sync and the launch is CUDA-graph safe; each program derives its
                              token range from its row's context length on the device, so every split
                              has work whatever the block-table width (max_model_len) is. With `gate=`
-                             the merge also applies the layer's output gate (FUSE_GATE).
+                             the merge also applies the layer's output gate.
     chunk_paged_attention    per row: gather the paged prefix at Hkv heads, then PyTorch SDPA (cuDNN /
                              flash kernels, enable_gqa: K/V never repeated) with a bottom-right causal
                              mask; a row without a prefix runs at a padded length (`padded_causal_sdpa`:
@@ -48,10 +48,7 @@ from ninfer.ops.triton.fused import sigmoid_gate_mul
 __all__ = ["decode_paged_attention", "chunk_paged_attention", "prefix_attention_rows", "decode_splits",
            "split_prefix_sdpa", "front_padded_sdpa", "lower_right_sdpa"]
 
-_TARGET_PROGRAMS = 264     # ~2 waves over the H200's 132 SMs
-# NOTE: read at each call (bench/step_ab.py sets it before capturing the graphs): False runs the gate of
-#       decode_paged_attention(gate=) as a separate sigmoid_gate_mul launch after the merge.
-FUSE_GATE = True
+_TARGET_PROGRAMS = 264     # ~2 waves over 132 SMs
 
 
 @triton.jit
@@ -196,7 +193,7 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
     if not ok:
         return _ref.decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale, gate=gate,
                                            gate_stream=gate_stream)
-    fuse = (gate is not None and FUSE_GATE and gate.shape == q.shape and gate.dtype == q.dtype
+    fuse = (gate is not None and gate.shape == q.shape and gate.dtype == q.dtype
             and gate.stride(2) == 1)
     if scale is None:
         scale = D ** -0.5

@@ -12,7 +12,7 @@ bf16 results match it up to the last bit of an fp32 reduction.
     write_kv_paged(kc, vc, k, v, bt, pos, rows) k, v [N, Hkv, D] into kc, vc [P, S, Hkv, D] in place
     qk_norm_rope_write_kv(q, k, v, wq, wk, cos, sin, eps, kc, vc, bt, pos, rows)
                                                 qk_norm_rope, k' and v written as write_kv_paged -> q'
-                                                (one launch; FUSE_KV_WRITE = False: the two kernels)
+                                                (one launch; the two kernels for layouts it does not take)
 
 Inputs may be strided views (rows and heads at any stride, the last dim contiguous); outputs are
 new contiguous tensors. Index tensors (block_table, positions, rows) are read in the kernel as
@@ -211,18 +211,13 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
 # ------------------------------------------------------------------------------------------------
 # qk_norm_rope_write_kv
 # ------------------------------------------------------------------------------------------------
-# NOTE: read at each call (bench/step_ab.py sets it before capturing the graphs): False runs
-#       qk_norm_rope_write_kv as its two kernels (qk_norm_rope, write_kv_paged).
-FUSE_KV_WRITE = True
-
-
 def qk_norm_rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
                           k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
                           k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                           positions: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """`qk_norm_rope` of q, k [N, Hk, D] and `write_kv_paged` of k' and v [N, Hk, D] into k_cache, v_cache
     [num_pages, page_size, Hk, D] in one launch (arguments as the two ops'). Returns q' [N, Hq, D]."""
-    if (FUSE_KV_WRITE and _qk_ok(q, k, cos, sin) and _kv_write_ok(k_cache, v_cache, k, v, block_table, positions, rows)
+    if (_qk_ok(q, k, cos, sin) and _kv_write_ok(k_cache, v_cache, k, v, block_table, positions, rows)
             and k_cache.stride(3) == 1 and v_cache.stride(3) == 1):
         return _qk_norm_rope_launch(q, k, q_weight, k_weight, cos, sin, eps,
                                     kv=(v, k_cache, v_cache, block_table, positions, rows))[0]

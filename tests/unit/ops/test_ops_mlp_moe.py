@@ -7,7 +7,8 @@ from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeSpars
 
 from ninfer.ops.reference.mlp import swiglu_mlp
 from ninfer.ops.reference.moe import route_topk, sparse_moe_block
-from support.ops_util import DEVICES, rel_rms
+from support.ops_util import DEVICES
+from support.numerics import rel_rms
 
 H, E, K, I, IS = 32, 8, 2, 16, 24
 

@@ -4,7 +4,8 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm, Qwen3_5
 from transformers.models.qwen3_5.modeling_qwen3_5 import l2norm as hf_l2norm
 
 from ninfer.ops.reference.norms import gated_rms_norm, l2norm, rms_norm
-from support.ops_util import DEVICES, rel_rms
+from support.ops_util import DEVICES
+from support.numerics import rel_rms
 
 
 @pytest.mark.parametrize("device", DEVICES)
