@@ -3,7 +3,7 @@
 
 A table file maps a device kind to its entry, with a "default" entry for every other device:
 
-    {"default": {...}, "nvidia-h100-80gb-hbm3": {...}}
+    {"default": {...}, "<device kind>": {...}}
 
 The device kind is `torch.cuda.get_device_name` normalised (`device_kind`); without CUDA it is
 "default". What an entry holds is up to the table's reader (`gemv`, `moe_decode`); a file that is not
@@ -24,8 +24,9 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 
 
 def device_kind(device: torch.device | str | None = None) -> str:
-    """"NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3": the device's name, lower case, runs of other
-    characters as one "-". "default" for a CPU device, or without CUDA."""
+    """The CUDA device's name (`torch.cuda.get_device_name`) lower case, each run of other characters than
+    a-z and 0-9 as one "-" ("Vendor Model 80GB" -> "vendor-model-80gb"). "default" for a CPU device, or
+    without CUDA."""
     if device is not None and torch.device(device).type != "cuda":
         return "default"
     if not torch.cuda.is_available():

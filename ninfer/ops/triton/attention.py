@@ -158,8 +158,8 @@ def _merge_kernel(part_o, part_ml, lens, out, gate, nsplit, stride_ob, stride_oh
     i_h = tl.program_id(1)
     ctx = tl.load(lens + i_b).to(tl.int32)
     # NOTE: the splits that hold tokens; max(., BN) only for a context of 0 (no division by zero), whose
-    #       output is NaN (0 / 0, as before). The same guard in the split kernel's range cost it 58
-    #       registers on sm_90 (`bench/kernels_sm90.py`); there ctx 0 gives an empty range without it.
+    #       output is NaN (0 / 0, as before). The same guard in the split kernel's range would cost it
+    #       many registers on sm_90; there ctx 0 gives an empty range without it.
     n_live = tl.cdiv(ctx, tl.maximum(_split_tokens(ctx, nsplit, BN), BN))
     o_d = tl.arange(0, D)
     acc, l_run = _combine_splits(part_o, part_ml, (i_b * HQ + i_h) * nsplit, n_live, o_d, D, BS)
@@ -255,8 +255,8 @@ def attend_over_prefix(q, k, v, scale):
     -> [L, Hq, D], by the form `prefix_form` picks."""
     form = _routing.prefix_form(q.shape[1], q.shape[2], q.shape[0], k.shape[0], _cudnn_dtype(q))
     if form == "self":
-        # NOTE: causal self-attention at a few padded lengths: cuDNN's plan per new length (~63 ms)
-        #       is paid in the serve warmup, not by requests (`padded_causal_sdpa`).
+        # NOTE: causal self-attention at a few padded lengths: cuDNN's plan per new length is paid in
+        #       the serve warmup, not by requests (`padded_causal_sdpa`).
         return _ref.padded_causal_sdpa(q, k, v, scale)
     if form == "pad":
         return front_padded_sdpa(q, k, v, scale)
@@ -271,8 +271,8 @@ def _cudnn_dtype(q) -> bool:
 
 def lower_right_sdpa(q, k, v, scale):
     """q [L, Hq, D] (the context's last L tokens) over k, v [C, Hkv, D] with the lower-right causal mask,
-    which PyTorch's CausalBias sends to flash-attention where it applies (bench/first_call.py times its
-    first calls) -> [L, Hq, D] (a transposed view of SDPA's output)."""
+    which PyTorch's CausalBias sends to flash-attention where it applies -> [L, Hq, D] (a transposed view
+    of SDPA's output)."""
     from torch.nn.attention.bias import causal_lower_right
     mask = causal_lower_right(q.shape[0], k.shape[0])
     o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
@@ -364,9 +364,8 @@ def split_prefix_sdpa(q, k, v, scale):
     return out
 
 
-# NOTE: why the serve warmup plans these (bench/NOTES.md session 29): cuDNN builds an execution plan the
-#       first time it meets a call shape (~40 ms a stage shape on the H100, median over 24-194 shapes), and a
-#       prompt longer than one stage meets shapes the one-stage warmup lengths never do: its later stages'
+# NOTE: why the serve warmup plans these: cuDNN builds an execution plan the first time it meets a call
+#       shape (tens of ms; docs/performance.md, "Decision log"), and a prompt longer than one stage meets shapes the one-stage warmup lengths never do: its later stages'
 #       front-padded lengths past the stage, and the split's (query rows, prefix keys) pairs. PyTorch keeps
 #       these plans per thread: the calls must run on the Engine's worker (`EngineCore.call_on_worker`).
 def warm_prefix_forms(shapes, heads: int, kv_heads: int, head_dim: int, dtype, device,
@@ -478,8 +477,8 @@ def prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale
     """Prefill-graph form; see `ninfer.ops.reference.attention.prefix_attention_rows`. q [N, Hq, D]; start and
     length [1] device tensors. No host read, no shape from them: capturable once, replayed at any
     start and length (within the block table's W pages). block_t (tokens a program; its rows are
-    block_t x next_pow2(Hq / Hkv)) / block_n / num_warps / num_stages / splits: tile overrides for the
-    benchmark (bench/prefix_attention.py)."""
+    block_t x next_pow2(Hq / Hkv)) / block_n / num_warps / num_stages / splits: tile overrides for a
+    benchmark."""
     N, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     rep = Hq // Hkv
@@ -489,11 +488,10 @@ def prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale
         return _ref.prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale)
     scale = _ref.check_gqa(q, k_cache, scale)
     BH = triton.next_power_of_2(rep)
-    # NOTE: D 256 (both models): 16 tokens x 8 heads = 128 rows a program with 64-key blocks, which ran at
-    #       SDPA's rate over long prefixes, and 8 tokens for a stage of at most 8 rows (bench/NOTES.md session
-    #       20, bench/prefix_attention.py). The smaller heads (the tiny models) were not swept.
-    #       fp32 (tests, the fp32 Program) keeps the tiles that passed its GPU tests (call 1): with the 128-row
-    #       tiles every fp32 case at D 256 and more than 8 rows failed (call 2; the cause was not read).
+    # NOTE: D 256 (both models): 16 tokens x 8 heads = 128 rows a program with 64-key blocks, and 8 tokens
+    #       for a stage of at most 8 rows (docs/performance.md, "Decision log"); the smaller heads (the tiny
+    #       models) keep the general tiles. fp32 (tests, the fp32 Program) keeps the general tiles too: the
+    #       128-row tiles fail its GPU tests at D 256 with more than 8 rows.
     if D > 128 and q.element_size() == 2:
         BT = block_t or max(1, (128 if N > 8 else 64) // BH)
         BN = block_n or 64

@@ -98,8 +98,8 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 # qk_norm_rope
 # ------------------------------------------------------------------------------------------------
 # NOTE: not specialised on the block table's row stride: the eager path's table is as wide as its
-#       pages, and each new form (== 1, divisible by 16 or not) was a ~0.4 s compile on a request's
-#       first use (bench/NOTES.md session 19); a scalar in an address gains nothing from it.
+#       pages, and each new form (== 1, divisible by 16 or not) would be a compile on a request's first
+#       use; a scalar in an address gains nothing from it.
 @triton.jit(do_not_specialize=["sbt0"])
 def _qk_norm_rope_kernel(q, k, v, wq, wk, cos, sin, qo, ko, kc, vc, bt, pos, rows, NH, NKV, D, ROT, S,
                          sq0, sq1, sk0, sk1, sc, ss, sv0, sv1, sbt0, sbt1, spos, srow,

@@ -239,8 +239,8 @@ class PrefillTiles(NamedTuple):
 
 
 # NOTE: BM=128 once experts average >= LARGE_ROWS_PER_EXPERT rows: half the weight re-reads and larger
-#       MMAs; BM=64 wastes less on the partial last block below that. Tiles chosen with bench/moe_prefill.py
-#       (docs/performance.md, "Decision log"). fp32 inputs (the fp32 Program of the parity tests) keep the
+#       MMAs; BM=64 wastes less on the partial last block below that. Tiles chosen by a sweep of the
+#       grouped GEMMs (docs/performance.md, "Decision log"). fp32 inputs (the fp32 Program of the parity tests) keep the
 #       narrower large tiles: the wide ones' fp32 stages exceed the shared memory.
 PREFILL_TILES_SMALL = PrefillTiles(64, 64, 64, 4, 3, 128, 64, 4, 3)
 PREFILL_TILES_LARGE = PrefillTiles(128, 128, 64, 8, 4, 256, 64, 8, 4)
@@ -311,7 +311,7 @@ def _prec(x: torch.Tensor) -> str:
 def prefill_routed(x, ids, weights, gate_up, down, tiles: PrefillTiles | None = None):
     """Routed experts' weighted contributions y [P, H] (pair order) in x.dtype. All bookkeeping on the GPU
     (no host sync): one sort launch, the two grouped GEMMs. tiles: `prefill_tiles(P, E, x.dtype)` unless
-    given (bench/moe_prefill.py sweeps them)."""
+    given (a tile sweep passes them)."""
     E = down.shape[0]
     c = tiles or prefill_tiles(ids.numel(), E, x.dtype)
     starts, block_expert, order, sorted_tok, sorted_w = sort_pairs(ids, weights, E, c.BM, chunk=c.sort_chunk,

@@ -246,9 +246,10 @@ def _mass_slice_kernel(x, m, top_k, top_p, hpart, zpart, state_p, state_a, V, st
                        FIRST: tl.constexpr, PASSES: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr,
                        BS: tl.constexpr):
     """Pass `npass` over one (row, slice): the masses Σ exp(x - m) of the slice's values whose key matches
-    the prefix of the first npass digits, per value of the next digit (pass 0: also the slice's part of
-    z). Digit npass - 1 is taken here from pass npass - 1's masses (`_step`), by every program of the
-    launch alike, and program 0 stores the prefix, its mass above and (pass 1) the target mass T = p·z in
+    the prefix of the first npass digits, per value of the next digit (the first pass, npass == 0: also the
+    slice's part of z). Digit npass - 1 is taken here from the previous pass's masses (`_step`), by every
+    program of the launch alike, and program 0 stores the prefix, its mass above and (on the second pass,
+    npass == 1) the target mass T = p·z in
     state [B, PASSES + 1] for the passes after it; each launch thus waits on one load of parts, not on a
     chain of them. FIRST: npass == 0."""
     b = tl.program_id(0).to(tl.int64)

@@ -108,3 +108,50 @@ def test_malformed_kernel_entries_are_refused():
         md.parse_table({"one_token": {}})
     t = md.parse_table(tuning.load_entry("moe_decode", "default"))
     assert md.decode_config(1) == t.one_token and md.decode_config(t.many_from) == t.many_tokens
+
+
+def test_moe_decode_bench_dry_run():
+    """bench/moe_decode.py parses its arguments and prints its plan and the table entry without a GPU."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    r = subprocess.run([sys.executable, str(root / "bench" / "moe_decode.py"), "--dry-run", "--sweep",
+                        "--configs", "1,512,4,2,512,4;2,256,8,1,512,1"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "E=256 k=8 H=2048 I=512" in r.stdout and "2 configs" in r.stdout and '"many_from": 2' in r.stdout
+    r = subprocess.run([sys.executable, str(root / "bench" / "moe_decode.py"), "--configs", "1,2,3"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "6 fields" in r.stderr
+
+
+def test_moe_decode_bench_table_entry(tmp_path):
+    """one_token: the fastest "new" tiles at T=1; many_tokens: the least total over T >= many_from among the
+    tiles timed at every such T; the written file loads through the kernel's parser."""
+    bench = _load_bench("moe_decode")
+    base = tuning.load_entry("moe_decode", "default")
+    a, b, c = [1, 512, 4, 2, 512, 4], [2, 256, 8, 1, 512, 1], [4, 128, 4, 1, 256, 2]
+
+    def row(T, times):
+        return {"T": T, "sweep": [{"config": cfg, "path": "new", "us": us} for cfg, us in times]
+                + [{"config": a, "path": "split", "us": 0.1}]}
+    results = [row(1, [(a, 30.0), (b, 25.0)]), row(2, [(a, 40.0), (b, 50.0), (c, 1.0)]),
+               row(4, [(a, 70.0), (b, 55.0)])]
+    entry = bench.table_entry(base, results)
+    assert entry["one_token"] == dict(zip(bench.FIELDS, b)) and entry["many_tokens"] == dict(zip(bench.FIELDS, b))
+    assert entry["many_from"] == base["many_from"]
+    assert bench.table_entry(base, []) == base
+    pytest.importorskip("triton")
+    args = argparse_namespace(out=str(tmp_path / "moe.json"), kind="gpu-x")
+    assert bench.write_table(args, results).endswith("[gpu-x]")
+    from ninfer.ops.triton.moe_decode import parse_table
+    t = parse_table(tuning.load_entry("moe_decode", "gpu-x", path=tmp_path / "moe.json"))
+    assert list(t.one_token) == b and t.many_from == base["many_from"]
+
+
+def argparse_namespace(**kw):
+    import argparse
+    return argparse.Namespace(**kw)
