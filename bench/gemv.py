@@ -1,30 +1,30 @@
 """Decode GEMV bench: cuBLAS (F.linear) vs the Triton skinny GEMM (ninfer/ops/triton/gemv.py) at every
 weight shape of one Qwen3.6 decode step (27B and 35B-A3B, from the dimension facts), M = 1, 2, 4, 8.
 
-    PYTHONPATH=$PWD python3 bench/gemv.py [--out FILE]                  sweep (< 4 min on an H200)
-    PYTHONPATH=$PWD python3 bench/gemv.py --graph [--out FILE]          sweep, then the 27B step graph
-    PYTHONPATH=$PWD python3 bench/gemv.py --graph --no-sweep [--configs FILE]   graph only
-    python3 bench/gemv.py --dry-run                                     shapes and sweep sizes (no GPU)
-    TRITON_INTERPRET=1 python3 bench/gemv.py --device cpu --models '' --shapes 40x96 --m 1,3   smoke run
+    PYTHONPATH=$PWD python3 bench/gemv.py [--write | --out FILE]          sweep (a few minutes)
+    PYTHONPATH=$PWD python3 bench/gemv.py --graph [--write]               sweep, then the 27B step graph
+    PYTHONPATH=$PWD python3 bench/gemv.py --graph --no-sweep [--configs TABLE]   graph only
+    python3 bench/gemv.py --dry-run                                       shapes and sweep sizes (no GPU)
+    TRITON_INTERPRET=1 python3 bench/gemv.py --device cpu --models '' --shapes 40x96 --m 1,3 --out /tmp/g.json
 
 Sweep: per (N, K, M) the median device time (CUDA events, L2 flushed before every run) of F.linear
 and of every config of `gemv.sweep_space`; a config counts only if its relative RMS error vs the
-fp32 product is < 1e-2. Prints a table and the copy ceiling of this run; `--out FILE` gets one JSON
-line (every result) and then `CONFIGS = {...}` / `USE_TRITON = {...}` / `USE_TRITON_SWIGLU = {...}`
-python literals to paste into ninfer/ops/triton/gemv.py (USE_TRITON: shapes where the best config beats
-cuBLAS by >= --min-speedup; USE_TRITON_SWIGLU: MLP down shapes where the SwiGLU folded into the
-GEMV beats the SwiGLU kernel + the product by as much).
+fp32 product is < 1e-2. Prints a table, the copy ceiling of this run and one JSON line (every result).
+`--write` updates this device kind's entry of the tuning table ninfer/ops/configs/gemv.json (`--out FILE`:
+of the table file FILE instead; `--kind` names another entry, e.g. default): each swept shape gets its
+best config, is marked for the Triton kernel where that beats cuBLAS by >= --min-speedup (unmarked
+otherwise), and, for MLP down shapes, marked `swiglu` where the SwiGLU folded into the GEMV beats the
+SwiGLU kernel + the product by as much. Shapes not swept keep their entries (a new kind starts from a
+copy of "default").
 
 Graph: all weight GEMMs of one 27B decode step (each layer its own weight buffer, 51.2 GB, so
 nothing stays in L2) captured in one CUDA graph and replayed: cuBLAS, Triton for every GEMM, and
-"table" (per shape the faster of the two, what `gemv.linear` does with the pasted table); ms and
-x the floor (weight bytes / copy bandwidth of this run).
+"table" (per shape the faster of the two, what `gemv.linear` does with the table); ms and x the
+floor (weight bytes / copy bandwidth of this run).
 """
 from __future__ import annotations
 
 import argparse
-import ast
-import json
 import math
 import os
 import statistics
@@ -191,13 +191,13 @@ def sweep(args, gemv, num_sms: int) -> list[dict]:
     return results
 
 
-def swiglu_sweep(results: list[dict], gemv, min_speedup: float) -> tuple[list[dict], str]:
+def swiglu_sweep(results: list[dict], gemv, min_speedup: float) -> list[dict]:
     """For the dense MLP down projections: the SwiGLU kernel + the product (what `linear_swiglu`
-    does with an empty table: `linear` picks Triton or cuBLAS from USE_TRITON) vs the SwiGLU folded
-    into the GEMV's x load (`gemv(..., swiglu=True)` with the sweep's best config). Returns the rows
-    and the `USE_TRITON_SWIGLU` literal (folded >= min_speedup faster)."""
+    does without the fold: `linear` picks Triton or cuBLAS) vs the SwiGLU folded into the GEMV's x load
+    (`gemv(..., swiglu=True)` with the sweep's best config). Returns the rows ("fold": folded >= min_speedup
+    faster and within the error bound)."""
     from ninfer.ops.triton.fused import silu_mul_halves
-    rows, use = [], {}
+    rows = []
     for r in results:
         if not r["best"] or r["M"] not in (1, 2, 4, 8) or not any(".down" in u and "shared" not in u
                                                                  for u in r["uses"]):
@@ -218,15 +218,12 @@ def swiglu_sweep(results: list[dict], gemv, min_speedup: float) -> tuple[list[di
         err = rel_rms(folded(), ref)
         t_c, t_f = time_us(composed, 25, 100), time_us(folded, 25, 100)
         ok = err < 1e-2
-        if ok and t_c / t_f >= min_speedup:
-            use[(n, k, m)] = True
         rows.append({"shape": f"{n}x{k}", "N": n, "K": k, "M": m, "composed_us": round(t_c, 2),
-                     "folded_us": round(t_f, 2), "speedup": round(t_c / t_f, 3), "err": err, "ok": ok})
+                     "folded_us": round(t_f, 2), "speedup": round(t_c / t_f, 3), "err": err, "ok": ok,
+                     "fold": ok and t_c / t_f >= min_speedup})
         print(f"[swiglu] {n}x{k} M={m}: SwiGLU kernel + {'triton' if plain_triton else 'cuBLAS'} {t_c:.1f} us | "
               f"folded {t_f:.1f} us ({t_c / t_f:.3f}x, err {err:.1e})", flush=True)
-    lit = "\n".join(["USE_TRITON_SWIGLU: dict[tuple[int, int, int], bool] = {",
-                     *[f"    {key}: True," for key in sorted(use)], "}"])
-    return rows, lit
+    return rows
 
 
 def print_sweep(results: list[dict], copy_tbs: float) -> None:
@@ -239,17 +236,44 @@ def print_sweep(results: list[dict], copy_tbs: float) -> None:
                  "uses"], rows)
 
 
-def tables_literal(results: list[dict], min_speedup: float) -> str:
-    """Keys (N, K, M bucket); rows measured at an M that is not a bucket (1, 2, 4, 8) are left out."""
-    best = [r for r in results if r["best"] and r["M"] in (1, 2, 4, 8)]
-    configs = {(r["N"], r["K"], r["M"]): tuple(r["best"]) for r in best}
-    use = {(r["N"], r["K"], r["M"]): True for r in best if r["speedup"] >= min_speedup}
-    lines = ["CONFIGS: dict[tuple[int, int, int], tuple] = {"]
-    lines += [f"    {key}: {val}," for key, val in sorted(configs.items())]
-    lines += ["}", "USE_TRITON: dict[tuple[int, int, int], bool] = {"]
-    lines += [f"    {key}: True," for key in sorted(use)]
-    lines.append("}")
-    return "\n".join(lines)
+def table_entry(base: dict, results: list[dict], swiglu: list[dict], min_speedup: float) -> dict:
+    """A gemv.json entry: `base` (the entry the sweep updates) with every swept shape's best config and its
+    Triton / SwiGLU marks set from the sweep. Keys "NxKxM" with M a row bucket (1, 2, 4, 8); rows measured
+    at another M are left out."""
+    from ninfer.ops.triton.gemv_configs import GemvConfig, shape_key
+    configs = dict(base.get("configs", {}))
+    use, fold = set(base.get("triton", ())), set(base.get("swiglu", ()))
+    for r in results:
+        if not r["best"] or r["M"] not in (1, 2, 4, 8):
+            continue
+        key = shape_key(r["N"], r["K"], r["M"])
+        configs[key] = GemvConfig(*r["best"])._asdict()
+        (use.add if r["speedup"] >= min_speedup else use.discard)(key)
+    for r in swiglu:
+        (fold.add if r["fold"] else fold.discard)(shape_key(r["N"], r["K"], r["M"]))
+
+    def order(key: str) -> tuple[int, ...]:
+        return tuple(int(v) for v in key.split("x"))
+    return {"configs": {key: configs[key] for key in sorted(configs, key=order)},
+            "triton": sorted(use, key=order), "swiglu": sorted(fold, key=order)}
+
+
+def write_table(args, results: list[dict], swiglu: list[dict]) -> str:
+    """Update the --kind entry of the table file (--out, or the package's gemv.json with --write)."""
+    from ninfer.ops import tuning
+    from ninfer.ops.triton.gemv_configs import parse_tables
+    path = args.out or str(tuning.table_path("gemv"))
+    kind = args.kind or tuning.device_kind(DEVICE)
+    try:
+        data = tuning.read_table_file(path)
+    except ValueError:
+        data = tuning.read_table_file(tuning.table_path("gemv"))      # a new file starts from the package's
+    entry = table_entry(data.get(kind, data["default"]), results, swiglu, args.min_speedup)
+    parse_tables(entry)                                               # refuse to write what would not load
+    if not os.path.exists(path):
+        tuning.write_entry(path, "default", data["default"])
+    tuning.write_entry(path, kind, entry)
+    return f"{path} [{kind}]"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -331,10 +355,13 @@ def step_graph(args, gemv, results: list[dict] | None, copy_tbs: float) -> dict:
     return out
 
 
-def load_results(path: str) -> list[dict]:
-    with open(path) as f:
-        first = f.readline()
-    return json.loads(first.removeprefix("JSON "))["results"]
+def load_configs(path: str, kind: str) -> list[dict]:
+    """A table file's entry of `kind` as sweep results (best config, speedup 2 on Triton shapes, 0 else)."""
+    from ninfer.ops import tuning
+    from ninfer.ops.triton.gemv_configs import parse_tables
+    t = parse_tables(tuning.load_entry("gemv", kind, path=path))
+    return [{"N": n, "K": k, "M": m, "best": list(cfg), "speedup": 2.0 if (n, k, m) in t.triton else 0.0}
+            for (n, k, m), cfg in t.configs.items()]
 
 
 def parse_args(argv=None):
@@ -350,13 +377,16 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda", help="cuda; cpu = smoke run under TRITON_INTERPRET=1 (tiny "
                    "--shapes, --models '', wall-clock times)")
     p.add_argument("--m", type=ints, default=[1, 2, 4, 8], help="rows (comma list; 1..8)")
-    p.add_argument("--out", help="file for the JSON line and the CONFIGS / USE_TRITON literals")
+    p.add_argument("--write", action="store_true",
+                   help="update this device kind's entry of ninfer/ops/configs/gemv.json with the sweep")
+    p.add_argument("--out", help="the tuning-table file to update instead of the package's (implies --write)")
+    p.add_argument("--kind", help="the table entry to update (default: this device's kind; e.g. default)")
     p.add_argument("--graph", action="store_true", help="also time the 27B step GEMMs in one CUDA graph")
     p.add_argument("--graph-m", type=ints, default=[1], help="rows of the graph runs (comma list)")
     p.add_argument("--graph-reps", type=int, default=20)
     p.add_argument("--no-sweep", action="store_true", help="skip the sweep (with --graph)")
-    p.add_argument("--configs", help="a previous --out file: its best configs for --graph --no-sweep")
-    p.add_argument("--min-speedup", type=float, default=1.02, help="USE_TRITON threshold vs cuBLAS")
+    p.add_argument("--configs", help="a tuning-table file: its configs (this kind's entry) for --graph --no-sweep")
+    p.add_argument("--min-speedup", type=float, default=1.02, help="the Triton mark's threshold vs cuBLAS")
     p.add_argument("--budget-s", type=float, default=200.0,
                    help="sweep time after which only the default config is timed")
     p.add_argument("--warmup-ms", type=int, default=5)
@@ -415,25 +445,17 @@ def main(argv=None) -> int:
         results = sweep(args, gemv, num_sms)
         print_sweep(results, copy_tbs)
     elif args.configs:
-        results = load_results(args.configs)
+        from ninfer.ops import tuning
+        results = load_configs(args.configs, args.kind or tuning.device_kind(DEVICE))
     graph = step_graph(args, gemv, results, copy_tbs) if args.graph else None
     payload = {**env, "ceilings": ceil, "models": args.models, "rows": args.m, "results": results or [],
                "graph": graph}
-    json_line("gemv", payload)
     if results and not args.no_sweep:
-        sw_rows, sw_lit = swiglu_sweep(results, gemv, args.min_speedup)
-        payload["swiglu"] = sw_rows
-        lit = tables_literal(results, args.min_speedup) + "\n" + sw_lit
-        print(lit)
-        if args.out:
-            with open(args.out, "w") as f:
-                f.write("JSON " + json.dumps({"bench": "gemv", **payload}, sort_keys=True, default=str) + "\n")
-                f.write(lit + "\n")
-            ast.parse(lit)
-            print(f"wrote {args.out}")
-    elif args.out:
-        with open(args.out, "w") as f:
-            f.write("JSON " + json.dumps({"bench": "gemv", **payload}, sort_keys=True, default=str) + "\n")
+        payload["swiglu"] = swiglu_sweep(results, gemv, args.min_speedup)
+        if args.write or args.out:
+            payload["written"] = write_table(args, results, payload["swiglu"])
+            print(f"wrote {payload['written']}")
+    json_line("gemv", payload)
     return 0
 
 

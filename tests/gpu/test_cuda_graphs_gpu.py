@@ -20,15 +20,11 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from ninfer.ops.triton import reference_ops  # noqa: E402
+from ninfer.ops.opset import reference_ops  # noqa: E402
+from support.numerics import rel_rms  # noqa: E402
 from ninfer.contract.program import SamplingParams, SequenceRequest  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
 from ninfer.targets.qwen3_6.program.config import ProgramConfig  # noqa: E402
-
-
-def rel_rms(a, b):
-    a, b = a.double(), b.double()
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
 # (round, active row ids, steps, decision per row: "all" | "prefix" | "cancel", or "abort" for the batch)
@@ -142,10 +138,10 @@ def test_graph_decode_with_pdl_equals_eager(identity, monkeypatch):
     """Programmatic dependent launch (on by default on sm_90+): every PDL-aware kernel waits for its
     predecessor before touching what earlier kernels write, so the captured decode (and eager) give the
     same tokens and logits as without it."""
-    from ninfer.ops.triton import _pdl
-    monkeypatch.setattr(_pdl, "enabled", lambda: False)
+    from ninfer.ops.triton import pdl
+    monkeypatch.setattr(pdl, "enabled", lambda: False)
     te, le, _, fe = _run(identity, "eager")
-    monkeypatch.setattr(_pdl, "enabled", lambda: True)
+    monkeypatch.setattr(pdl, "enabled", lambda: True)
     tg, lg, replays, fg = _run(identity, "graphs")
     tp, lp, _, _ = _run(identity, "eager")
     assert replays == sum(steps for _, steps, _ in SCHEDULE) + len(PROMPT_LENS)

@@ -5,7 +5,7 @@ NINFER_FAST_TEST_DEVICE=cpu the kernels run in Triton's CPU interpreter: small s
 bf16 grouped GEMM (prefill) is skipped there (the interpreter's bf16 tl.dot is wrong).
 
 Checks: routing weights and the selected probabilities (ids only where no tie decides them);
-routed experts at decode sizes (T = 1..8; the current and the legacy kernels) and prefill sizes
+routed experts at decode sizes (T = 1..8) and prefill sizes
 (T = 1, 65, 500, 2048; the grouped GEMM forced for small T), with and without the folded shared
 expert, the 35B-A3B shapes on the GPU; routing folded into the first decode kernel
 (`route_moe_experts`: top 8 of 256, the tiny model's shapes, tied logits, NaN-poisoned buffers,
@@ -22,7 +22,8 @@ import torch.nn.functional as F
 from ninfer.ops import reference as ref
 from ninfer.ops.reference.moe import SharedExpert
 
-from support.fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, rel_rms  # noqa: F401
+from support.fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT  # noqa: F401
+from support.numerics import rel_rms
 
 pytestmark = GPU_MARKS
 
@@ -63,8 +64,9 @@ class _PoisonedTorch:
 
 @pytest.fixture
 def poisoned(monkeypatch):
-    from ninfer.ops.triton import moe as fm
-    monkeypatch.setattr(fm, "torch", _PoisonedTorch())
+    from ninfer.ops.triton import moe as fm, moe_decode, moe_prefill, moe_routing
+    for mod in (fm, moe_decode, moe_prefill, moe_routing):
+        monkeypatch.setattr(mod, "torch", _PoisonedTorch())
 
 
 def lowest_id_routing(logits: torch.Tensor, k: int) -> "ref.MoeRouting":
@@ -170,11 +172,10 @@ def _check_experts(shape, dtype, T, with_shared, seed, **kw):
 @pytest.mark.parametrize("with_shared", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 2, 3, 8])
-@pytest.mark.parametrize("legacy", [False, True])
-def test_moe_experts_decode(shape, with_shared, dtype, T, legacy, poisoned):
+def test_moe_experts_decode(shape, with_shared, dtype, T, poisoned):
     from ninfer.ops.triton import moe as fm
     assert T * shape[1] <= fm.MAX_PAIRS
-    _check_experts(shape, dtype, T, with_shared, seed=T, legacy=legacy)
+    _check_experts(shape, dtype, T, with_shared, seed=T)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -194,9 +195,9 @@ def _check_routed(shape, dtype, T, with_shared, seed, logits=None, config=None):
     assert out.dtype == dtype and out.shape == (T, H)
     want = ref.moe_experts(x, lowest_id_routing(logits, k), gate_up, down, shared=shared)
     assert rel_rms(out, want) < ROUTED_TOL[dtype]
-    # the same routing and sums as the separate routing kernel + the legacy decode kernels
-    legacy = fm.route_moe_experts(x, logits, k, gate_up, down, shared=shared, legacy=True)
-    assert rel_rms(out, legacy) < TOL[dtype] / 4
+    # the same routing and sums as the separate routing kernel + the expert kernels reading its ids
+    apart = fm.moe_experts(x, fm.route_topk(logits, k), gate_up, down, shared=shared, config=config)
+    assert rel_rms(out, apart) < TOL[dtype] / 4
     return out
 
 
@@ -236,6 +237,7 @@ def test_one_token_routing_in_the_gate_up_kernel_equals_route_topk(dtype):
     `route_topk`'s, ties included (test_route_moe_experts_tied_logits runs 4 tokens, which route apart),
     and so do the weights."""
     from ninfer.ops.triton import moe as fm
+    from ninfer.ops.triton.moe_decode import decode
     E, k, H, I, Is = WIDE
     g = gen(12)
     gate_up, down = experts(WIDE, dtype, g)
@@ -251,7 +253,7 @@ def test_one_token_routing_in_the_gate_up_kernel_equals_route_topk(dtype):
     rows[5, 60:68] = 7.0                                        # the top 8 tied in one run
     for r in range(rows.shape[0]):
         lg = rows[r:r + 1]
-        _, w, ids = fm._decode(x, gate_up, down, None, k, logits=lg)
+        _, w, ids = decode(x, gate_up, down, None, k, logits=lg)
         want = fm.route_topk(lg, k)
         assert ids.tolist() == want.ids.tolist(), r
         torch.testing.assert_close(w.float(), want.weights.float(), rtol=1e-6, atol=0)
@@ -263,31 +265,28 @@ def test_one_token_routing_in_the_gate_up_kernel_equals_route_topk(dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_route_moe_experts_tilings(config, shape, dtype, poisoned):
     """Several K steps per program (H, I split into blocks), partial last blocks, tiles past the edge."""
-    from ninfer.ops.triton import moe as fm
-    _check_routed(shape, dtype, 3, True, seed=11, config=fm.DecodeConfig(*config))
+    from ninfer.ops.triton.moe_decode import DecodeConfig
+    _check_routed(shape, dtype, 3, True, seed=11, config=DecodeConfig(*config))
 
 
-# (up_bn, up_bk, up_warps, down_bn, down_bk, down_warps, up_stream, down_early): one expert per gate|up
-# program with prefetched blocks; several blocks over H, one (and a masked one), rows past I; the down
-# kernel's early loads (one K block: down_bk >= I) and its K loop, where down_early must not apply (the
-# last two: down_bk < I here, or a [KB, 4, BK] tile capped under I = 512 on the A3B shape; on the GPU
-# with PDL such a kernel once read act before the gate|up kernel had written it).
-STREAM_TILINGS = [(8, 32, 4, 2, 16, 4, 1, 0), (4, 16, 2, 2, 64, 4, 1, 1), (16, 128, 4, 4, 512, 4, 1, 1),
-                  (1, 1024, 4, 2, 512, 4, 0, 1), (2, 32, 4, 2, 16, 4, 1, 1), (8, 256, 4, 4, 512, 4, 1, 1)]
+# (up_bn, up_bk, up_warps, down_bn, down_bk, down_warps): several blocks over H, one (and a masked one),
+# rows past I; the down kernel's one K block (down_bk >= I) and its K loop (down_bk < I here, or a
+# [KB, 4, BK] tile capped under I = 512 on the A3B shape).
+MORE_TILINGS = [(8, 32, 4, 2, 16, 4), (4, 16, 2, 2, 64, 4), (16, 128, 4, 4, 512, 4), (1, 1024, 4, 2, 512, 4),
+                (2, 32, 4, 2, 16, 4), (8, 256, 4, 4, 512, 4)]
 
 
-@pytest.mark.parametrize("config", STREAM_TILINGS, ids=lambda c: "x".join(map(str, c)))
+@pytest.mark.parametrize("config", MORE_TILINGS, ids=lambda c: "x".join(map(str, c)))
 @pytest.mark.parametrize("shape", [ODD, WIDE] + ([] if _INTERPRET else [A3B]), ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 2, 3])
-def test_route_moe_experts_stream_tilings(config, shape, dtype, T, poisoned):
-    """`DecodeConfig.up_stream` / `down_early` against the reference and the legacy kernels. T = 1 with the
-    old gate|up kernel routes inside it (down_early then has no effect); the one-expert kernel and T >= 2
-    route in their own kernel first. At T = 1 also from a given routing (`moe_experts`)."""
-    from ninfer.ops.triton import moe as fm
-    _check_routed(shape, dtype, T, True, seed=40 + T, config=fm.DecodeConfig(*config))
+def test_route_moe_experts_more_tilings(config, shape, dtype, T, poisoned):
+    """Decode tiles against the reference and the routing kernel apart. T = 1 routes inside the gate|up
+    kernel, T >= 2 in its own kernel first. At T = 1 also from a given routing (`moe_experts`)."""
+    from ninfer.ops.triton.moe_decode import DecodeConfig
+    _check_routed(shape, dtype, T, True, seed=40 + T, config=DecodeConfig(*config))
     if T == 1:
-        _check_experts(shape, dtype, T, True, seed=50, config=fm.DecodeConfig(*config))
+        _check_experts(shape, dtype, T, True, seed=50, config=DecodeConfig(*config))
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -312,9 +311,9 @@ def test_sort_pairs_is_a_stable_sort_with_a_block_table(T, E, k, BM, skew, chunk
     rows of one expert at the rows `_block_rows` derives; every other block is surplus (E). Skewed: most
     pairs on three experts (several blocks each), many experts unused. Both sorts: the one-launch scan
     (chunk, warps) and the chunked one (histograms, then the scatter; T=8192 x 8 fills its 64 chunks)."""
-    from ninfer.ops.triton import moe as fm
+    from ninfer.ops.triton import moe_prefill as fm
     if chunked:
-        assert fm._chunked_sort_ok(T * k, E)
+        assert fm.chunked_sort_ok(T * k, E)
     g = gen(11 + T)
     logits = randn(T, E, g=g)
     if skew:
@@ -365,7 +364,8 @@ def test_moe_experts_prefill_chunks_and_skewed_routing(dtype, monkeypatch):
     routing = ref.route_topk(logits, k)
     want = ref.moe_experts(x, routing, gate_up, down)
     one = fm.moe_experts(x, routing, gate_up, down)
-    monkeypatch.setattr(fm, "PREFILL_CHUNK", 64)
+    from ninfer.ops.triton import moe_prefill
+    monkeypatch.setattr(moe_prefill, "PREFILL_CHUNK", 64)
     chunked = fm.moe_experts(x, routing, gate_up, down)
     assert rel_rms(one, want) < TOL[dtype] and rel_rms(chunked, want) < TOL[dtype]
     assert rel_rms(chunked, one) < TOL[dtype] / 4              # the same per-row math, any chunking
@@ -431,7 +431,7 @@ def test_sparse_moe_leaf_fast_vs_reference(shape, dtype, N, pad):
     import dataclasses
 
     from ninfer.ops.triton import moe as fm
-    from ninfer.ops.triton import reference_ops
+    from ninfer.ops.opset import reference_ops
     from ninfer.targets.qwen3_6_35b_a3b import DIMS
     from ninfer.targets.qwen3_6.layers.moe import SparseMoE
     E, k, H, I, Is = shape
@@ -457,16 +457,16 @@ def test_sparse_moe_leaf_fast_vs_reference(shape, dtype, N, pad):
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("N", [5, 200])
-def test_sparse_moe_leaf_folds_the_residual_in_its_combine(shape, dtype, N, monkeypatch):
+def test_sparse_moe_leaf_folds_the_residual_in_its_combine(shape, dtype, N):
     """At prefill sizes the fast leaf adds its output into the residual stream in the combine, in place:
     Residual(h, None) with h the residual's own storage, bitwise the add_rms_norm add of the plain output
-    (one rounding of residual + output). At decode sizes, or with PREFILL_RESIDUAL_COMBINE off, the plain
-    output comes back and the residual is untouched. Given NormedRows (the mixer folded its add), the leaf
+    (one rounding of residual + output). At decode sizes the plain output comes back and the residual is
+    untouched. Given NormedRows (the mixer folded its add), the leaf
     norms them itself: the same output as the normed tensor."""
     import dataclasses
 
     from ninfer.ops.triton import moe as fm
-    from ninfer.ops.triton import reference_ops
+    from ninfer.ops.opset import reference_ops
     from ninfer.ops.reference.fused import NormedRows, Residual
     from ninfer.targets.qwen3_6_35b_a3b import DIMS
     from ninfer.targets.qwen3_6.layers.moe import SparseMoE
@@ -491,7 +491,3 @@ def test_sparse_moe_leaf_folds_the_residual_in_its_combine(shape, dtype, N, monk
         assert torch.equal(out.h, (r0.float() + plain.float()).to(dtype))
     else:
         assert not isinstance(out, Residual) and torch.equal(r, r0) and torch.equal(out, plain)
-    monkeypatch.setattr(fm, "PREFILL_RESIDUAL_COMBINE", False)
-    r = r0.clone()
-    off = leaf(mlp, h, ops, residual=r)
-    assert not isinstance(off, Residual) and torch.equal(r, r0) and torch.equal(off, plain)

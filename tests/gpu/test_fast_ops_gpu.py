@@ -19,7 +19,8 @@ import torch.nn.functional as F
 from ninfer.ops import reference as ref
 
 from support.ops_util import PREFIX_ROWS, prefix_rows_case  # noqa: E402
-from support.fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, gen, paged_kv, poison_allocator, randn, rel_rms  # noqa: F401
+from support.fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, gen, paged_kv, poison_allocator, randn  # noqa: F401
+from support.numerics import rel_rms
 
 pytestmark = GPU_MARKS
 
@@ -369,10 +370,10 @@ def test_decode_paged_attention_short_contexts_in_a_wide_block_table(B):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("Hq,Hkv,D", [(24, 4, 256), (16, 2, 256)])
-def test_decode_paged_attention_output_gate(dtype, page, Hq, Hkv, D, monkeypatch):
+def test_decode_paged_attention_output_gate(dtype, page, Hq, Hkv, D):
     """gate= (a strided view of the projection row, as the leaf passes it): the merge's o * sigmoid(gate)
-    == the reference composition (attention_output_gate), and == FUSE_GATE = False (merge, then
-    sigmoid_gate_mul) to the bit."""
+    == the reference composition (attention_output_gate), and == the fast attention without the gate,
+    then the fast sigmoid_gate_mul, to the bit."""
     if _INTERPRET and dtype == torch.bfloat16:
         pytest.skip("Triton's interpreter computes bf16 tl.dot wrongly")
     from ninfer.ops.triton import attention as fa
@@ -391,8 +392,7 @@ def test_decode_paged_attention_output_gate(dtype, page, Hq, Hkv, D, monkeypatch
     tol = TOL[dtype] if dtype == torch.bfloat16 else 2e-3          # tf32 dots for fp32 inputs
     for b in range(B):
         assert rel_rms(o[b], ro[b]) < tol, f"row {b} (context {lens[b]})"
-    monkeypatch.setattr(fa, "FUSE_GATE", False)
-    assert torch.equal(fa.decode_paged_attention(q, kc, vc, bt, ctx, gate=gate), o)
+    assert torch.equal(fa.sigmoid_gate_mul(fa.decode_paged_attention(q, kc, vc, bt, ctx), gate), o)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -491,7 +491,7 @@ def test_program_fast_vs_reference_logits(identity):
     So every op we own is held to fp32 agreement against the reference set carrying fla's chunk op,
     and the whole fast set to a TF32-level bound; the chunk op itself is checked against its
     reference above (test_chunk_gdn_fla_*)."""
-    from ninfer.ops.triton import fast_ops, reference_ops
+    from ninfer.ops.opset import fast_ops, reference_ops
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.testing.forced_run import forced_logits
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from support.fast_env import DEV, GPU_MARKS, INTERPRET, gen
+from support.ops_util import kept_oracle
 
 pytestmark = GPU_MARKS
 
@@ -78,7 +79,6 @@ def test_nucleus_and_race_equal_the_torch_cut_and_race(V, block, kind, seed, C, 
     token's mass before it is within fp32 rounding of top_p (the float64 oracle flags those rows), and `race`
     the torch race's token over the kept set (cut row, softmax, argmax of p / noise), with the row split in
     many slices (ties at v crossing slices: the id-order count and the rescan of the crossing slice)."""
-    from test_ops_sampling import _kept_oracle
 
     from ninfer.ops.reference import sampling as S
     from ninfer.ops.triton import sampling as fast
@@ -90,7 +90,7 @@ def test_nucleus_and_race_equal_the_torch_cut_and_race(V, block, kind, seed, C, 
     v, n = fast.nucleus(xd, vals, kd, pd)
     want_v, want_n = S._nucleus(xd, vals, kd, pd)
     differ = [r for r in range(len(_ROWS)) if (v[r].item(), n[r].item()) != (want_v[r].item(), want_n[r].item())]
-    assert all(_kept_oracle(x[r], int(ks[r]), float(ps[r]))[1] for r in differ), differ
+    assert all(kept_oracle(x[r], int(ks[r]), float(ps[r]))[1] for r in differ), differ
     assert len(differ) <= (5 if kind == "flat" else 2)       # a flat row's masses fall on top_p exactly
     noise = torch.empty_like(xd).exponential_(generator=gen(7 + seed))
     probs = torch.softmax(S.cut_rows(xd, vals, kd, pd), dim=-1)
@@ -110,7 +110,6 @@ def test_top_p_cut_equals_the_torch_cut_of_the_sorted_row(V, block, kind, seed, 
     tokens the torch cut over the sorted row keeps (`ops.sampling._nucleus` with C = V), except where a
     token's mass before it is within fp32 rounding of top_p (the float64 oracle flags those rows, and the
     sets differ by a few tokens); the other rows keep what v and n held. Ties at the cut cross slices; 'wide' spans many binary exponents (negative, tiny, huge)."""
-    from test_ops_sampling import _kept_oracle
 
     from ninfer.ops.reference import sampling as S
     from ninfer.ops.triton import sampling as fast
@@ -145,7 +144,7 @@ def test_top_p_cut_equals_the_torch_cut_of_the_sorted_row(V, block, kind, seed, 
     #       (-inf, V), this one as (its smallest value, all of its ties)
     got, want = _kept_sets(xd, v, n), _kept_sets(xd, want_v, want_n)
     differ = [r for r in active if got[r] != want[r]]
-    assert all(_kept_oracle(x[r], int(ks[r]), float(ps[r]))[1] for r in differ), differ
+    assert all(kept_oracle(x[r], int(ks[r]), float(ps[r]))[1] for r in differ), differ
     # NOTE: a rounding difference moves the cut by a few tokens, not by a bucket of the descent
     assert all(len(got[r] ^ want[r]) <= max(2, len(want[r]) // 100) for r in differ), \
         [(r, len(got[r]), len(want[r])) for r in differ]
@@ -227,8 +226,10 @@ def test_nucleus_and_race_bad_arguments():
          min_p=[0.05, 0.0, 0.1, 0.0]),                                                  # top-p alone, min-p
 ])
 def test_sample_fused_draw_equals_the_torch_draw(params, monkeypatch):
-    """`sample` on CUDA draws through `nucleus` / `top_p_cut` + `race` (FUSED_DRAW): the same tokens and rng
-    states, round after round, as with the switch off (the torch cut, min-p and race), on 248k-wide rows."""
+    """`sample` on CUDA (`ninfer.ops.opset.sample`) draws through `nucleus` / `top_p_cut` + `race`: the same
+    tokens and rng states, round after round, as the reference sampler (the torch cut, min-p and race), on
+    248k-wide rows."""
+    from ninfer.ops import opset
     from ninfer.ops.reference import sampling as S
 
     B = len(params["temperature"])
@@ -239,11 +240,10 @@ def test_sample_fused_draw_equals_the_torch_draw(params, monkeypatch):
     race = fast.race
     monkeypatch.setattr(fast, "race", lambda *a: calls.append(1) or race(*a))
     runs = []
-    for fused in (True, False):
-        monkeypatch.setattr(S, "FUSED_DRAW", fused)
+    for sample in (opset.sample, S.sample):
         states, toks = [S.rng_state_from_seed(s, DEV) for s in range(B)], []
         for _ in range(25):
-            r = S.sample(logits, st, states, drawn=S.drawing_rows(params["temperature"]), logprobs=False)
+            r = sample(logits, st, states, drawn=S.drawing_rows(params["temperature"]), logprobs=False)
             states, toks = r.rng_states, toks + [r.token_ids.tolist()]
         runs.append((toks, states))
     assert len(calls) == 25

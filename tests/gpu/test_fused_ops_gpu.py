@@ -17,7 +17,8 @@ import torch
 from ninfer.ops import reference as ref
 from ninfer.ops.reference import fused as ref_fused
 
-from support.fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, rel_rms  # noqa: F401
+from support.fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT  # noqa: F401
+from support.numerics import rel_rms
 
 pytestmark = GPU_MARKS
 
@@ -242,10 +243,10 @@ def _kv_pages(N, page, nkv, cache_dtype, with_rows, idx_dtype, seed):
 @pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("nh,nkv", [(NH, NKV), (16, 2)])
 @pytest.mark.parametrize("with_rows,idx_dtype", [(True, torch.int64), (False, torch.int64), (True, torch.int32)])
-def test_qk_norm_rope_write_kv(dtype, cache_dtype, N, page, nh, nkv, with_rows, idx_dtype, monkeypatch):
+def test_qk_norm_rope_write_kv(dtype, cache_dtype, N, page, nh, nkv, with_rows, idx_dtype):
     """One launch == qk_norm_rope then write_kv_paged (the reference composition): q', the written k'
-    and v slots; every other slot stays NaN; FUSE_KV_WRITE = False (the two fast kernels) gives the
-    same bits in bf16."""
+    and v slots; every other slot stays NaN; the two fast kernels (qk_norm_rope, then write_kv_paged)
+    give the same bits in bf16."""
     q, _, k, v = _attn_row(N, dtype, seed=80 + N, nh=nh, nkv=nkv)
     wq = randn(HD, dtype=dtype, seed=81, scale=0.1)
     wk = randn(HD, dtype=dtype, seed=82, scale=0.1)
@@ -267,8 +268,8 @@ def test_qk_norm_rope_write_kv(dtype, cache_dtype, N, page, nh, nkv, with_rows, 
     close(kc.view(P * page, -1)[written], rkc.view(P * page, -1)[written], roundings=4)
     if dtype == cache_dtype or not _INTERPRET:
         assert torch.equal(vc.view(P * page, -1)[written], rvc.view(P * page, -1)[written])
-    monkeypatch.setattr(fast(), "FUSE_KV_WRITE", False)
-    oq = fast().qk_norm_rope_write_kv(q, k, v, wq, wk, cos, sin, 1e-6, okc, ovc, bt, positions, rows)
+    oq, ok = fast().qk_norm_rope(q, k, wq, wk, cos, sin, 1e-6)
+    fast().write_kv_paged(okc, ovc, ok, v, bt, positions, rows)
     assert torch.equal(okc.isnan(), kc.isnan()) and torch.equal(ovc.nan_to_num(7.0), vc.nan_to_num(7.0))
     if dtype == torch.bfloat16:
         assert torch.equal(oq, fq) and torch.equal(okc.nan_to_num(7.0), kc.nan_to_num(7.0))

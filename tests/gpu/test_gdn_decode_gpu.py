@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from support.fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, rel_rms  # noqa: F401
+from support.fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT  # noqa: F401
+from support.numerics import rel_rms
 
 pytestmark = GPU_MARKS
 
@@ -21,19 +22,15 @@ pytestmark = GPU_MARKS
 SHAPES = [(2, 6, 32, 32)] if _INTERPRET else [(16, 48, 128, 128), (2, 6, 32, 32)]
 
 
-@pytest.mark.parametrize("early", [1, 0])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("B", [1, 3, 8])
 @pytest.mark.parametrize("shape", SHAPES)
-def test_gdn_conv_recurrent_vs_reference(dtype, B, shape, early, monkeypatch):
-    """early: the kernel's loads of the states before the PDL wait (`EARLY_STATE`) or after it. Here the
-    op's predecessor is a torch copy (not PDL-aware: the op starts after it completes); the decode graph
-    tests (test_cuda_graphs_gpu.py) run it after the in-projection's PDL GEMV."""
+def test_gdn_conv_recurrent_vs_reference(dtype, B, shape):
+    """The kernel loads the states before the PDL wait. Here the op's predecessor is a torch copy (not
+    PDL-aware: the op starts after it completes); the decode graph tests (test_cuda_graphs_gpu.py) run it
+    after the in-projection's PDL GEMV."""
     from ninfer.ops.reference import fused as ref
-    from ninfer.ops.triton import gdn_decode
     from ninfer.ops.triton.gdn_decode import gdn_conv_recurrent
-
-    monkeypatch.setattr(gdn_decode, "EARLY_STATE", early)
 
     H, HV, K, V = shape
     C = 2 * H * K + HV * V

@@ -21,7 +21,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from support.fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT, rel_rms  # noqa: F401
+from support.fast_env import DEV as _DEV, GPU_MARKS, INTERPRET as _INTERPRET, STRICT  # noqa: F401
+from support.numerics import rel_rms
 
 _NEEDS_KERNEL = pytest.mark.skipif(not (torch.cuda.is_available() or _INTERPRET), reason="needs CUDA")
 
@@ -32,14 +33,22 @@ SHAPES = [(1000, 333), (200, 1024), (5, 64)] if not _INTERPRET else [(300, 333),
 
 
 
-class _AlwaysTrue(dict):
-    """A decision table that marks every shape (monkeypatched over USE_TRITON_SWIGLU)."""
+class _Everything(frozenset):
+    """A set of shapes that holds every shape (a tuning table's `swiglu` marking all)."""
 
-    def get(self, key, default=None):
+    def __contains__(self, key):
         return True
 
 
-_ALWAYS = _AlwaysTrue()
+def with_tables(monkeypatch, *, triton=None, swiglu=None):
+    """Replace this process's GEMV tuning tables: the loaded ones with `triton` / `swiglu` (shape sets of
+    (N, K, M bucket)) where given."""
+    from ninfer.ops.triton import gemv_configs
+    t = gemv_configs.load_tables()
+    t = t._replace(triton=frozenset(triton) if triton is not None else t.triton,
+                   swiglu=swiglu if isinstance(swiglu, frozenset) else frozenset(swiglu) if swiglu is not None
+                   else t.swiglu)
+    monkeypatch.setattr(gemv_configs, "tables", lambda: t)
 
 
 def poison_allocator() -> None:
@@ -156,14 +165,14 @@ def test_linear_dispatch(monkeypatch):
     from ninfer.ops.triton import gemv
     x = randn(3, 256, dtype=torch.bfloat16, seed=0)
     w = randn(96, 256, dtype=torch.bfloat16, seed=1)
-    monkeypatch.setattr(gemv, "USE_TRITON", {})
+    with_tables(monkeypatch, triton=())
     assert torch.equal(gemv.linear(x, w), F.linear(x, w))               # empty table: cuBLAS
     if _DEV != "cuda":
         return                                                          # the kernel path needs CUDA tensors
     calls = []
     real = gemv.gemv
     monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: calls.append(1) or real(*a, **kw))
-    monkeypatch.setattr(gemv, "USE_TRITON", {(96, 256, 4): True})
+    with_tables(monkeypatch, triton={(96, 256, 4)})
     y = gemv.linear(x, w)
     assert calls and rel_rms(y, reference(x, w)) < 1e-2
     x3 = randn(1, 3, 256, dtype=torch.bfloat16, seed=2)                 # leading dims flattened
@@ -251,7 +260,7 @@ def test_swiglu_prologue(m):
 @pytest.mark.skipif(_DEV != "cuda" or not torch.cuda.is_available(),
                     reason="both paths of linear_swiglu need CUDA tensors")
 def test_linear_swiglu_dispatch(monkeypatch):
-    """`linear_swiglu` folds the SwiGLU into the GEMV only for shapes USE_TRITON_SWIGLU marks; else
+    """`linear_swiglu` folds the SwiGLU into the GEMV only for shapes the table's `swiglu` marks; else
     it is the SwiGLU kernel followed by `linear` (the same result within rounding)."""
     from ninfer.ops.triton import gemv
     from ninfer.ops.reference.fused import silu_mul_halves
@@ -260,11 +269,10 @@ def test_linear_swiglu_dispatch(monkeypatch):
     calls = []
     real = gemv.gemv
     monkeypatch.setattr(gemv, "gemv", lambda *a, **kw: calls.append(kw.get("swiglu")) or real(*a, **kw))
-    monkeypatch.setattr(gemv, "USE_TRITON", {})
-    monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", {})
+    with_tables(monkeypatch, triton=(), swiglu=())
     ref = reference(silu_mul_halves(gu), w)
     assert rel_rms(gemv.linear_swiglu(gu, w), ref) < 1e-2 and not calls
-    monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", {(96, 256, 2): True})
+    with_tables(monkeypatch, triton=(), swiglu={(96, 256, 2)})
     assert rel_rms(gemv.linear_swiglu(gu, w), ref) < 1e-2 and calls == [True]
 
 
@@ -299,11 +307,11 @@ def test_residual_epilogue(m):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available() or _INTERPRET, reason="cuBLAS: needs CUDA")
 @pytest.mark.parametrize("m", [9, 300])
-def test_prefill_residual_in_the_gemm(m, monkeypatch):
+def test_prefill_residual_in_the_gemm(m):
     """Past MAX_ROWS rows `linear(y, w, residual=r)` adds the residual in the cuBLAS GEMM, in place on r:
     Residual(h, None) with h r's own storage, == r + y @ w.T (one rounding); a NormedRows of it feeds the
-    next `linear` (the norm applied first). Off (PREFILL_RESIDUAL_GEMM False), or with a residual it
-    cannot update in place (not contiguous), the plain product comes back and r is untouched."""
+    next `linear` (the norm applied first). With a residual it cannot update in place (not contiguous),
+    the plain product comes back and r is untouched."""
     from ninfer.ops.triton import gemv
     from ninfer.ops.reference.fused import NormedRows, Residual
     from ninfer.ops.reference.norms import rms_norm
@@ -322,11 +330,7 @@ def test_prefill_residual_in_the_gemm(m, monkeypatch):
     assert rel_rms(nxt, reference(rms_norm(out.h, nw, 1e-6), w2)) < TOL[dt]
     rt = r0.t().contiguous().t()                                     # same values, column-major
     plain = gemv.linear(y, w, residual=rt)
-    assert not isinstance(plain, Residual) and torch.equal(rt, r0)
-    monkeypatch.setattr(gemv, "PREFILL_RESIDUAL_GEMM", False)
-    r = r0.clone()
-    plain = gemv.linear(y, w, residual=r)
-    assert not isinstance(plain, Residual) and torch.equal(r, r0) and rel_rms(plain, reference(y, w)) < TOL[dt]
+    assert not isinstance(plain, Residual) and torch.equal(rt, r0) and rel_rms(plain, reference(y, w)) < TOL[dt]
 
 
 @pytest.mark.gpu
@@ -374,7 +378,8 @@ def test_program_decode_folds_residual_norm(identity, monkeypatch):
     the unfolded schedule (same roundings; only the norms' sums of squares run in another order)."""
     import importlib
 
-    from ninfer.ops.triton import fast_ops, fused as fast_fused, gemv
+    from ninfer.ops.opset import fast_ops
+    from ninfer.ops.triton import fused as fast_fused, gemv
     from ninfer.contract.program import SamplingParams, SequenceRequest
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.targets.qwen3_6.program.config import ProgramConfig
@@ -393,9 +398,9 @@ def test_program_decode_folds_residual_norm(identity, monkeypatch):
     out = {}
     for name in ("fold", "swiglu", "nofold"):
         if name == "swiglu":
-            monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", _ALWAYS)
+            with_tables(monkeypatch, swiglu=_Everything())
         if name == "nofold":
-            monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", {})
+            with_tables(monkeypatch, swiglu=())
             monkeypatch.setattr(gemv, "_fold", lambda residual, x2, w: None)
         prog = pkg.create_program(w, ProgramConfig(device=_DEV, dtype="fp32" if dt == torch.float32 else "bf16",
                                                    page_size=16, num_pages=64, enforce_eager=True))
@@ -430,43 +435,14 @@ def test_program_decode_folds_residual_norm(identity, monkeypatch):
 
 
 @pytest.mark.gpu
-def test_load_tuning_overlays_the_tables(tmp_path, monkeypatch):
-    """`load_tuning` ($NINFER_GEMV_CONFIGS) takes a bench/gemv.py --out file's JSON line: the best config
-    of every swept shape, Triton only where it beat cuBLAS by the threshold; no JSON line is refused."""
-    pytest.importorskip("triton")
-    import json
-
-    from ninfer.ops.triton import gemv
-    monkeypatch.setattr(gemv, "CONFIGS", dict(gemv.CONFIGS))
-    monkeypatch.setattr(gemv, "USE_TRITON", dict(gemv.USE_TRITON))
-    monkeypatch.setattr(gemv, "USE_TRITON_SWIGLU", {})
-    results = [{"N": 5120, "K": 6144, "M": 1, "best": [8, 1024, 1, 4, 1, False, True], "speedup": 1.2},
-               {"N": 96, "K": 256, "M": 3, "best": [16, 128, 1, 4, 1, False, False], "speedup": 1.01},
-               {"N": 64, "K": 64, "M": 1, "best": None, "speedup": None}]
-    swiglu = [{"N": 5120, "K": 17408, "M": 1, "speedup": 1.5, "ok": True},
-              {"N": 5120, "K": 17408, "M": 2, "speedup": 1.5, "ok": False}]
-    f = tmp_path / "gemv.txt"
-    f.write_text("JSON " + json.dumps({"bench": "gemv", "results": results, "swiglu": swiglu})
-                 + "\nCONFIGS: ...\n")
-    assert gemv.load_tuning(str(f)) == 2
-    assert gemv.config_for(5120, 6144, 1) == gemv.GemvConfig(8, 1024, 1, 4, 1, False, True)
-    assert gemv.use_triton(5120, 6144, 1)
-    assert gemv.CONFIGS[(96, 256, 4)] == (16, 128, 1, 4, 1, False, False) and not gemv.use_triton(96, 256, 3)
-    assert (64, 64, 1) not in gemv.CONFIGS
-    assert gemv.USE_TRITON_SWIGLU == {(5120, 17408, 1): True, (5120, 17408, 2): False}
-    (tmp_path / "bad.txt").write_text("no json here\n")
-    with pytest.raises(ValueError, match="JSON"):
-        gemv.load_tuning(str(tmp_path / "bad.txt"))
-
-
-@pytest.mark.gpu
 @_NEEDS_KERNEL
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
 def test_program_gemv_folds_match_reference_ops(identity, monkeypatch):
     """The reference op set with only `linear` taken from the GEMV (every shape on the kernel, the
     residual/norm folds at one row): an fp32 Program's logits equal the reference set's (prefill in two
     stages, decode rounds), and the decode steps ran the residual epilogue."""
-    from ninfer.ops.triton import gemv, reference_ops
+    from ninfer.ops.opset import reference_ops
+    from ninfer.ops.triton import gemv
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.testing.forced_run import forced_logits
 

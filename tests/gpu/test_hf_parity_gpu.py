@@ -25,7 +25,8 @@ import importlib
 import pytest
 import torch
 
-from support.program_util import materialize, prompt, rel_rms
+from support.program_util import materialize, prompt
+from support.numerics import rel_rms
 from ninfer.artifact import open_artifact
 from ninfer.targets.qwen3_6.program.config import ProgramConfig
 

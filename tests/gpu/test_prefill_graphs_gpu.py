@@ -24,8 +24,8 @@ pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from support.program_util import rel_rms  # noqa: E402
-from ninfer.ops.triton import moe as fast_moe  # noqa: E402
+from support.numerics import rel_rms  # noqa: E402
+from ninfer.ops.triton import moe_prefill as fast_moe  # noqa: E402
 from ninfer.contract.program import SamplingParams, SequenceRequest  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
 from ninfer.targets.qwen3_6.program import prefill_graphs as pgm  # noqa: E402

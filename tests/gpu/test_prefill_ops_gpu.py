@@ -12,7 +12,8 @@ import torch
 
 from ninfer.ops import reference as ref
 
-from support.fast_env import DEV, GPU_MARKS, INTERPRET, STRICT, gen, paged_kv, poison_allocator, randn, rel_rms
+from support.fast_env import DEV, GPU_MARKS, INTERPRET, STRICT, gen, paged_kv, poison_allocator, randn
+from support.numerics import rel_rms
 
 pytestmark = GPU_MARKS
 
@@ -319,7 +320,7 @@ def test_program_prefill_split_conv_and_host_bounds():
 
     from ninfer.ops.triton import attention as fa
     from ninfer.ops.triton import conv as fc
-    from ninfer.ops.triton import reference_ops
+    from ninfer.ops.opset import reference_ops
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.testing.forced_run import forced_logits
 

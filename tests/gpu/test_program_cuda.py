@@ -13,7 +13,8 @@ import sys
 import pytest
 import torch
 
-from support.program_util import hf_model, prompt, rel_rms
+from support.program_util import hf_model, prompt
+from support.numerics import rel_rms
 from ninfer.contract.program import SamplingParams, SequenceRequest
 from ninfer.targets.qwen3_6.program.config import ProgramConfig
 from ninfer.targets.registry import lookup
@@ -103,7 +104,7 @@ def test_cuda_fp32_matches_transformers(kind):
     # NOTE: the reference op set on CUDA is the exact check of the Program's math (1e-5); the fast set
     #       (its default on CUDA) runs fla-core's chunk kernels, whose fp32 tl.dot products use TF32
     #       tensor cores (10-bit mantissa): measured 2.2e-4 / 3.2e-4 rel RMS on the H200, bound 2e-3.
-    from ninfer.ops.triton import reference_ops
+    from ninfer.ops.opset import reference_ops
     for ops, bound in ((reference_ops(), 1e-5), (None, 2e-3)):
         prog = _program(kind, "fp32")
         if ops is not None:

@@ -21,13 +21,6 @@ GPU_MARKS = [
 STRICT = 1 if INTERPRET else 4
 
 
-def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||b|| in float64; a (the fast result) must be finite."""
-    a, b = a.double(), b.double()
-    assert torch.isfinite(a).all(), "non-finite values in the fast result"
-    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
-
-
 def gen(seed: int) -> torch.Generator:
     """A seeded generator on the test device."""
     g = torch.Generator(device=DEV)

@@ -14,12 +14,6 @@ DEVICES = [
 ]
 
 
-def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    """Relative RMS error of a against the reference b (computed in float64)."""
-    a, b = a.double().cpu(), b.double().cpu()
-    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30)).item()
-
-
 def dense_causal(q, k, v, scale, rep):
     """float64 explicit causal GQA attention of the last L positions. q [L, Hq, D], k, v [C, Hkv, D]
     (Hq = rep * Hkv) -> [L, Hq, D] on the CPU."""
@@ -66,3 +60,27 @@ def prefix_rows_case(start, L, N, device, dtype=torch.float32, hq=6, hkv=2, d=32
     want = dense_causal(q[:L].to(dtype), k[:C].to(dtype), v[:C].to(dtype), d ** -0.5, hq // hkv)
     t = lambda x: torch.tensor([x], dtype=torch.long, device=device)  # noqa: E731
     return (q.to(device, dtype), kc, vc, table, t(start), t(L)), want
+
+
+def kept_oracle(x: torch.Tensor, top_k: int, top_p: float) -> tuple[set[int], bool]:
+    """Steps 6-7 of the sampler as `ninfer.ops.reference.sampling`'s docstring states them, for one row, in float64: descending values with ties
+    by lowest id, top-k keeps values >= the k-th, top-p the prefix whose mass before each token is below
+    top_p. Also whether some token's mass before lies within 1e-5 of top_p (fp32 may round either way)."""
+    xs = x.double()
+    V = xs.numel()
+    order = sorted(range(V), key=lambda i: (-xs[i].item(), i))
+    kept = order
+    if 0 < top_k < V:
+        kth = xs[order[top_k - 1]].item()
+        kept = [i for i in order if xs[i].item() >= kth]
+    if top_p >= 1.0:
+        return set(kept), False
+    p = torch.softmax(xs[kept], dim=0).tolist()
+    out, before, near = [], 0.0, False
+    for i, pi in zip(kept, p):
+        near |= abs(before - top_p) < 1e-5
+        if before >= top_p and out:
+            break
+        out.append(i)
+        before += pi
+    return set(out), near

@@ -11,6 +11,7 @@ from ninfer.contract.program import SamplingParams, SequenceHandle, SequenceRequ
 from ninfer.targets.qwen3_6.program.config import ProgramConfig
 from ninfer.targets.registry import lookup
 from ninfer.testing.tiny_hf import KINDS
+from support.numerics import rel_rms  # noqa: F401  (re-exported: the model tests import it from here)
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -73,10 +74,6 @@ def hf_model(kind: str):
 def prompt(n: int, seed: int) -> list[int]:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, 248000, (n,), generator=g).tolist()
-
-
-def rel_rms(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).pow(2).mean().sqrt() / b.float().pow(2).mean().sqrt()).item()
 
 
 def materialize(prog, ids, max_output: int = 64, sampling: SamplingParams = GREEDY, **kw) -> SequenceHandle:

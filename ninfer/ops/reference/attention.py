@@ -151,9 +151,9 @@ def padded_causal_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
     k, v [L, Hkv, D] (the same L; GQA when Hkv < Hq) -> [L, Hq, D] in q.dtype.
     The rows past L are zeros at the end of q, k and v; a causal row i < L reads keys <= i only, so no
     real row sees them, and their output rows are dropped (exact). Why: cuDNN's SDPA, which PyTorch
-    picks for this case on the H200, builds an execution plan the first time it meets a sequence length
-    (~63 ms; bench/first_call.py, bench/NOTES.md session 17): with a few padded lengths a server meets
-    them all in its warmup, not at every new prompt length."""
+    picks for this case on the GPU, builds an execution plan the first time it meets a sequence length
+    (a noticeable first-call cost; docs/performance.md, "Decision log"): with a few padded lengths a
+    server meets them all in its warmup, not at every new prompt length."""
     L = q.shape[0]
     n = sdpa_rows(L) - L
     if n:

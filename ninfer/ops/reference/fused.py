@@ -28,6 +28,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ninfer.ops.reference.conv import causal_conv1d_update
+from ninfer.ops.reference.gated_delta import fused_recurrent_gated_delta_rule, gdn_gates
 from ninfer.ops.reference.mlp import silu_mul
 from ninfer.ops.reference.norms import rms_norm
 from ninfer.ops.reference.rope import apply_rotary_qk
@@ -112,18 +114,19 @@ def gdn_conv_recurrent(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state:
     k heads, v heads), then `fused_recurrent_gated_delta_rule` with q/k L2-norm. Both states are read
     at the entries src [B] and the stepped states written at dst [B] (None: in place at src).
     conv_state [S, C, K-1], rec_state [S, HV, K, V] fp32. Returns o [B, HV, V] in qkv.dtype.
-    ops: the OpSet whose gates / conv update / delta rule compose it (default: the references; the
-    fast one-kernel op falls back to the fast set's three kernels)."""
-    if ops is None:
-        from ninfer.ops.triton import reference_ops
-        ops = reference_ops()
+    ops: any object with `gdn_gates`, `causal_conv1d_update` and `fused_recurrent_gated_delta_rule` (an
+    OpSet) that compose it (default: the references here; the fast one-kernel op falls back to its
+    three fast kernels)."""
+    gates, conv_update, recurrent = ((gdn_gates, causal_conv1d_update, fused_recurrent_gated_delta_rule)
+                                     if ops is None else
+                                     (ops.gdn_gates, ops.causal_conv1d_update, ops.fused_recurrent_gated_delta_rule))
     B = qkv.shape[0]
     H, K, V = num_k_heads, head_k_dim, head_v_dim
     HV = a.shape[-1]
-    g, beta = ops.gdn_gates(a, b, A_log, dt_bias)
-    u, _ = ops.causal_conv1d_update(qkv, conv_weight, conv_state, state_indices=src, dst_indices=dst)
+    g, beta = gates(a, b, A_log, dt_bias)
+    u, _ = conv_update(qkv, conv_weight, conv_state, state_indices=src, dst_indices=dst)
     q, k, v = torch.split(u, (H * K, H * K, HV * V), dim=-1)
-    o, _ = ops.fused_recurrent_gated_delta_rule(
+    o, _ = recurrent(
         q.reshape(B, 1, H, K), k.reshape(B, 1, H, K), v.reshape(B, 1, HV, V), g.unsqueeze(1), beta.unsqueeze(1),
         initial_state=rec_state, state_indices=src, dst_indices=dst, use_qk_l2norm_in_kernel=True)
     return o.reshape(B, HV, V)

@@ -6,16 +6,13 @@ from __future__ import annotations
 
 from ninfer.ops.reference.attention import sdpa_rows
 
-# NOTE: a long chunk over a long prefix (a long prompt's later stages) through cuDNN instead of flash:
-#       PyTorch's flash kernel runs the lower-right-masked form at ~300 TFLOP/s on the H100 / H200 against
-#       cuDNN's ~520-615 here (27B heads, bf16; bench/prefix_attn_probe.py, bench/NOTES.md session 28: L 8192
-#       over a 24576-token prefix 13.65 -> 7.03 ms a layer; a 32k prompt in 8k stages 3402 -> 3049 ms on the
-#       27B). cuDNN has no lower-right mask, so the chunk runs twice (`split_prefix_sdpa`) and the halves
-#       merge by their log-sum-exps. Each new cuDNN shape builds a plan on first use (the two calls' first
-#       use measured 137-247 ms), so the shapes are bucketed and the split runs only where a call's
-#       attention is large enough that its first use costs about what it then saves per request (16
-#       attention layers on the 27B): SPLIT_MIN_FLOPS (flash ~3.3 ms a layer). The serve warmup plans the
-#       shapes of uncached prompts (`prefix_plan_shapes`).
+# NOTE: a long chunk over a long prefix (a long prompt's later stages) runs through cuDNN instead of flash:
+#       cuDNN's kernels run this much faster than PyTorch's flash kernel with the lower-right mask
+#       (docs/performance.md, "Decision log"). cuDNN has no lower-right mask, so the chunk runs twice
+#       (`split_prefix_sdpa`) and the halves merge by their log-sum-exps. Each new cuDNN shape builds a plan on
+#       first use, so the shapes are bucketed and the split runs only where a call's attention is large
+#       enough that its first use costs about what it then saves per request: SPLIT_MIN_FLOPS. The serve
+#       warmup plans the shapes of uncached prompts (`prefix_plan_shapes`).
 SPLIT_MIN_FLOPS = 1e12
 SPLIT_GRAIN = 2048          # the prefix's keys of the non-causal call: a multiple of this many
 cudnn_split_ok = True       # False after the cuDNN op failed once (warned): flash from then on
@@ -24,9 +21,8 @@ cudnn_split_ok = True       # False after the cuDNN op failed once (warned): fla
 # NOTE: a chunk over a prefix shorter than about itself (a context-cache hit on a system prompt followed by a
 #       long message; a prompt a little over one stage) is cheapest as one causal self-attention over the
 #       whole context with the prefix's query rows zero (`front_padded_sdpa`): cuDNN's causal kernel at a
-#       padded length, doing at most PAD_MAX_WORK times the chunk's own work. On the H100, 27B heads: L 4096
-#       over C 8192 (1.33x the work) 1.35 ms against flash 2.23 and the split 1.57; L 2048 over C 8192
-#       (2.2x) ties with flash (bench/NOTES.md session 28).
+#       padded length, doing at most PAD_MAX_WORK times the chunk's own work (docs/performance.md,
+#       "Decision log").
 PAD_MAX_WORK = 1.6
 
 

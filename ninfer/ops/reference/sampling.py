@@ -21,13 +21,12 @@ top_k 20 with top_p 0.95), those are the `topk` of the row; otherwise the whole 
 give the same kept set (`_nucleus`): the candidates hold every value above the k-th, and the ties at
 the k-th are counted over the whole row.
 
-On CUDA (`FUSED_DRAW`, `ninfer.ops.triton.sampling`) steps 6-9 run in a few Triton launches instead: the
-cut (v, n) from the candidates (`nucleus`) for rows with a top-k cut, from a radix descent over the whole
-row (`top_p_cut`, no sort) for rows that cut by top-p alone, and the race over the kept tokens without
-materialising the cut row or its softmax (`race`: the largest exp(x - max) / noise, the order of p / noise;
-min-p as exp(x - max) >= min_p). Only a batch with a top-k cut above CANDIDATES keeps the torch path. The
-two agree token for token except where fp32 rounding decides (a mass within rounding of top_p, a
-probability within rounding of min_p · max p, two scores within rounding of each other).
+Steps 6-9 are one `Draw` (`torch_draw` here). The fast sampler (`ninfer.ops.triton.sampling.sample`,
+chosen per call on CUDA by `ninfer.ops.opset.sample`) passes its own: the cut (v, n) from the candidates
+for rows with a top-k cut, from a radix descent over the whole row for rows that cut by top-p alone, and
+the race over the kept tokens without materialising the cut row or its softmax. The two agree token for
+token except where fp32 rounding decides (a mass within rounding of top_p, a probability within rounding
+of min_p · max p, two scores within rounding of each other).
 
 Log-probs are those of the raw distribution: log_softmax(logits.float()) before any of the above.
 
@@ -41,15 +40,15 @@ States are device-specific (a CPU state is not a CUDA state): seed them for logi
 
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
-__all__ = ["CANDIDATES", "FUSED_DRAW", "SamplingTensors", "cut_rows", "SampleResult", "rng_state_from_seed", "apply_penalties", "drawing_rows", "sample"]
+__all__ = ["CANDIDATES", "SamplingTensors", "cut_rows", "SampleResult", "rng_state_from_seed", "apply_penalties",
+           "drawing_rows", "Draw", "torch_draw", "sample"]
 
 
 # NOTE: the largest top-k whose rows take `topk` candidates instead of the full-vocabulary sort.
@@ -101,7 +100,7 @@ class SamplingTensors:
     candidates: int = 0
     # NOTE: whether any row has a logit bias or a non-neutral penalty; without one, steps 1-3 are skipped.
     penalized: bool = True
-    # NOTE: for the fused draw (`_fused`): the largest top-k of the rows that cut by top-k (0: none; -1: not
+    # NOTE: for the fast sampler's draw: the largest top-k of the rows that cut by top-k (0: none; -1: not
     #       known), and whether some row cuts by top-p without a top-k cut (`top_p_cut` then decides it).
     top_k_max: int = -1
     top_p_only: bool = True
@@ -249,59 +248,12 @@ def cut_rows(x: torch.Tensor, vals: torch.Tensor, top_k: torch.Tensor, top_p: to
     return x.masked_fill(~keep, float("-inf"))
 
 
-def _fast(x: torch.Tensor):
-    """`ninfer.ops.triton.sampling` for a CUDA x when the fast kernels can run, else None (imported lazily)."""
-    if not x.is_cuda:
-        return None
-    from ninfer.ops.triton import fast_available
-    if not fast_available():
-        return None
-    from ninfer.ops.triton import sampling as fast
-    return fast
-
-
-def _top_values(x: torch.Tensor, k: int) -> torch.Tensor:
-    """The k largest values of each row of x [B, V] fp32, descending: from Triton on CUDA for k up to its
-    MAX_K (`ninfer.ops.triton.sampling`: torch.topk runs a 248k row as one block), else torch.topk."""
-    fast = _fast(x)
-    if fast is not None and k <= fast.MAX_K:
-        return fast.topk_values(x, k)
-    return x.topk(k, dim=1).values
-
-
-# NOTE: read per call: False keeps the torch cut and race on CUDA too (A/B, tests); NINFER_FUSED_DRAW=0 sets it
-#       at import (a served A/B).
-FUSED_DRAW = os.environ.get("NINFER_FUSED_DRAW", "1") != "0"
-
-
-def _fused(x: torch.Tensor, st: SamplingTensors):
-    """`ninfer.ops.triton.sampling` when the draw of x's rows runs there (CUDA; no row with a top-k cut above
-    CANDIDATES), else None."""
-    if not FUSED_DRAW or (st.truncates and not 0 <= st.top_k_max <= CANDIDATES):
-        return None
-    return _fast(x)
-
-
-def _fused_cut(fast, x: torch.Tensor, st: SamplingTensors) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Steps 6-7 of the fused draw on temperature-scaled logits x [B, V]: ((v, n), m), the kept tokens of
-    each row being those > v and the n lowest-id ones == v (`_nucleus`), m the row's largest value."""
-    V = x.shape[1]
-    if st.top_k_max > 0:
-        vals = _top_values(x, st.top_k_max)
-        cut, top = fast.nucleus(x, vals, st.top_k, st.top_p), vals[:, 0]
-    else:
-        cut, top = (torch.full_like(st.temperature, float("-inf")), torch.full_like(st.top_k, V)), x.amax(dim=1)
-    if st.top_p_only:
-        fast.top_p_cut(x, top, st.top_k, st.top_p, *cut)              # the rows without a top-k cut, in place
-    return cut, top
-
-
 def _truncate(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
     """Steps 6-8 on temperature-scaled logits x [B, V] (fp32): removed entries become -inf.
     Without top-k / top-p in any row (st.truncates False) the cut is skipped: it would keep everything;
     without min-p, so is that step."""
     if st.truncates:
-        vals = _top_values(x, st.candidates) if st.candidates else x.sort(dim=1, descending=True).values
+        vals = x.topk(st.candidates, dim=1).values if st.candidates else x.sort(dim=1, descending=True).values
         x = cut_rows(x, vals, st.top_k, st.top_p)
     if not st.min_p_any:
         return x
@@ -314,6 +266,18 @@ def drawing_rows(temperatures: Sequence[float]) -> list[int]:
     return [r for r, t in enumerate(temperatures) if float(np.float32(t)) > 0]
 
 
+# NOTE: steps 6-9 on the temperature-scaled logits xs [B, V] fp32 given one Exp(1) noise row per row
+#       (greedy rows: ones): the drawn token per row [B] int64.
+Draw = Callable[[torch.Tensor, SamplingTensors, torch.Tensor], torch.Tensor]
+
+
+def torch_draw(xs: torch.Tensor, st: SamplingTensors, noise: torch.Tensor) -> torch.Tensor:
+    """Steps 6-9 in torch: the truncated softmax, then argmax p / noise over the kept tokens."""
+    probs = torch.softmax(_truncate(xs, st), dim=-1)
+    # NOTE: removed tokens (p = 0) must never win, even against a zero noise draw.
+    return torch.where(probs > 0, probs / noise.clamp_min(1e-30), -1.0).argmax(dim=-1)
+
+
 def sample(
     logits: torch.Tensor,
     st: SamplingTensors,
@@ -321,6 +285,7 @@ def sample(
     num_logprobs: int = 0,
     drawn: Sequence[int] | None = None,
     logprobs: bool = True,
+    draw: Draw | None = None,
 ) -> SampleResult:
     """Pick one token per row.
 
@@ -332,6 +297,7 @@ def sample(
         drawn: `drawing_rows` of the rows' temperatures when the caller has them on the host: then
             nothing here waits for the device (the tokens stay on it until the caller reads them).
         logprobs: False skips the raw log-softmax: the result's logprobs are None (num_logprobs must be 0).
+        draw: steps 6-9 (default `torch_draw`).
     Returns:
         SampleResult (token ids, raw log-probs, raw top-k, advanced rng states).
     """
@@ -351,11 +317,6 @@ def sample(
     else:
         temp = torch.where(greedy, torch.ones_like(st.temperature), st.temperature)
         xs = x / temp[:, None]
-        fast = _fused(xs, st)
-        if fast is None:
-            probs = torch.softmax(_truncate(xs, st), dim=-1)
-        else:
-            cut, top = _fused_cut(fast, xs, st)
         # NOTE: one noise row per drawn row, each from its own generator (greedy rows: ones, no draw), then
         #       one batched race: a row's winner is argmax p / Exp(1) over the tokens it keeps.
         mixed = len(drawn) < B
@@ -368,11 +329,7 @@ def sample(
                 gen.set_state(rng_states[b])
                 noise[b].exponential_(generator=gen)
                 new_states[b] = gen.get_state()
-        if fast is None:
-            # NOTE: removed tokens (p = 0) must never win, even against a zero noise draw.
-            tokens = torch.where(probs > 0, probs / noise.clamp_min(1e-30), -1.0).argmax(dim=-1)
-        else:
-            tokens = fast.race(xs, noise, *cut, top, st.min_p if st.min_p_any else None)
+        tokens = (draw or torch_draw)(xs, st, noise)
         if mixed:
             tokens = torch.where(greedy, x.argmax(dim=-1), tokens)
     if not logprobs:

@@ -9,7 +9,7 @@
                              host sync and the launch is CUDA-graph safe; each program derives its
                              token range from its row's context length on the device, so every split
                              has work whatever the block-table width (max_model_len) is. With `gate=`
-                             the merge also applies the layer's output gate (FUSE_GATE).
+                             the merge also applies the layer's output gate.
     chunk_paged_attention    per row: gather the paged prefix at Hkv heads, then PyTorch SDPA (cuDNN /
                              flash kernels, enable_gqa: K/V never repeated) with a bottom-right causal
                              mask; a row without a prefix runs at a padded length (`padded_causal_sdpa`:
@@ -40,17 +40,15 @@ import triton.language as tl
 from ninfer.ops.reference import attention as _ref
 from ninfer.ops.reference import prefix_routing as _routing
 from ninfer.ops.reference.attention import gather_kv_paged
-from ninfer.ops.triton._index import device_index
-from ninfer.ops.triton import _pdl
-from ninfer.ops.triton.fused import _fround, sigmoid_gate_mul
+from ninfer.ops.triton.common import device_index
+from ninfer.ops.triton import pdl
+from ninfer.ops.triton.common import fround
+from ninfer.ops.triton.fused import sigmoid_gate_mul
 
 __all__ = ["decode_paged_attention", "chunk_paged_attention", "prefix_attention_rows", "decode_splits",
            "split_prefix_sdpa", "front_padded_sdpa", "lower_right_sdpa"]
 
-_TARGET_PROGRAMS = 264     # ~2 waves over the H200's 132 SMs
-# NOTE: read at each call (bench/step_ab.py sets it before capturing the graphs): False runs the gate of
-#       decode_paged_attention(gate=) as a separate sigmoid_gate_mul launch after the merge.
-FUSE_GATE = True
+_TARGET_PROGRAMS = 264     # ~2 waves over 132 SMs
 
 
 @triton.jit
@@ -94,7 +92,7 @@ def _paged_decode_kernel(
     BH: tl.constexpr, BN: tl.constexpr, PREC: tl.constexpr = "tf32",
     PDL: tl.constexpr = False,
 ):
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     i_b = tl.program_id(0)
     i_kv = tl.program_id(1)
     i_s = tl.program_id(2)
@@ -155,13 +153,13 @@ def _merge_kernel(part_o, part_ml, lens, out, gate, nsplit, stride_ob, stride_oh
     """out = the splits' partials of one (row, head) combined: BS splits at a time with a running max
     (a [BS, D] tile, whatever the split count), over the splits that hold tokens (same ranges as the
     split kernel); HAS_GATE: times sigmoid(gate), rounded as `sigmoid_gate_mul` after an o in out's dtype."""
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     i_b = tl.program_id(0)
     i_h = tl.program_id(1)
     ctx = tl.load(lens + i_b).to(tl.int32)
     # NOTE: the splits that hold tokens; max(., BN) only for a context of 0 (no division by zero), whose
-    #       output is NaN (0 / 0, as before). The same guard in the split kernel's range cost it 58
-    #       registers on sm_90 (`bench/kernels_sm90.py`); there ctx 0 gives an empty range without it.
+    #       output is NaN (0 / 0, as before). The same guard in the split kernel's range would cost it
+    #       many registers on sm_90; there ctx 0 gives an empty range without it.
     n_live = tl.cdiv(ctx, tl.maximum(_split_tokens(ctx, nsplit, BN), BN))
     o_d = tl.arange(0, D)
     acc, l_run = _combine_splits(part_o, part_ml, (i_b * HQ + i_h) * nsplit, n_live, o_d, D, BS)
@@ -169,7 +167,7 @@ def _merge_kernel(part_o, part_ml, lens, out, gate, nsplit, stride_ob, stride_oh
     o = acc / l_run
     if HAS_GATE:
         g = tl.load(gate + i_b.to(tl.int64) * stride_gb + i_h * stride_gh + o_d).to(tl.float32)
-        o = _fround(o, dt) * _fround(1.0 / (1.0 + tl.exp(-g)), dt)
+        o = fround(o, dt) * fround(1.0 / (1.0 + tl.exp(-g)), dt)
     tl.store(out + i_b * stride_ob + i_h * stride_oh + o_d, o.to(dt))
 
 
@@ -195,7 +193,7 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
     if not ok:
         return _ref.decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale, gate=gate,
                                            gate_stream=gate_stream)
-    fuse = (gate is not None and FUSE_GATE and gate.shape == q.shape and gate.dtype == q.dtype
+    fuse = (gate is not None and gate.shape == q.shape and gate.dtype == q.dtype
             and gate.stride(2) == 1)
     if scale is None:
         scale = D ** -0.5
@@ -212,7 +210,7 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), bt.stride(0),
         HQ=Hq, REP=rep, D=D, PAGE=page, BH=BH, BN=BN,
         # NOTE: fp32 caches (tests, the fp32 Program) get IEEE fp32 products, not TF32; bf16 is unaffected.
-        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2, **_pdl.launch())
+        PREC="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4, num_stages=2, **pdl.launch())
     out = torch.empty_like(q)
     # NOTE: the split count is a run-time argument (it follows the block-table width and the batch): the
     #       merge walks the live splits BS at a time. It loaded all of them as one [next_pow2(nsplit), D]
@@ -221,7 +219,7 @@ def decode_paged_attention(q, k_cache, v_cache, block_table, context_lens, scale
     if gate is not None and gate_stream is not None:
         torch.cuda.current_stream().wait_stream(gate_stream)
     _merge_kernel[(B, Hq)](part_o, part_ml, lens, out, g, nsplit, out.stride(0), out.stride(1), g.stride(0),
-                           g.stride(1), HQ=Hq, D=D, BN=BN, BS=16, HAS_GATE=fuse, num_warps=4, **_pdl.launch())
+                           g.stride(1), HQ=Hq, D=D, BN=BN, BS=16, HAS_GATE=fuse, num_warps=4, **pdl.launch())
     return out if gate is None or fuse else sigmoid_gate_mul(out, gate)
 
 
@@ -257,8 +255,8 @@ def attend_over_prefix(q, k, v, scale):
     -> [L, Hq, D], by the form `prefix_form` picks."""
     form = _routing.prefix_form(q.shape[1], q.shape[2], q.shape[0], k.shape[0], _cudnn_dtype(q))
     if form == "self":
-        # NOTE: causal self-attention at a few padded lengths: cuDNN's plan per new length (~63 ms)
-        #       is paid in the serve warmup, not by requests (`padded_causal_sdpa`).
+        # NOTE: causal self-attention at a few padded lengths: cuDNN's plan per new length is paid in
+        #       the serve warmup, not by requests (`padded_causal_sdpa`).
         return _ref.padded_causal_sdpa(q, k, v, scale)
     if form == "pad":
         return front_padded_sdpa(q, k, v, scale)
@@ -273,8 +271,8 @@ def _cudnn_dtype(q) -> bool:
 
 def lower_right_sdpa(q, k, v, scale):
     """q [L, Hq, D] (the context's last L tokens) over k, v [C, Hkv, D] with the lower-right causal mask,
-    which PyTorch's CausalBias sends to flash-attention where it applies (bench/first_call.py times its
-    first calls) -> [L, Hq, D] (a transposed view of SDPA's output)."""
+    which PyTorch's CausalBias sends to flash-attention where it applies -> [L, Hq, D] (a transposed view
+    of SDPA's output)."""
     from torch.nn.attention.bias import causal_lower_right
     mask = causal_lower_right(q.shape[0], k.shape[0])
     o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
@@ -366,9 +364,8 @@ def split_prefix_sdpa(q, k, v, scale):
     return out
 
 
-# NOTE: why the serve warmup plans these (bench/NOTES.md session 29): cuDNN builds an execution plan the
-#       first time it meets a call shape (~40 ms a stage shape on the H100, median over 24-194 shapes), and a
-#       prompt longer than one stage meets shapes the one-stage warmup lengths never do: its later stages'
+# NOTE: why the serve warmup plans these: cuDNN builds an execution plan the first time it meets a call
+#       shape (tens of ms; docs/performance.md, "Decision log"), and a prompt longer than one stage meets shapes the one-stage warmup lengths never do: its later stages'
 #       front-padded lengths past the stage, and the split's (query rows, prefix keys) pairs. PyTorch keeps
 #       these plans per thread: the calls must run on the Engine's worker (`EngineCore.call_on_worker`).
 def warm_prefix_forms(shapes, heads: int, kv_heads: int, head_dim: int, dtype, device,
@@ -480,8 +477,8 @@ def prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale
     """Prefill-graph form; see `ninfer.ops.reference.attention.prefix_attention_rows`. q [N, Hq, D]; start and
     length [1] device tensors. No host read, no shape from them: capturable once, replayed at any
     start and length (within the block table's W pages). block_t (tokens a program; its rows are
-    block_t x next_pow2(Hq / Hkv)) / block_n / num_warps / num_stages / splits: tile overrides for the
-    benchmark (bench/prefix_attention.py)."""
+    block_t x next_pow2(Hq / Hkv)) / block_n / num_warps / num_stages / splits: tile overrides for a
+    benchmark."""
     N, Hq, D = q.shape
     _, page, Hkv, _ = k_cache.shape
     rep = Hq // Hkv
@@ -491,11 +488,10 @@ def prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale
         return _ref.prefix_attention_rows(q, k_cache, v_cache, block_table, start, length, scale)
     scale = _ref.check_gqa(q, k_cache, scale)
     BH = triton.next_power_of_2(rep)
-    # NOTE: D 256 (both models): 16 tokens x 8 heads = 128 rows a program with 64-key blocks, which ran at
-    #       SDPA's rate over long prefixes, and 8 tokens for a stage of at most 8 rows (bench/NOTES.md session
-    #       20, bench/prefix_attention.py). The smaller heads (the tiny models) were not swept.
-    #       fp32 (tests, the fp32 Program) keeps the tiles that passed its GPU tests (call 1): with the 128-row
-    #       tiles every fp32 case at D 256 and more than 8 rows failed (call 2; the cause was not read).
+    # NOTE: D 256 (both models): 16 tokens x 8 heads = 128 rows a program with 64-key blocks, and 8 tokens
+    #       for a stage of at most 8 rows (docs/performance.md, "Decision log"); the smaller heads (the tiny
+    #       models) keep the general tiles. fp32 (tests, the fp32 Program) keeps the general tiles too: the
+    #       128-row tiles fail its GPU tests at D 256 with more than 8 rows.
     if D > 128 and q.element_size() == 2:
         BT = block_t or max(1, (128 if N > 8 else 64) // BH)
         BN = block_n or 64

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.reference import conv as _ref
-from ninfer.ops.triton._index import device_index
+from ninfer.ops.triton.common import device_index
 
 __all__ = ["chunk_causal_conv1d", "causal_conv1d_update"]
 

@@ -12,7 +12,7 @@ bf16 results match it up to the last bit of an fp32 reduction.
     write_kv_paged(kc, vc, k, v, bt, pos, rows) k, v [N, Hkv, D] into kc, vc [P, S, Hkv, D] in place
     qk_norm_rope_write_kv(q, k, v, wq, wk, cos, sin, eps, kc, vc, bt, pos, rows)
                                                 qk_norm_rope, k' and v written as write_kv_paged -> q'
-                                                (one launch; FUSE_KV_WRITE = False: the two kernels)
+                                                (one launch; the two kernels for layouts it does not take)
 
 Inputs may be strided views (rows and heads at any stride, the last dim contiguous); outputs are
 new contiguous tensors. Index tensors (block_table, positions, rows) are read in the kernel as
@@ -29,7 +29,8 @@ import triton.language as tl
 from ninfer.ops.reference import attention as _ref_attention
 from ninfer.ops.reference import fused as _ref
 from ninfer.ops.reference import gated_delta as _ref_gd
-from ninfer.ops.triton import _pdl
+from ninfer.ops.triton import pdl
+from ninfer.ops.triton.common import fround
 
 __all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "sigmoid_gate_mul", "gdn_gates", "write_kv_paged",
            "qk_norm_rope_write_kv"]
@@ -54,25 +55,19 @@ def _heads(t: torch.Tensor) -> torch.Tensor | None:
     return t.unsqueeze(1) if t.dim() == 2 else t
 
 
-@triton.jit
-def _fround(x, dtype: tl.constexpr):
-    """Round fp32 x to `dtype` and back (what a separate op in that dtype would store)."""
-    return x.to(dtype).to(tl.float32)
-
-
 # ------------------------------------------------------------------------------------------------
 # add_rms_norm
 # ------------------------------------------------------------------------------------------------
 @triton.jit
 def _add_rms_norm_kernel(x, d, w, y, xn, H, sx, sd, eps, HAS_DELTA: tl.constexpr, BH: tl.constexpr,
                          PDL: tl.constexpr = False):
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     i = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BH)
     m = c < H
     xv = tl.load(x + i * sx + c, mask=m, other=0.0).to(tl.float32)
     if HAS_DELTA:
-        xv = _fround(xv + tl.load(d + i * sd + c, mask=m, other=0.0).to(tl.float32), xn.dtype.element_ty)
+        xv = fround(xv + tl.load(d + i * sd + c, mask=m, other=0.0).to(tl.float32), xn.dtype.element_ty)
         tl.store(xn + i * H + c, xv.to(xn.dtype.element_ty), mask=m)
     r = tl.rsqrt(tl.sum(xv * xv, 0) / H + eps)
     wv = tl.load(w + c, mask=m, other=0.0).to(tl.float32)
@@ -95,7 +90,7 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
     _add_rms_norm_kernel[(x2.shape[0],)](
         x2, x2 if d2 is None else d2, weight.contiguous(), y, xn, H, x2.stride(0),
         0 if d2 is None else d2.stride(0), float(eps), HAS_DELTA=delta is not None, BH=BH,
-        num_warps=max(1, min(16, BH // 512)), **_pdl.launch())
+        num_warps=max(1, min(16, BH // 512)), **pdl.launch())
     return y.view(x.shape), (x if delta is None else xn.view(x.shape))
 
 
@@ -103,15 +98,15 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tens
 # qk_norm_rope
 # ------------------------------------------------------------------------------------------------
 # NOTE: not specialised on the block table's row stride: the eager path's table is as wide as its
-#       pages, and each new form (== 1, divisible by 16 or not) was a ~0.4 s compile on a request's
-#       first use (bench/NOTES.md session 19); a scalar in an address gains nothing from it.
+#       pages, and each new form (== 1, divisible by 16 or not) would be a compile on a request's first
+#       use; a scalar in an address gains nothing from it.
 @triton.jit(do_not_specialize=["sbt0"])
 def _qk_norm_rope_kernel(q, k, v, wq, wk, cos, sin, qo, ko, kc, vc, bt, pos, rows, NH, NKV, D, ROT, S,
                          sq0, sq1, sk0, sk1, sc, ss, sv0, sv1, sbt0, sbt1, spos, srow,
                          skc0, skc1, skc2, svc0, svc1, svc2, eps,
                          WRITE_KV: tl.constexpr, HAS_ROWS: tl.constexpr, HB: tl.constexpr, BD: tl.constexpr,
                          VB: tl.constexpr = 1, PDL: tl.constexpr = False):
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     # NOTE: the program's HB heads run over the q heads then the k heads of token n; each row loads from
     #       q or k under complementary masks (masked-off lanes touch no memory). WRITE_KV: k' goes to its
     #       cache slot (not to ko), and the program copies the v heads j = program + i * programs
@@ -146,12 +141,12 @@ def _qk_norm_rope_kernel(q, k, v, wq, wk, cos, sin, qo, ko, kc, vc, bt, pos, row
     wp = tl.where(is_q[:, None], wqp[None, :], wkp[None, :])
     r = tl.rsqrt(tl.sum(x * x, 1) / D + eps)[:, None]
     dt: tl.constexpr = qo.dtype.element_ty
-    nx = _fround(x * r * (1.0 + w), dt)
-    npart = _fround(xp * r * (1.0 + wp), dt)
-    cs = _fround(tl.load(cos + n * sc + c, mask=in_rot, other=0.0).to(tl.float32), dt)[None, :]
-    sn = _fround(tl.load(sin + n * ss + c, mask=in_rot, other=0.0).to(tl.float32), dt)[None, :]
+    nx = fround(x * r * (1.0 + w), dt)
+    npart = fround(xp * r * (1.0 + wp), dt)
+    cs = fround(tl.load(cos + n * sc + c, mask=in_rot, other=0.0).to(tl.float32), dt)[None, :]
+    sn = fround(tl.load(sin + n * ss + c, mask=in_rot, other=0.0).to(tl.float32), dt)[None, :]
     sign = tl.where(c < half, -1.0, 1.0)[None, :]
-    rotated = _fround(nx * cs, dt) + _fround(sign * npart * sn, dt)
+    rotated = fround(nx * cs, dt) + fround(sign * npart * sn, dt)
     out = tl.where(in_rot[None, :], rotated, nx).to(dt)
     tl.store(qo + (n * NH + hq[:, None]) * D + c[None, :], out, mask=mq)
     if WRITE_KV:
@@ -200,7 +195,7 @@ def _qk_norm_rope_launch(q, k, q_weight, k_weight, cos, sin, eps, kv=None
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0), *strides, float(eps),
         WRITE_KV=kv is not None, HAS_ROWS=rows is not None, HB=HB, BD=BD,
         VB=triton.next_power_of_2(triton.cdiv(NKV, grid[1])), num_warps=max(1, min(8, HB * BD // 256)),
-        **_pdl.launch())
+        **pdl.launch())
     return qo, ko
 
 
@@ -216,18 +211,13 @@ def qk_norm_rope(q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_wei
 # ------------------------------------------------------------------------------------------------
 # qk_norm_rope_write_kv
 # ------------------------------------------------------------------------------------------------
-# NOTE: read at each call (bench/step_ab.py sets it before capturing the graphs): False runs
-#       qk_norm_rope_write_kv as its two kernels (qk_norm_rope, write_kv_paged).
-FUSE_KV_WRITE = True
-
-
 def qk_norm_rope_write_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_weight: torch.Tensor,
                           k_weight: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, eps: float,
                           k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                           positions: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
     """`qk_norm_rope` of q, k [N, Hk, D] and `write_kv_paged` of k' and v [N, Hk, D] into k_cache, v_cache
     [num_pages, page_size, Hk, D] in one launch (arguments as the two ops'). Returns q' [N, Hq, D]."""
-    if (FUSE_KV_WRITE and _qk_ok(q, k, cos, sin) and _kv_write_ok(k_cache, v_cache, k, v, block_table, positions, rows)
+    if (_qk_ok(q, k, cos, sin) and _kv_write_ok(k_cache, v_cache, k, v, block_table, positions, rows)
             and k_cache.stride(3) == 1 and v_cache.stride(3) == 1):
         return _qk_norm_rope_launch(q, k, q_weight, k_weight, cos, sin, eps,
                                     kv=(v, k_cache, v_cache, block_table, positions, rows))[0]
@@ -244,14 +234,14 @@ _EW_BLOCK = 1024
 
 @triton.jit
 def _silu_mul_halves_kernel(gu, y, I, s, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < I
     g = tl.load(gu + n * s + c, mask=m, other=0.0).to(tl.float32)
     u = tl.load(gu + n * s + I + c, mask=m, other=0.0).to(tl.float32)
     dt: tl.constexpr = y.dtype.element_ty
-    act = _fround(g / (1.0 + tl.exp(-g)), dt)
+    act = fround(g / (1.0 + tl.exp(-g)), dt)
     tl.store(y + n * I + c, (act * u).to(dt), mask=m)
 
 
@@ -263,13 +253,13 @@ def silu_mul_halves(gu: torch.Tensor) -> torch.Tensor:
     I = gu.shape[-1] // 2
     y = torch.empty((gu2.shape[0], I), dtype=gu.dtype, device=gu.device)
     _silu_mul_halves_kernel[(gu2.shape[0], triton.cdiv(I, _EW_BLOCK))](gu2, y, I, gu2.stride(0), BLOCK=_EW_BLOCK,
-                                                                       num_warps=4, **_pdl.launch())
+                                                                       num_warps=4, **pdl.launch())
     return y.view(*gu.shape[:-1], I)
 
 
 @triton.jit
 def _sigmoid_gate_mul_kernel(o, g, y, H, D, so0, so1, sg0, sg1, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     m = c < H * D
@@ -278,7 +268,7 @@ def _sigmoid_gate_mul_kernel(o, g, y, H, D, so0, so1, sg0, sg1, BLOCK: tl.conste
     ov = tl.load(o + n * so0 + h * so1 + d, mask=m, other=0.0).to(tl.float32)
     gv = tl.load(g + n * sg0 + h * sg1 + d, mask=m, other=0.0).to(tl.float32)
     dt: tl.constexpr = y.dtype.element_ty
-    s = _fround(1.0 / (1.0 + tl.exp(-gv)), dt)
+    s = fround(1.0 / (1.0 + tl.exp(-gv)), dt)
     tl.store(y + n * H * D + c, (ov * s).to(dt), mask=m)
 
 
@@ -292,7 +282,7 @@ def sigmoid_gate_mul(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
     y = torch.empty(o.shape, dtype=o.dtype, device=o.device)
     _sigmoid_gate_mul_kernel[(N, triton.cdiv(H * D, _EW_BLOCK))](
         o3, g3, y, H, D, o3.stride(0), o3.stride(1), g3.stride(0), g3.stride(1), BLOCK=_EW_BLOCK, num_warps=4,
-        **_pdl.launch())
+        **pdl.launch())
     return y
 
 
@@ -302,7 +292,7 @@ def sigmoid_gate_mul(o: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
 @triton.jit
 def _gdn_gates_kernel(a, b, A_log, dt_bias, g, beta, N, HV, sa, sb, BN: tl.constexpr, BH: tl.constexpr,
                       PDL: tl.constexpr = False):
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     n = (tl.program_id(0) * BN + tl.arange(0, BN)).to(tl.int64)[:, None]
     h = tl.arange(0, BH)[None, :]
     m = (n < N) & (h < HV)
@@ -333,7 +323,7 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
     BH = triton.next_power_of_2(HV)
     BN = max(1, min(64, 2048 // BH))
     _gdn_gates_kernel[(triton.cdiv(N, BN),)](a2, b2, A_log.contiguous(), dt_bias.contiguous(), g, beta, N, HV,
-                                             a2.stride(0), b2.stride(0), BN=BN, BH=BH, num_warps=4, **_pdl.launch())
+                                             a2.stride(0), b2.stride(0), BN=BN, BH=BH, num_warps=4, **pdl.launch())
     return g.view(a.shape), beta.view(b.shape)
 
 
@@ -345,7 +335,7 @@ def gdn_gates(a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: to
 def _write_kv_paged_kernel(kc, vc, k, v, bt, pos, rows, S, H, D, sbt0, sbt1, spos, srow,
                            skc0, skc1, skc2, skc3, svc0, svc1, svc2, svc3, sk0, sk1, sv0, sv1,
                            HAS_ROWS: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     n = tl.program_id(0).to(tl.int64)
     p = tl.load(pos + n * spos).to(tl.int64)
     row = tl.load(rows + n * srow).to(tl.int64) if HAS_ROWS else 0
@@ -388,5 +378,5 @@ def write_kv_paged(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor
         k_cache, v_cache, k, v, block_table, positions, r, k_cache.shape[1], H, D,
         block_table.stride(0), block_table.stride(1), positions.stride(0), r.stride(0),
         *k_cache.stride(), *v_cache.stride(), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        HAS_ROWS=rows is not None, BLOCK=_EW_BLOCK, num_warps=4, **_pdl.launch())
+        HAS_ROWS=rows is not None, BLOCK=_EW_BLOCK, num_warps=4, **pdl.launch())
     return None

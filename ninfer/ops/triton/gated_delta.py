@@ -13,9 +13,8 @@ NOTE: fla-core is imported lazily, on the first call, so the CPU install never n
 
 Short prefill stages of one sequence (T <= GRAPH_MAX_TOKENS) replay a CUDA graph of fla-core's chunk
 forward captured at a padded length instead of calling it: its Python launch path (an autograd
-Function, input guards, ~8 Triton launches through fla's autotuner) costs ~1.6 ms of host time per
-call on the device machine, 48 calls per 27B stage, while a 512-token stage's whole GPU work is ~42 ms
-(bench/NOTES.md, pass 7). The inputs are copied into the graph's static buffers, the padding tokens
+Function, input guards, several Triton launches through fla's autotuner) costs host time per call
+that rivals a short stage's GPU work (docs/performance.md, "Decision log"). The inputs are copied into the graph's static buffers, the padding tokens
 get q = k = v = 0, g = 0, beta = 0: they neither decay nor update the state, and (causal) no real
 token reads them, so the outputs and the final state are those of the T real tokens.
 """
@@ -24,7 +23,6 @@ from __future__ import annotations
 import bisect
 import contextlib
 import functools
-import os
 import warnings
 from dataclasses import dataclass
 
@@ -33,7 +31,7 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.reference import gated_delta as _ref
-from ninfer.ops.triton._index import device_index
+from ninfer.ops.triton.common import device_index
 
 __all__ = ["chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "fla_available"]
 
@@ -228,7 +226,7 @@ def chunk_gated_delta_rule(
 # ----------------------------------------------------------------------------------------------
 # Graphed chunk forward for short stages of one sequence
 # ----------------------------------------------------------------------------------------------
-GRAPH_MAX_TOKENS = int(os.environ.get("NINFER_CHUNK_GDN_GRAPH_TOKENS", "2048"))   # 0: never graphed
+GRAPH_MAX_TOKENS = 2048     # the longest graphed stage (0: never graphed)
 # NOTE: padded lengths (multiples of fla's 64-token chunk); a stage pads to the next one (<= 50 % more
 #       chunk work, which at these lengths is small next to the host time it saves).
 BUCKETS = (64, 128, 256, 384, 512, 768, 1024, 1536, 2048)

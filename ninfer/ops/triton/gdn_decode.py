@@ -13,31 +13,38 @@ slot -> provisional entry; not checked: entries are data); the v channels are re
 one program only. With dst None (in place), or a layout the kernel does not take, the op runs the
 fast set's three kernels instead.
 
-Measured and not kept (bench/NOTES.md, pass 9): the output's gated RMSNorm in this launch (the last
-of a head's V-block programs normalising the head after an arrival counter): +0.037 ms per 27B step,
-+0.010 per 35B-A3B step against the separate norm kernel, which PDL overlaps with this one's tail.
+The output's gated RMSNorm stays a separate kernel, which PDL overlaps with this one's tail
+(docs/performance.md, "Decision log").
 """
 from __future__ import annotations
+
+import functools
+from types import SimpleNamespace
 
 import torch
 import triton
 import triton.language as tl
 
 from ninfer.ops.reference import fused as _ref
-from ninfer.ops.triton._index import device_index
-from ninfer.ops.triton import _pdl
+from ninfer.ops.triton import conv as _conv, fused as _fused, gated_delta as _gated_delta, pdl
+from ninfer.ops.triton.common import device_index
 
 __all__ = ["gdn_conv_recurrent"]
 
-EARLY_STATE = 1      # load the entries, states, conv taps, A_log, dt_bias before the PDL wait (read at call time)
-
+# NOTE: the fallback's composition: the fast gates, conv update and delta rule, states in place (as the
+#       fast op set calls them).
+_THREE_KERNELS = SimpleNamespace(
+    gdn_gates=_fused.gdn_gates,
+    causal_conv1d_update=functools.partial(_conv.causal_conv1d_update, gather_final_state=False),
+    fused_recurrent_gated_delta_rule=functools.partial(_gated_delta.fused_recurrent_gated_delta_rule,
+                                                       gather_final_state=False))
 
 @triton.jit
-def _conv_window(w, cs_src, ch, m, EARLY: tl.constexpr):
+def _conv_window(w, cs_src, ch, m):
     """Channels ch's three past conv inputs at src and four taps (fp32): nothing this step writes."""
-    s0 = _pdl.load_input(cs_src + ch * 3 + 0, m, 0.0, EARLY).to(tl.float32)
-    s1 = _pdl.load_input(cs_src + ch * 3 + 1, m, 0.0, EARLY).to(tl.float32)
-    s2 = _pdl.load_input(cs_src + ch * 3 + 2, m, 0.0, EARLY).to(tl.float32)
+    s0 = pdl.load_input(cs_src + ch * 3 + 0, m, 0.0).to(tl.float32)
+    s1 = pdl.load_input(cs_src + ch * 3 + 1, m, 0.0).to(tl.float32)
+    s2 = pdl.load_input(cs_src + ch * 3 + 2, m, 0.0).to(tl.float32)
     w0 = tl.load(w + ch * 4 + 0, mask=m, other=0.0).to(tl.float32)
     w1 = tl.load(w + ch * 4 + 1, mask=m, other=0.0).to(tl.float32)
     w2 = tl.load(w + ch * 4 + 2, mask=m, other=0.0).to(tl.float32)
@@ -64,20 +71,18 @@ def _gdn_conv_recurrent_kernel(
     x, w, conv, a, b, A_log, dt_bias, o, state, src, dst, scale,
     stride_x, stride_cs, stride_a, stride_b,
     H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-    EARLY: tl.constexpr = False, PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
-    """EARLY (`EARLY_STATE`): the entries, the state tile, the conv windows and taps, A_log and dt_bias
-    are loaded before the PDL wait, x, a and b (the in-projection's output) after it. Sound in the
+    """The entries, the state tile, the conv windows and taps, A_log and dt_bias are loaded before the
+    PDL wait, x, a and b (the in-projection's output) after it. Sound in the
     decode step: the entries come from the step's input copy and the states at src from earlier steps;
     no kernel of the step writes them (src is never written; dst is written here only)."""
-    if not EARLY:
-        _pdl.enter(PDL)
     i_b = tl.program_id(0)
     i_hv = tl.program_id(1)
     i_v = tl.program_id(2)
     i_h = i_hv // (HV // H)
-    s_src = _pdl.load_input(src + i_b, None, None, EARLY).to(tl.int64)
-    s_dst = _pdl.load_input(dst + i_b, None, None, EARLY).to(tl.int64)
+    s_src = pdl.load_input(src + i_b, None, None).to(tl.int64)
+    s_dst = pdl.load_input(dst + i_b, None, None).to(tl.int64)
     x_row = x + i_b.to(tl.int64) * stride_x
     cs_src = conv + s_src * stride_cs
     cs_dst = conv + s_dst * stride_cs
@@ -90,17 +95,16 @@ def _gdn_conv_recurrent_kernel(
     #       gate math below instead of following it.
     ms = mk[:, None] & mv[None, :]
     p_s = state + s_src * (HV * K * V) + i_hv * (K * V) + o_k[:, None] * V + o_v[None, :]
-    S = _pdl.load_input(p_s, ms, 0.0, EARLY)
+    S = pdl.load_input(p_s, ms, 0.0)
     ch_q = i_h * K + o_k
     ch_k = H * K + i_h * K + o_k
     ch_v = 2 * H * K + i_hv * V + o_v
-    q0, q1, q2, qw0, qw1, qw2, qw3 = _conv_window(w, cs_src, ch_q, mk, EARLY)
-    k0, k1, k2, kw0, kw1, kw2, kw3 = _conv_window(w, cs_src, ch_k, mk, EARLY)
-    v0, v1, v2, vw0, vw1, vw2, vw3 = _conv_window(w, cs_src, ch_v, mv, EARLY)
+    q0, q1, q2, qw0, qw1, qw2, qw3 = _conv_window(w, cs_src, ch_q, mk)
+    k0, k1, k2, kw0, kw1, kw2, kw3 = _conv_window(w, cs_src, ch_k, mk)
+    v0, v1, v2, vw0, vw1, vw2, vw3 = _conv_window(w, cs_src, ch_v, mv)
     ga = tl.load(A_log + i_hv).to(tl.float32)
     gdt = tl.load(dt_bias + i_hv).to(tl.float32)
-    if EARLY:
-        _pdl.enter(PDL)
+    pdl.enter(PDL)
     # NOTE: one program per key head writes its q/k conv state (the first value head of the group,
     #       first V block); every program writes its own value channels.
     qk_writer = (i_v == 0) & (i_hv % (HV // H) == 0)
@@ -138,7 +142,7 @@ def gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_s
     projections (column slices allowed), A_log, dt_bias [HV], conv_state [S, C, 3], rec_state
     [S, HV, K, V] fp32, src/dst [B] -> o [B, HV, V].
 
-    With PDL on and EARLY_STATE set, src, dst, both states at src and the weights are read before the
+    With PDL on, src, dst, both states at src and the weights are read before the
     wait for the previous kernel of the stream: that kernel must not write them (in the decode step it
     is the in-projection, or its gate rows' GEMV after it, which write qkv, a, b and z only)."""
     B, C = qkv.shape
@@ -151,9 +155,8 @@ def gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_s
           and a.stride(-1) == 1 and b.stride(-1) == 1 and a.dim() == 2 and b.shape == a.shape and B > 0
           and A_log.is_contiguous() and dt_bias.is_contiguous())
     if not ok:
-        from ninfer.ops.triton import fast_ops
         return _ref.gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_state, src, dst,
-                                       num_k_heads=H, head_k_dim=K, head_v_dim=V, ops=fast_ops())
+                                       num_k_heads=H, head_k_dim=K, head_v_dim=V, ops=_THREE_KERNELS)
     src_i, dst_i = device_index(src, qkv.device), device_index(dst, qkv.device)
     o = torch.empty(B, HV, V, dtype=qkv.dtype, device=qkv.device)
     BK = triton.next_power_of_2(K)
@@ -163,5 +166,5 @@ def gdn_conv_recurrent(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_s
     _gdn_conv_recurrent_kernel[(B, HV, triton.cdiv(V, BV))](
         qkv, w, conv_state, a, b, A_log, dt_bias, o, rec_state, src_i, dst_i, float(K ** -0.5),
         qkv.stride(0), conv_state.stride(0), a.stride(0), b.stride(0),
-        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, EARLY=bool(EARLY_STATE), num_warps=4, **_pdl.launch())
+        H=H, HV=HV, K=K, V=V, BK=BK, BV=BV, num_warps=4, **pdl.launch())
     return o

@@ -1,9 +1,8 @@
 """Skinny GEMM for decode (Triton): y = x @ w.T for x [M, K] with M <= 8 rows, w [N, K] (nn.Linear layout).
 
 `linear(x, w)` has the signature and result of `ninfer.ops.reference.fused.linear`. It runs the Triton kernel
-only for bf16/fp16 inputs with M <= 8 rows on shapes the decision table `USE_TRITON` marks as
-measured faster than cuBLAS on the H200 (pasted from `bench/gemv.py --out FILE`; every other shape goes
-to `F.linear`). `gemv(x, w, config)` forces the kernel (tests, bench).
+only for bf16/fp16 inputs with M <= 8 rows on shapes the tuning table marks as faster than cuBLAS
+(`gemv_configs`; every other shape goes to `F.linear`). `gemv(x, w, config)` forces the kernel (tests, bench).
 
 Decode reads each weight once, so the kernel is a weight stream: program (n, s) reads the tile
 sequence w[n*BN:(n+1)*BN, K-range s] in [BN, BK] blocks (16-byte vector loads along K, evict-first,
@@ -17,7 +16,7 @@ loaded once per K block and reused for all M rows. Two inner products (`GemvConf
                pipelines them over num_stages shared-memory buffers (cp.async)
 
 Split-K (SPLIT_K > 1, for few rows and long K, e.g. 5120 x 17408 where 5120 / BN programs cannot
-keep 132 SMs streaming): every split writes its fp32 partial to ws[s, M, N] (torch.empty from the
+keep every SM streaming): every split writes its fp32 partial to ws[s, M, N] (torch.empty from the
 caller's stream allocator), then bumps an arrival counter of its N tile; the last split to arrive
 sums the SPLIT_K partials in a fixed order (deterministic), writes y in x.dtype and resets the
 counter to 0. One launch, no memset, no host sync: CUDA-graph capturable.
@@ -40,7 +39,6 @@ NOTE: the counters are shared by all launches on a device, so split-K launches m
 """
 from __future__ import annotations
 
-import os
 import warnings
 from typing import NamedTuple
 
@@ -49,264 +47,14 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ninfer.ops.triton.fused import add_rms_norm as _fast_add_rms_norm, silu_mul_halves as _fast_silu_mul_halves
 from ninfer.ops.reference.fused import NormedRows, Residual
-from ninfer.ops.triton import _pdl
+from ninfer.ops.triton import pdl
+from ninfer.ops.triton.fused import add_rms_norm as _fast_add_rms_norm, silu_mul_halves as _fast_silu_mul_halves
+from ninfer.ops.triton.gemv_configs import (MAX_ROWS, GemvConfig, concurrent_ok, config_for, default_config,
+                                            m_bucket, sweep_space, use_swiglu, use_triton)
 
-__all__ = ["GemvConfig", "RowNorm", "CONFIGS", "USE_TRITON", "USE_TRITON_SWIGLU",
-           "MAX_ROWS", "linear", "linear_swiglu", "gemv", "use_triton", "concurrent_ok", "m_bucket", "config_for",
-           "default_config", "sweep_space", "load_tuning"]
-
-MAX_ROWS = 8
-
-
-class GemvConfig(NamedTuple):
-    block_n: int
-    block_k: int
-    split_k: int = 1
-    num_warps: int = 4
-    num_stages: int = 2
-    dot: bool = False
-    prefetch: bool = False      # load the next weight block before this block's products (FMA path)
-
-
-# NOTE: measured tables, pasted from `bench/gemv.py --out FILE` (H200). Keys (N, K, M bucket) with
-#       the bucket m_bucket(M) in (1, 2, 4, 8); CONFIGS values are GemvConfig fields as a tuple.
-#       Measured on the H200, 2026-11-29, `python3 bench/gemv.py --out FILE --budget-s 170` (commit
-#       ce35b43; bench/NOTES.md "Decode pass 3"): per-call medians with L2 flushed; a shape is listed
-#       in USE_TRITON when the best config beat cuBLAS by >= 2 %. The M=1 rows of the 27B and 35B-A3B
-#       mixer shapes were swept again on 2026-12-01 with the prefetch tiles (`--shapes ... --m 1`,
-#       bench/NOTES.md pass 5): 5120x6144, 9216x2048 and 2048x4096 changed (the 27B's GEMVs in one
-#       graph: 12.70 -> 12.55 ms). The 35B-A3B's shared_in (1281 x 2048, stored as 1288 rows: model_view
-#       pads it; keys renamed in session 16, same tiles) at one row is cuBLAS per call but the Triton
-#       GEMV (8x512 prefetch tiles: its first weight block loads during the norm kernel before it) in the
-#       decode step: replay 2.564 -> 2.501 ms (`bench/step_ab.py`, pass 7).
-CONFIGS: dict[tuple[int, int, int], tuple] = {
-    (1288, 2048, 1): (8, 512, 1, 4, 1, False, True),
-    (1288, 2048, 2): (64, 128, 4, 4, 4, True),
-    (1288, 2048, 4): (64, 128, 4, 4, 4, True),
-    (1288, 2048, 8): (64, 128, 4, 4, 4, True),
-    (2048, 512, 1): (8, 512, 1, 4, 1, False),
-    (2048, 512, 2): (8, 512, 1, 4, 1, False),
-    (2048, 512, 4): (64, 128, 1, 4, 4, True),
-    (2048, 512, 8): (64, 128, 1, 4, 4, True),
-    (2048, 4096, 1): (8, 1024, 1, 4, 1, False, True),
-    (2048, 4096, 2): (64, 256, 4, 4, 3, True),
-    (2048, 4096, 4): (64, 256, 4, 4, 3, True),
-    (2048, 4096, 8): (64, 256, 4, 4, 3, True),
-    (5120, 6144, 1): (8, 512, 1, 4, 1, False, True),
-    (5120, 6144, 2): (32, 128, 4, 4, 4, True),
-    (5120, 6144, 4): (32, 128, 4, 4, 4, True),
-    (5120, 6144, 8): (32, 128, 4, 4, 4, True),
-    (5120, 17408, 1): (8, 512, 1, 4, 1, False),
-    (5120, 17408, 2): (64, 128, 8, 4, 4, True),
-    (5120, 17408, 4): (64, 128, 8, 4, 4, True),
-    (5120, 17408, 8): (64, 128, 8, 4, 4, True),
-    (9216, 2048, 1): (8, 512, 1, 4, 1, False, True),
-    (9216, 2048, 2): (128, 64, 1, 8, 6, True),
-    (9216, 2048, 4): (128, 64, 1, 8, 6, True),
-    (9216, 2048, 8): (128, 128, 1, 4, 4, True),
-    (12352, 2048, 1): (8, 512, 1, 4, 1, False),
-    (12352, 2048, 2): (128, 128, 1, 4, 4, True),
-    (12352, 2048, 4): (128, 128, 1, 4, 4, True),
-    (12352, 2048, 8): (128, 128, 1, 4, 4, True),
-    (14336, 5120, 1): (16, 256, 1, 4, 1, False),
-    (14336, 5120, 2): (128, 64, 1, 8, 6, True),
-    (14336, 5120, 4): (128, 128, 1, 4, 4, True),
-    (14336, 5120, 8): (128, 128, 1, 4, 4, True),
-    (16480, 5120, 1): (8, 512, 1, 4, 1, False),
-    (16480, 5120, 2): (128, 64, 1, 8, 6, True),
-    (16480, 5120, 4): (128, 128, 1, 4, 4, True),
-    (16480, 5120, 8): (128, 128, 1, 4, 4, True),
-    (34816, 5120, 1): (8, 512, 1, 4, 1, False),
-    (34816, 5120, 2): (128, 64, 2, 8, 6, True),
-    (34816, 5120, 4): (64, 128, 1, 4, 4, True),
-    (34816, 5120, 8): (128, 64, 2, 8, 6, True),
-    (248320, 2048, 1): (8, 512, 1, 4, 1, False),
-    (248320, 2048, 2): (128, 64, 1, 8, 6, True),
-    (248320, 2048, 4): (128, 128, 1, 4, 4, True),
-    (248320, 2048, 8): (128, 128, 1, 4, 4, True),
-    (248320, 5120, 1): (64, 128, 1, 4, 4, True),
-    (248320, 5120, 2): (128, 128, 1, 4, 4, True),
-    (248320, 5120, 4): (128, 128, 1, 4, 4, True),
-    (248320, 5120, 8): (128, 128, 1, 4, 4, True),
-}
-USE_TRITON: dict[tuple[int, int, int], bool] = {
-    (1288, 2048, 1): True,
-    (1288, 2048, 2): True,
-    (1288, 2048, 4): True,
-    (1288, 2048, 8): True,
-    (2048, 512, 1): True,
-    (2048, 512, 2): True,
-    (2048, 512, 4): True,
-    (2048, 512, 8): True,
-    (2048, 4096, 1): True,
-    (2048, 4096, 2): True,
-    (2048, 4096, 4): True,
-    (2048, 4096, 8): True,
-    (5120, 6144, 1): True,
-    (5120, 17408, 1): True,
-    (9216, 2048, 1): True,
-    (9216, 2048, 4): True,
-    (9216, 2048, 8): True,
-    (12352, 2048, 1): True,
-    (12352, 2048, 2): True,
-    (12352, 2048, 4): True,
-    (12352, 2048, 8): True,
-    (14336, 5120, 1): True,
-    (14336, 5120, 2): True,
-    (14336, 5120, 4): True,
-    (14336, 5120, 8): True,
-    (16480, 5120, 1): True,
-    (16480, 5120, 2): True,
-    (16480, 5120, 4): True,
-    (16480, 5120, 8): True,
-    (34816, 5120, 1): True,
-    (248320, 2048, 2): True,
-    (248320, 2048, 4): True,
-    (248320, 2048, 8): True,
-    (248320, 5120, 2): True,
-    (248320, 5120, 4): True,
-    (248320, 5120, 8): True,
-}
-
-
-# NOTE: the mixers' in_proj split in two row ranges for the decode graph's side stream (SIDE_GATE in
-#       `ninfer.targets.qwen3_6.program.model`): main rows [GDN qkv | b | a], [attention q | k | v] and the
-#       gate rows (GDN z, attention gate). The M=1 tiles were chosen in the decode step, not per call
-#       (bench/step_ab.py, B=1 replay, bench/NOTES.md "Decode pass 11"): the 27B's main rows on 16-row tiles
-#       (13.902 -> 13.726 ms GDN, -> 13.696 with the attention's too; the fused 16480x5120 on them without
-#       the side stream: 13.862; the GDN's then 16 x 256: 13.445 -> 13.410 in a later call), the 35B-A3B's GDN
-#       main rows with the prefetch (2.511 -> 2.477 ms); the
-#       gate rows keep the prefetch tiles of the 27B's 5120x6144 (16-row or plain tiles were slower on
-#       both). One row only: the side stream splits the GEMV at B=1 alone (none uses split-K: the two
-#       GEMVs run side by side, see `concurrent_ok`).
-for _n, _k, _one in ((10336, 5120, (16, 256, 1, 4, 1, False)), (8192, 5120, (16, 512, 1, 4, 1, False)),
-                     (6144, 5120, (8, 512, 1, 4, 1, False, True)), (8256, 2048, (8, 512, 1, 4, 1, False, True)),
-                     (5120, 2048, (8, 512, 1, 4, 1, False, True)), (4096, 2048, (8, 512, 1, 4, 1, False, True))):
-    CONFIGS[(_n, _k, 1)] = _one
-    USE_TRITON[(_n, _k, 1)] = True
-del _n, _k, _one
-# NOTE: the 35B-A3B's lm_head at one row on 16-row tiles in the decode step: 2.511 -> 2.500 ms (the same
-#       A/B; the per-call sweep had chosen 8-row tiles).
-CONFIGS[(248320, 2048, 1)] = (16, 512, 1, 4, 1, False)
-
-
-# NOTE: (N, K, M bucket) of the down projections where `linear_swiglu` runs the SwiGLU inside the
-#       GEMV (config from CONFIGS); elsewhere the SwiGLU is its own kernel followed by `linear`.
-#       Measured on the H200 2026-12-01 (`bench/gemv.py --models , --shapes 5120x17408 --shapes-down
-#       --m 1`, bench/NOTES.md pass 5): the 27B down projection at one row 55.9 us folded vs 87.2 us
-#       for the SwiGLU kernel + the GEMV. Other rows and shapes not measured: not folded.
-USE_TRITON_SWIGLU: dict[tuple[int, int, int], bool] = {
-    (5120, 17408, 1): True,
-}
-
-
-# NOTE: two more x-load variants were built and measured in the decode step on the H200 (2026-12-01,
-#       `bench/gemv_ab.py`, bench/NOTES.md pass 6) and removed: the GDN gated RMSNorm in the
-#       out-projection's x load (27B replay 13.994 -> 14.046 ms: every program recomputes the per-head
-#       norm of the whole row) and a second weight block loaded before the PDL wait (no gain on the
-#       prefetch rows, +0.29 ms on all rows: 128 registers vs 64).
-
-
-def load_tuning(path: str, min_speedup: float = 1.02) -> int:
-    """Overlay the decision tables with a `bench/gemv.py --out FILE` result (its JSON line): each swept
-    (N, K, M) gets the sweep's best config, and the Triton kernel where it beat cuBLAS by min_speedup;
-    its `swiglu` rows (the folded x-load variant) set USE_TRITON_SWIGLU the same way. Read at import
-    from $NINFER_GEMV_CONFIGS (tuning on another card, or A/B of a sweep before its tables are pasted
-    here). Returns the number of swept shapes taken; a file without a JSON
-    line raises."""
-    import json
-    with open(path) as f:
-        lines = [ln[5:] for ln in f if ln.startswith("JSON ")]
-    if not lines:
-        raise ValueError(f"{path}: no 'JSON ' line (expected a bench/gemv.py --out file)")
-    n = 0
-    payload = json.loads(lines[-1])
-    for r in payload["results"]:
-        if r.get("best"):
-            key = (int(r["N"]), int(r["K"]), m_bucket(int(r["M"])))
-            CONFIGS[key] = tuple(r["best"])
-            USE_TRITON[key] = (r.get("speedup") or 0.0) >= min_speedup
-            n += 1
-    for r in payload.get("swiglu") or []:
-        USE_TRITON_SWIGLU[(int(r["N"]), int(r["K"]), m_bucket(int(r["M"])))] = bool(r.get("ok")) and r["speedup"] >= min_speedup
-    return n
-
-
-def m_bucket(m: int) -> int:
-    return 1 if m <= 1 else 2 if m == 2 else 4 if m <= 4 else 8
-
-
-def use_triton(n: int, k: int, m: int) -> bool:
-    return USE_TRITON.get((n, k, m_bucket(m)), False)
-
-
-def concurrent_ok(n: int, k: int, m: int) -> bool:
-    """Whether `linear` of x [m, k] @ w[n, k].T may run beside another GEMV on a second stream: not a
-    split-K launch of the kernel (its arrival counters are one set per device, see the module NOTE)."""
-    return not use_triton(n, k, m) or config_for(n, k, m).split_k == 1
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 132
-
-
-def default_config(n: int, k: int, m: int, num_sms: int = 132) -> GemvConfig:
-    """Unmeasured fallback: FMA tiles for one row, tensor-core tiles for more; split K until about
-    four programs per SM stream (each split keeps >= 4 K blocks)."""
-    bk = min(512 if m <= 1 else 128, max(16, triton.next_power_of_2(k)))
-    cfg = GemvConfig(16, bk, 1, 4, 1, False) if m <= 1 else GemvConfig(64, bk, 1, 4, 4, True)
-    return cfg._replace(split_k=auto_split(n, k, cfg.block_n, cfg.block_k, num_sms))
-
-
-def auto_split(n: int, k: int, block_n: int, block_k: int, num_sms: int = 132, per_sm: int = 4) -> int:
-    tiles, kblocks, s = triton.cdiv(n, block_n), triton.cdiv(k, block_k), 1
-    while tiles * s < per_sm * num_sms and kblocks >= 8 * s:
-        s *= 2
-    return s
-
-
-def config_for(n: int, k: int, m: int, device: torch.device | None = None) -> GemvConfig:
-    c = CONFIGS.get((n, k, m_bucket(m)))
-    if c is not None:
-        return GemvConfig(*c)
-    return default_config(n, k, m, _num_sms(device) if device is not None else 132)
-
-
-def sweep_space(n: int, k: int, m: int, num_sms: int = 132, full: bool = False) -> list[GemvConfig]:
-    """The configs bench/gemv.py times for one (N, K, M) (and the tests run at small sizes). Tile
-    shapes x {split 1, auto split (and half / double of it)} for shapes with few N tiles."""
-    if m <= 1:
-        tiles = [GemvConfig(8, 512, 1, 4, 1), GemvConfig(16, 512, 1, 4, 1), GemvConfig(16, 256, 1, 4, 1),
-                 GemvConfig(32, 256, 1, 8, 1), GemvConfig(16, 512, 1, 4, 3), GemvConfig(32, 128, 1, 4, 1),
-                 GemvConfig(32, 128, 1, 4, 4, True), GemvConfig(64, 128, 1, 4, 4, True),
-                 GemvConfig(8, 512, 1, 4, 1, prefetch=True), GemvConfig(16, 512, 1, 4, 1, prefetch=True),
-                 GemvConfig(8, 256, 1, 4, 1, prefetch=True), GemvConfig(16, 256, 1, 4, 1, prefetch=True),
-                 GemvConfig(16, 512, 1, 8, 1, prefetch=True), GemvConfig(32, 256, 1, 8, 1, prefetch=True),
-                 GemvConfig(8, 1024, 1, 4, 1, prefetch=True), GemvConfig(8, 1024, 1, 8, 1, prefetch=True)]
-    else:
-        tiles = [GemvConfig(32, 128, 1, 4, 4, True), GemvConfig(64, 128, 1, 4, 4, True),
-                 GemvConfig(64, 256, 1, 4, 3, True), GemvConfig(128, 128, 1, 4, 4, True),
-                 GemvConfig(32, 256, 1, 4, 3, True), GemvConfig(128, 64, 1, 8, 6, True)]
-        if m <= 2:
-            tiles += [GemvConfig(16, 256, 1, 4, 1), GemvConfig(8, 512, 1, 4, 1)]
-        elif m <= 4 or full:
-            tiles += [GemvConfig(16, 128, 1, 4, 1)]
-    if full:
-        tiles += [GemvConfig(16, 64, 1, 2, 1), GemvConfig(16, 64, 1, 4, 2, True)]
-    out: list[GemvConfig] = []
-    for t in tiles:
-        bk = min(t.block_k, max(16, triton.next_power_of_2(k)))
-        t = t._replace(block_k=bk)
-        s = auto_split(n, k, t.block_n, bk, num_sms)
-        splits = {1, s} | ({max(1, s // 2), s * 2} if s > 1 and triton.cdiv(k, bk) >= 16 * s else set())
-        if full:
-            splits |= {2, 3}
-        out += [t._replace(split_k=sp) for sp in sorted(splits)]
-    return list(dict.fromkeys(out))
+__all__ = ["GemvConfig", "RowNorm", "MAX_ROWS", "linear", "linear_swiglu", "gemv", "use_triton", "use_swiglu",
+           "concurrent_ok", "m_bucket", "config_for", "default_config", "sweep_space"]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -393,7 +141,7 @@ def _gemv_kernel(x_ptr, w_ptr, y_ptr, ws_ptr, cnt_ptr, M, N, K, stride_xm, strid
     #       counters are touched only after it (every split has at least one block: no empty splits).
     offs_k = k_start + tl.arange(0, BLOCK_K)
     w = _load_w(w_rows, offs_k, k_end, EVEN_K, BLOCK_K)
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     rstd = 0.0
     if NORM:
         offs_p = tl.arange(0, BP)
@@ -569,7 +317,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: GemvConfig | None = None, *, 
         M_PAD=m_pad, BLOCK_N=bn, BLOCK_K=bk, SPLIT=split > 1, DOT=cfg.dot, EVEN_K=K % bk == 0, PREC=prec,
         SWIGLU=swiglu, RESID=residual is not None, NORM=norm is not None, PREFETCH=cfg.prefetch,
         BP=triton.next_power_of_2(n_parts) if norm is not None else 1,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **_pdl.launch())
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **pdl.launch())
     return y if residual is None else (y, parts)
 
 
@@ -586,18 +334,15 @@ def _fold(residual: torch.Tensor | None, x2: torch.Tensor, w: torch.Tensor) -> t
     return r if r.stride(-1) == 1 else None
 
 
-# NOTE: a prompt stage's residual add in the GEMM that makes the delta (cuBLAS with beta = 1, in place on
-#       the residual stream: `addmm_`, no copy of it first): the norm after it then reads one [M, H] tensor
+# NOTE: a prompt stage's residual add runs in the GEMM that makes the delta (cuBLAS with beta = 1, in place
+#       on the residual stream: `addmm_`, no copy of it first): the norm after it then reads one [M, H] tensor
 #       and writes one (a NormedRows without parts), where add_rms_norm read two and wrote two; the GEMM's
-#       epilogue reads the residual under its compute (bench/NOTES.md session 29). The sum is rounded once
-#       (x + the fp32 product), where the unfolded path rounds the product first.
-PREFILL_RESIDUAL_GEMM = True
-
-
+#       epilogue reads the residual under its compute. The sum is rounded once (x + the fp32 product), where
+#       the unfolded path rounds the product first.
 def _gemm_fold(residual: torch.Tensor | None, x2: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
     """The residual as [M, N] rows that `linear` may update in place with the GEMM (more than MAX_ROWS
     rows; else None: not folded)."""
-    if (not PREFILL_RESIDUAL_GEMM or residual is None or x2.shape[0] <= MAX_ROWS or residual.dtype != x2.dtype
+    if (residual is None or x2.shape[0] <= MAX_ROWS or residual.dtype != x2.dtype
             or residual.numel() != x2.shape[0] * w.shape[0] or not residual.is_contiguous()):
         return None
     return residual.view(x2.shape[0], w.shape[0])
@@ -605,7 +350,7 @@ def _gemm_fold(residual: torch.Tensor | None, x2: torch.Tensor, w: torch.Tensor)
 
 def linear(x: "torch.Tensor | NormedRows", w: torch.Tensor, residual: torch.Tensor | None = None):
     """x [..., K] @ w[N, K].T -> [..., N] in x.dtype (`ninfer.ops.reference.fused.linear`). The Triton kernel for
-    CUDA bf16/fp16 with <= 8 rows on shapes USE_TRITON marks faster; F.linear otherwise.
+    CUDA bf16/fp16 with <= 8 rows on shapes the tuning table marks faster (`use_triton`); F.linear otherwise.
     At one row on the kernel's path the residual add + norm fold into it (see `ninfer.ops.reference.fused`):
     `residual` given -> `Residual(h, parts)`; x a NormedRows with parts -> the norm applied in the
     kernel's x load. Past MAX_ROWS rows (a prompt stage) the residual add runs in the cuBLAS GEMM,
@@ -636,13 +381,13 @@ def linear(x: "torch.Tensor | NormedRows", w: torch.Tensor, residual: torch.Tens
 
 def linear_swiglu(gu: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | None = None):
     """silu_mul_halves(gu) @ w.T (`ninfer.ops.reference.fused.linear_swiglu`): the SwiGLU folded into the GEMV's
-    x load (one launch instead of two) for the shapes USE_TRITON_SWIGLU marks as measured faster;
+    x load (one launch instead of two) for the shapes the tuning table marks (`use_swiglu`);
     otherwise the fast SwiGLU kernel, then `linear`. `residual` as in `linear`."""
     rows = gu.reshape(-1, gu.shape[-1])
     M, N, K = rows.shape[0], w.shape[0], gu.shape[-1] // 2
     if (gu.is_cuda and gu.dtype in (torch.bfloat16, torch.float16) and w.dtype == gu.dtype and 1 <= M <= MAX_ROWS
             and gu.shape[-1] == 2 * K and w.dim() == 2 and w.shape[1] == K and rows.stride(-1) == 1
-            and w.stride(1) == 1 and USE_TRITON_SWIGLU.get((N, K, m_bucket(M)), False)):
+            and w.stride(1) == 1 and use_swiglu(N, K, M)):
         cfg = config_for(N, K, M, gu.device)
         r = _fold(residual, rows, w)
         if r is not None:
@@ -650,7 +395,3 @@ def linear_swiglu(gu: torch.Tensor, w: torch.Tensor, residual: torch.Tensor | No
             return Residual(h.view(*gu.shape[:-1], N), parts)
         return gemv(rows, w, cfg, swiglu=True).view(*gu.shape[:-1], N)
     return linear(_fast_silu_mul_halves(gu), w, residual=residual)
-
-
-if os.environ.get("NINFER_GEMV_CONFIGS"):
-    load_tuning(os.environ["NINFER_GEMV_CONFIGS"])

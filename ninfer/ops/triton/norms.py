@@ -11,14 +11,14 @@ import triton
 import triton.language as tl
 
 from ninfer.ops.reference import norms as _ref
-from ninfer.ops.triton import _pdl
+from ninfer.ops.triton import pdl
 
 __all__ = ["rms_norm", "gated_rms_norm"]
 
 
 @triton.jit
 def _rms_norm_kernel(x, w, y, D, stride_x, eps, BD: tl.constexpr, PDL: tl.constexpr = False):
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     i = tl.program_id(0).to(tl.int64)
     o = tl.arange(0, BD)
     m = o < D
@@ -31,7 +31,7 @@ def _rms_norm_kernel(x, w, y, D, stride_x, eps, BD: tl.constexpr, PDL: tl.conste
 @triton.jit
 def _gated_rms_norm_kernel(o_ptr, z_ptr, w, y, R, H, D, so0, so1, sz0, sz1, eps, BR: tl.constexpr,
                            BD: tl.constexpr, ROUND_WN: tl.constexpr, PDL: tl.constexpr = False):
-    _pdl.enter(PDL)
+    pdl.enter(PDL)
     # NOTE: BR rows (one head each) per program; row r is head r % H of token r // H.
     r = (tl.program_id(0) * BR + tl.arange(0, BR)).to(tl.int64)
     n = (r // H)[:, None]
@@ -63,7 +63,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6) -> torch.
     y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
     BD = triton.next_power_of_2(D)
     _rms_norm_kernel[(x2.shape[0],)](x2, weight.contiguous(), y, D, x2.stride(0), float(eps), BD=BD,
-                                     num_warps=max(1, min(16, BD // 512)), **_pdl.launch())
+                                     num_warps=max(1, min(16, BD // 512)), **pdl.launch())
     return y.view(x.shape)
 
 
@@ -92,5 +92,5 @@ def gated_rms_norm(o: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: 
     round_wn = torch.promote_types(weight.dtype, o.dtype) == o.dtype and o.dtype != torch.float32
     _gated_rms_norm_kernel[(triton.cdiv(R, BR),)](
         o3, z3, weight.contiguous(), y, R, H, D, o3.stride(0), o3.stride(1), z3.stride(0), z3.stride(1),
-        float(eps), BR=BR, BD=BD, ROUND_WN=round_wn, num_warps=max(1, min(16, BR * BD // 512)), **_pdl.launch())
+        float(eps), BR=BR, BD=BD, ROUND_WN=round_wn, num_warps=max(1, min(16, BR * BD // 512)), **pdl.launch())
     return y.view(o.shape)

@@ -1,4 +1,6 @@
-"""Fast (CUDA, Triton) parts of the sampler (`ninfer.ops.reference.sampling`), no host sync:
+"""Fast (CUDA, Triton) sampler: `sample` is `ninfer.ops.reference.sampling.sample` with steps 6-9 in the
+kernels below (`fused_draw`) whenever every row with a top-k cut has top_k <= CANDIDATES (otherwise the
+torch draw); no host sync:
 
 `topk_values(x, k)`: the k largest values of each row of a wide [B, V] fp32 matrix, for small k (`MAX_K`),
 in two launches.
@@ -20,12 +22,9 @@ slices (each slice's best kept token above v, its ties at v and their best), one
 counts the ties at v in id order across the slices (the first n are kept) and rescans the one slice
 where that count crosses n. So the cut row, its softmax and the race over [B, V] are never materialised.
 
-A one-program-per-row Triton form of the cut (the whole row in one program) took the cut's host time
-from ~1.5 to 0.08 ms but used 0.25-0.56 ms of GPU time, and served tokens got slower (bench/NOTES.md,
-session 12); these kernels spread the row over slices.
-
-torch.topk on one 248k-wide row runs as one block and took 64 us on the H200 (bench/NOTES.md, session 12),
-longer than sorting the row. Here
+These kernels spread the row over slices: a one-program-per-row form of the cut takes too much GPU time
+(docs/performance.md, "Decision log"). torch.topk on one vocabulary-wide row runs as one block, longer
+than sorting the row. Here
 
     stage 1  grid (B, V / BLOCK): each program keeps its slice in registers and takes k rounds of
              (max, lowest index of it, mask that lane out): the slice's k largest values, descending
@@ -37,11 +36,16 @@ union of its slices' k largest (a value of the row's top k is in its slice's top
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["MAX_K", "MAX_CANDIDATES", "topk_values", "nucleus", "top_p_cut", "race"]
+from ninfer.ops.reference import sampling as _ref
+from ninfer.ops.reference.sampling import CANDIDATES, SampleResult, SamplingTensors
+
+__all__ = ["MAX_K", "MAX_CANDIDATES", "topk_values", "nucleus", "top_p_cut", "race", "fused_draw", "sample"]
 
 MAX_K = 64               # the largest k served here (k rounds per program); above it, torch.topk
 BLOCK = 4096             # the slice of a row per stage-1 program (and per nucleus / race slice program)
@@ -242,9 +246,10 @@ def _mass_slice_kernel(x, m, top_k, top_p, hpart, zpart, state_p, state_a, V, st
                        FIRST: tl.constexpr, PASSES: tl.constexpr, BLOCK: tl.constexpr, SUB: tl.constexpr,
                        BS: tl.constexpr):
     """Pass `npass` over one (row, slice): the masses Σ exp(x - m) of the slice's values whose key matches
-    the prefix of the first npass digits, per value of the next digit (pass 0: also the slice's part of
-    z). Digit npass - 1 is taken here from pass npass - 1's masses (`_step`), by every program of the
-    launch alike, and program 0 stores the prefix, its mass above and (pass 1) the target mass T = p·z in
+    the prefix of the first npass digits, per value of the next digit (the first pass, npass == 0: also the
+    slice's part of z). Digit npass - 1 is taken here from the previous pass's masses (`_step`), by every
+    program of the launch alike, and program 0 stores the prefix, its mass above and (on the second pass,
+    npass == 1) the target mass T = p·z in
     state [B, PASSES + 1] for the passes after it; each launch thus waits on one load of parts, not on a
     chain of them. FIRST: npass == 0."""
     b = tl.program_id(0).to(tl.int64)
@@ -451,3 +456,32 @@ def race(x: torch.Tensor, noise: torch.Tensor, v: torch.Tensor, n: torch.Tensor,
                                 noise.stride(0), m.stride(0), ns, HAS_MIN_P=min_p is not None,
                                 BS=triton.next_power_of_2(ns), BLOCK=BLOCK, num_warps=8)
     return out
+
+
+def _top_values(x: torch.Tensor, k: int) -> torch.Tensor:
+    """The k largest values of each row of x [B, V] fp32, descending: `topk_values` for k up to MAX_K,
+    else torch.topk."""
+    return topk_values(x, k) if k <= MAX_K else x.topk(k, dim=1).values
+
+
+def fused_draw(xs: torch.Tensor, st: SamplingTensors, noise: torch.Tensor) -> torch.Tensor:
+    """Steps 6-9 of the sampler (a `ninfer.ops.reference.sampling.Draw`) on temperature-scaled logits xs
+    [B, V] fp32: the cut (v, n) of each row (`nucleus` from the top-k candidates, `top_p_cut` for the rows
+    that cut by top-p alone), then `race` (min-p inside it). Needs st.top_k_max in 0..CANDIDATES."""
+    V = xs.shape[1]
+    if st.top_k_max > 0:
+        vals = _top_values(xs, st.top_k_max)
+        cut, top = nucleus(xs, vals, st.top_k, st.top_p), vals[:, 0]
+    else:
+        cut, top = (torch.full_like(st.temperature, float("-inf")), torch.full_like(st.top_k, V)), xs.amax(dim=1)
+    if st.top_p_only:
+        top_p_cut(xs, top, st.top_k, st.top_p, *cut)              # the rows without a top-k cut, in place
+    return race(xs, noise, *cut, top, st.min_p if st.min_p_any else None)
+
+
+def sample(logits: torch.Tensor, st: SamplingTensors, rng_states: Sequence[torch.Tensor | None],
+           num_logprobs: int = 0, drawn: Sequence[int] | None = None, logprobs: bool = True) -> SampleResult:
+    """`ninfer.ops.reference.sampling.sample` (same arguments and results) with `fused_draw`, unless some
+    row cuts by a top-k above CANDIDATES (or the bound is not known): then the torch draw."""
+    fused = not st.truncates or 0 <= st.top_k_max <= CANDIDATES
+    return _ref.sample(logits, st, rng_states, num_logprobs, drawn, logprobs, draw=fused_draw if fused else None)

@@ -9,7 +9,8 @@ from ninfer.ops.reference.attention import (
     kv_slot_mapping,
     write_kv_paged,
 )
-from support.ops_util import DEVICES, ODD_LENGTHS, PREFIX_ROWS, dense_causal, prefix_rows_case, rel_rms
+from support.ops_util import DEVICES, ODD_LENGTHS, PREFIX_ROWS, dense_causal, prefix_rows_case
+from support.numerics import rel_rms
 
 HQ, HKV, D, PS = 6, 2, 32, 16
 

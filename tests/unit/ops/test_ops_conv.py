@@ -3,7 +3,8 @@ import torch
 from transformers.models.qwen3_5.modeling_qwen3_5 import causal_conv1d_fn, causal_conv1d_update as hf_update
 
 from ninfer.ops.reference.conv import causal_conv1d_update, chunk_causal_conv1d
-from support.ops_util import DEVICES, ODD_LENGTHS, rel_rms
+from support.ops_util import DEVICES, ODD_LENGTHS
+from support.numerics import rel_rms
 
 C, K = 48, 4
 

@@ -4,7 +4,8 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import torch_chunk_gated_delta
 from transformers.models.qwen3_5.modeling_qwen3_5 import torch_recurrent_gated_delta_rule as _hf_recurrent
 
 from ninfer.ops.reference.gated_delta import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule, gdn_gates
-from support.ops_util import DEVICES, ODD_LENGTHS, rel_rms
+from support.ops_util import DEVICES, ODD_LENGTHS
+from support.numerics import rel_rms
 
 HK, HV, DK, DV = 2, 4, 32, 16
 

@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from ninfer.ops.reference.logprobs import chunked_logprobs, logprobs_from_logits
-from support.ops_util import DEVICES, rel_rms
+from support.ops_util import DEVICES
+from support.numerics import rel_rms
 
 H, V = 32, 1000
 

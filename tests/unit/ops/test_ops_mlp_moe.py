@@ -7,7 +7,8 @@ from transformers.models.qwen3_5_moe.modeling_qwen3_5_moe import Qwen3_5MoeSpars
 
 from ninfer.ops.reference.mlp import swiglu_mlp
 from ninfer.ops.reference.moe import route_topk, sparse_moe_block
-from support.ops_util import DEVICES, rel_rms
+from support.ops_util import DEVICES
+from support.numerics import rel_rms
 
 H, E, K, I, IS = 32, 8, 2, 16, 24
 
@@ -97,7 +98,7 @@ def test_sparse_moe_leaf_takes_normed_rows_and_leaves_the_residual_to_the_caller
     untouched: only the fast set adds into it (tests/gpu/test_fast_moe_gpu.py)."""
     import dataclasses
 
-    from ninfer.ops.triton import reference_ops
+    from ninfer.ops.opset import reference_ops
     from ninfer.ops.reference.fused import NormedRows, Residual
     from ninfer.ops.reference.norms import rms_norm
     from ninfer.targets.qwen3_6_35b_a3b import DIMS

@@ -4,7 +4,8 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5RMSNorm, Qwen3_5
 from transformers.models.qwen3_5.modeling_qwen3_5 import l2norm as hf_l2norm
 
 from ninfer.ops.reference.norms import gated_rms_norm, l2norm, rms_norm
-from support.ops_util import DEVICES, rel_rms
+from support.ops_util import DEVICES
+from support.numerics import rel_rms
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -62,7 +63,7 @@ def test_gdn_output_projection_is_the_hf_order(dtype):
     heads flattened, then the projection; a z view into a wider row; zero rows keep their shape."""
     from types import SimpleNamespace
 
-    from ninfer.ops.triton import reference_ops
+    from ninfer.ops.opset import reference_ops
     from ninfer.targets.qwen3_6.layers.gdn import GDNProjection
     g = torch.Generator().manual_seed(3)
     o = torch.randn(5, 4, 32, generator=g).to(dtype)

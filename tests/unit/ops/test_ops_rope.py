@@ -4,7 +4,8 @@ from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5TextConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5TextRotaryEmbedding, apply_rotary_pos_emb
 
 from ninfer.ops.reference.rope import apply_rotary, apply_rotary_qk, mrope_axis_of_freq, mrope_cos_sin
-from support.ops_util import DEVICES, rel_rms
+from support.ops_util import DEVICES
+from support.numerics import rel_rms
 
 ROPE = {"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
         "mrope_section": [11, 11, 10], "mrope_interleaved": True}

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from ninfer.ops.reference.sampling import SamplingTensors, apply_penalties, rng_state_from_seed, sample
-from support.ops_util import DEVICES
+from support.ops_util import DEVICES, kept_oracle
 
 V = 50
 
@@ -182,30 +182,6 @@ def test_rows_without_truncation_skip_the_sort_and_draw_the_same(kw):
     assert _st(1, temperature=[1.0], top_k=[5]).truncates and _st(1, temperature=[1.0], top_p=[0.9]).truncates
 
 
-def _kept_oracle(x: torch.Tensor, top_k: int, top_p: float) -> tuple[set[int], bool]:
-    """Steps 6-7 as the module docstring states them, for one row, in float64: descending values with ties
-    by lowest id, top-k keeps values >= the k-th, top-p the prefix whose mass before each token is below
-    top_p. Also whether some token's mass before lies within 1e-5 of top_p (fp32 may round either way)."""
-    xs = x.double()
-    V = xs.numel()
-    order = sorted(range(V), key=lambda i: (-xs[i].item(), i))
-    kept = order
-    if 0 < top_k < V:
-        kth = xs[order[top_k - 1]].item()
-        kept = [i for i in order if xs[i].item() >= kth]
-    if top_p >= 1.0:
-        return set(kept), False
-    p = torch.softmax(xs[kept], dim=0).tolist()
-    out, before, near = [], 0.0, False
-    for i, pi in zip(kept, p):
-        near |= abs(before - top_p) < 1e-5
-        if before >= top_p and out:
-            break
-        out.append(i)
-        before += pi
-    return set(out), near
-
-
 def _kept(x: torch.Tensor, st: SamplingTensors) -> list[set[int]]:
     from ninfer.ops.reference.sampling import _truncate
     y = _truncate(x, st)
@@ -239,7 +215,7 @@ def test_top_k_candidates_cut_the_same_tokens_as_the_sorted_row(kind, seed, devi
     fast, full = _kept(x.to(device), st), _kept(x.to(device), dataclasses.replace(st, candidates=0))
     checked = 0
     for r in range(B):
-        want, near = _kept_oracle(x[r], ks[r], ps[r])
+        want, near = kept_oracle(x[r], ks[r], ps[r])
         want &= set(torch.nonzero(torch.isfinite(x[r])).flatten().tolist())     # -inf stays out
         if near:
             continue

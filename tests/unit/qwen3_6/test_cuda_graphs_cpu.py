@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from ninfer.ops.triton import reference_ops
+from ninfer.ops.opset import reference_ops
 from ninfer.contract.program import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.program.config import ProgramConfig

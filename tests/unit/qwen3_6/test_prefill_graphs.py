@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from ninfer.ops.triton import reference_ops
+from ninfer.ops.opset import reference_ops
 from ninfer.contract.program import SamplingParams, SequenceRequest
 from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.program import prefill_graphs as pgm

@@ -10,7 +10,7 @@ k, v there, one launch, an `ops` state transformation). Leaves are the per-layer
     GDN projection/control h -> (qkv pre-conv, z, g, beta);                 (o, z)    -> out
     post-mixer             h -> out   (dense SwiGLU MLP or MoE)
 
-Every leaf method takes the schedule's OpSet (`ninfer.ops.triton.OpSet`) last and runs its GEMMs and
+Every leaf method takes the schedule's OpSet (`ninfer.ops.opset.OpSet`) last and runs its GEMMs and
 fused steps through it (one fast kernel per step on CUDA, the PyTorch references elsewhere).
 
 Shapes: N tokens of a packed batch, H hidden; nh/nkv/hd attention heads; C conv channels,

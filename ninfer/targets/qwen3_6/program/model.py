@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ninfer.program.stores import PagedKVStore, StateImageStore
-from ninfer.ops.triton import OpSet, select_ops
+from ninfer.ops.opset import OpSet, select_ops
 from ninfer.ops.reference.fused import NormedRows, Residual, materialize
 from ninfer.ops.reference.rope import mrope_cos_sin, rope_inv_freq
 from ninfer.targets.qwen3_6.program.leaves import LeafSet

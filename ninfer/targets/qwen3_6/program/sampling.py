@@ -12,7 +12,8 @@ from typing import NamedTuple, Sequence
 import torch
 
 from ninfer.ops.reference.logprobs import chunked_logprobs, logprobs_from_logits
-from ninfer.ops.reference.sampling import SamplingTensors, drawing_rows, rng_state_from_seed, sample
+from ninfer.ops.opset import sample
+from ninfer.ops.reference.sampling import SamplingTensors, drawing_rows, rng_state_from_seed
 from ninfer.contract.program import SamplingParams, TokenLogprob
 
 __all__ = ["RowSampling", "Sampler", "rng_state_from_seed", "prompt_token_logprobs"]

@@ -5,15 +5,12 @@ With PDL on, each of these kernels is launched with
 Triton's `launch_pdl` option and starts with `griddepcontrol.wait` (nothing is read or written
 before the previous kernel of the stream has completed and its writes are visible) followed by
 `griddepcontrol.launch_dependents` (the next kernel may be scheduled now). What overlaps is the
-launch of kernel i+1 with the tail of kernel i: in a decode step of ~680 short kernels those gaps
-were measured at ~3.5 us per small kernel (bench/NOTES.md, decode pass 3).
-
-Measured on the H200 (bench/NOTES.md, decode pass 4): graphs captured with PDL replay the 27B step
-0.28 ms faster (14.59 -> 14.31 ms) and the 35B-A3B step 0.15 ms faster (3.31 -> 3.16 ms); graph ==
-eager with and without it (tests/gpu/test_cuda_graphs_gpu.py). A kernel may read, before `enter`, memory no
+launch of kernel i+1 with the tail of kernel i, which matters in a decode step of several hundred
+short kernels (docs/performance.md, "Decision log"). Graph == eager with and without it
+(tests/gpu/test_cuda_graphs_gpu.py). A kernel may read, before `enter`, memory no
 earlier kernel of the stream writes (weights: the GEMV loads its first weight block there), and memory
-last written before its predecessor started (`load_input`: the MoE down kernel's `down_early`, the GDN
-state step's `EARLY_STATE`): every PDL kernel here waits before it lets the next one launch, and a
+last written before its predecessor started (`load_input`: the GDN decode state step's entries and
+states): every PDL kernel here waits before it lets the next one launch, and a
 kernel that is not PDL-aware lets it launch only at its completion, so when a kernel starts, every
 kernel before its predecessor has completed.
 Correctness across kernels that are not PDL-aware (cuBLAS, torch): such a kernel is launched with
@@ -56,13 +53,11 @@ def enter(PDL: tl.constexpr):
 
 
 @triton.jit
-def load_input(ptrs, mask, other, EARLY: tl.constexpr):
-    """A load of what an earlier kernel of the stream wrote: past L1 (.cg) when EARLY (issued before `enter`).
+def load_input(ptrs, mask, other):
+    """A load, issued before `enter`, of what an earlier kernel of the stream wrote: past L1 (.cg).
 
-    Before `enter` a kernel may also read what was written before its predecessor started: a PDL kernel
+    Before `enter` a kernel may read what was written before its predecessor started: a PDL kernel
     is scheduled only once every program of its predecessor has passed that one's own wait (`enter`
     waits first, then lets the next kernel launch; a kernel that is not PDL-aware lets it launch at its
     completion), i.e. once everything before the predecessor has completed."""
-    if EARLY:
-        return tl.load(ptrs, mask=mask, other=other, cache_modifier=".cg")
-    return tl.load(ptrs, mask=mask, other=other)
+    return tl.load(ptrs, mask=mask, other=other, cache_modifier=".cg")
