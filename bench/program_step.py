@@ -48,7 +48,7 @@ from ninfer.bench.args import MAX_BATCH, float_in, int_in  # noqa: E402
 from ninfer.bench.common import (Recorder, decode_floor_ms, default_device, env_record, free_model,  # noqa: E402
                                  measure_ceilings, prefill_flops, print_ceilings, print_table, run_step, sync)
 from ninfer.contract.program import Refusal, SamplingParams, SequenceRequest  # noqa: E402
-from ninfer.ops.triton import reference_ops  # noqa: E402
+from ninfer.ops.opset import reference_ops  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
 from ninfer.targets.qwen3_6.program.config import ProgramConfig  # noqa: E402
 from ninfer.targets.registry import lookup  # noqa: E402
