@@ -78,7 +78,7 @@ def test_nucleus_and_race_equal_the_torch_cut_and_race(V, block, kind, seed, C, 
     token's mass before it is within fp32 rounding of top_p (the float64 oracle flags those rows), and `race`
     the torch race's token over the kept set (cut row, softmax, argmax of p / noise), with the row split in
     many slices (ties at v crossing slices: the id-order count and the rescan of the crossing slice)."""
-    from test_ops_sampling import _kept_oracle
+    from support.sampling_oracle import kept_oracle as _kept_oracle
 
     from ninfer.ops.reference import sampling as S
     from ninfer.ops.triton import sampling as fast
@@ -110,7 +110,7 @@ def test_top_p_cut_equals_the_torch_cut_of_the_sorted_row(V, block, kind, seed, 
     tokens the torch cut over the sorted row keeps (`ops.sampling._nucleus` with C = V), except where a
     token's mass before it is within fp32 rounding of top_p (the float64 oracle flags those rows, and the
     sets differ by a few tokens); the other rows keep what v and n held. Ties at the cut cross slices; 'wide' spans many binary exponents (negative, tiny, huge)."""
-    from test_ops_sampling import _kept_oracle
+    from support.sampling_oracle import kept_oracle as _kept_oracle
 
     from ninfer.ops.reference import sampling as S
     from ninfer.ops.triton import sampling as fast
