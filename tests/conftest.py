@@ -1,5 +1,14 @@
-"""Shared pytest fixtures (owned by the artifact/converter area; append your own below).
+"""Shared pytest configuration and fixtures for the whole suite (tests/unit, tests/integration, tests/gpu).
 
+Which tests a run collects
+    tests/gpu/ is not collected, and tests marked `gpu` elsewhere (e.g. the "cuda" device parameter of
+    tests/unit/ops) are deselected, unless the run can execute them: CUDA is available, or the Triton
+    interpreter mode is on (TRITON_INTERPRET=1 NINFER_FAST_TEST_DEVICE=cpu). Naming tests/gpu (or a file
+    in it) on the command line always collects it (without CUDA its tests then report as skipped).
+    So the CPU run (`bash .ci/run`) neither collects nor skips the GPU suite; a GPU machine runs
+    `python3 -m pytest -m gpu tests`.
+
+Fixtures
 Tiny models, built once per test session and cached (each build takes ~1-2 s):
 
     def test_something(tiny_artifact_path):
@@ -24,9 +33,55 @@ The artifacts hold the real Qwen3.6 tokenizer files (frontend `write_tokenizer_f
 """
 from __future__ import annotations
 
+import functools
+import os
 from pathlib import Path
 
 import pytest
+
+GPU_DIR = Path(__file__).resolve().parent / "gpu"
+
+
+@functools.lru_cache(maxsize=None)
+def _runs_gpu_tests() -> bool:
+    """True where the `gpu` tests can run: CUDA, or the Triton interpreter on the CPU (support/fast_env.py)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("NINFER_FAST_TEST_DEVICE") == "cpu":
+        return True
+    import torch
+    return torch.cuda.is_available()
+
+
+def _named_on_the_command_line(config: pytest.Config, folder: Path) -> bool:
+    """Whether an argument of this run is `folder` or lies inside it (a file, a node id)."""
+    for arg in config.args:
+        p = (config.invocation_params.dir / arg.split("::")[0]).resolve()
+        if p == folder or folder in p.parents:
+            return True
+    return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # NOTE: one intra-op thread for torch on the CPU. The tiny models' ops are too small to gain from
+    #       more, and where the cores are shared (pytest-xdist workers, the CLI and server subprocesses,
+    #       other jobs) extra threads wait on each other: the same parity test ran over ten times longer.
+    import torch
+    torch.set_num_threads(1)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if collection_path.resolve() == GPU_DIR and not _runs_gpu_tests() \
+            and not _named_on_the_command_line(config, GPU_DIR):
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _runs_gpu_tests():
+        return
+    gpu = [it for it in items if it.get_closest_marker("gpu") is not None and GPU_DIR not in it.path.parents]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [it for it in items if it.get_closest_marker("gpu") is None or GPU_DIR in it.path.parents]
 
 
 @pytest.fixture(scope="session")
