@@ -11,10 +11,10 @@ Which tests a run collects
     (without CUDA its tests then report as skipped).
 
 Threads
-    Without CUDA, or under pytest-xdist, torch runs one intra-op CPU thread in every test process (see
-    pytest_configure); CLI and server subprocesses get OMP_NUM_THREADS=1 (support.serve_util.cli_env). Run the suite in parallel with
-    pytest-xdist: `python3 -m pytest -q -n 2 --dist loadfile tests`
-    (whole files per worker, so that a module's fixtures are built once).
+    Without CUDA, or under pytest-xdist, torch runs one intra-op CPU thread in every test process
+    (see pytest_configure); CLI and server subprocesses get OMP_NUM_THREADS=1 (support.serve_util.
+    cli_env). Run the suite in parallel: `python3 -m pytest -q -n 2 --dist loadfile tests` (whole
+    files per worker, so that a module's fixtures are built once).
 
 Fixtures (session-scoped: each pytest-xdist worker builds what its tests use once, ~1-2 s a build)
     tiny_artifact_path(kind, dtype="fp32", *, layout="official", seed=0) -> Path of a tiny .ninfer file
