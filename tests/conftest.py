@@ -1,6 +1,25 @@
-"""Shared pytest fixtures (owned by the artifact/converter area; append your own below).
+"""Shared pytest configuration and fixtures of the whole suite (tests/unit, tests/integration, tests/gpu).
+Shared helpers that are not fixtures live in the `support` package (tests/support/, on the path:
+`from support.program_util import tiny_parts`); a test file never imports another test file.
 
-Tiny models, built once per test session and cached (each build takes ~1-2 s):
+Which tests a run collects
+    Without CUDA, tests/gpu/ is not collected and `gpu`-marked tests elsewhere (the "cuda" device
+    parameter of tests/unit/ops) are deselected, so the CPU run (`bash .ci/run`) neither runs nor skips
+    the GPU suite. They are collected where they can run: with CUDA (`python3 -m pytest -m gpu tests`),
+    or in the Triton interpreter mode (TRITON_INTERPRET=1 NINFER_FAST_TEST_DEVICE=cpu, see
+    support/fast_env.py). Naming tests/gpu or a file in it on the command line always collects it
+    (without CUDA its tests then report as skipped).
+
+Threads
+    Without CUDA, or under pytest-xdist, torch runs one intra-op CPU thread in every test process
+    (see pytest_configure); CLI and server subprocesses get OMP_NUM_THREADS=1 (support.serve_util.
+    cli_env). Run the suite in parallel: `python3 -m pytest -q -n 2 --dist loadfile tests` (whole
+    files per worker, so that a module's fixtures are built once).
+
+Fixtures (session-scoped: each pytest-xdist worker builds what its tests use once, ~1-2 s a build)
+    tiny_artifact_path(kind, dtype="fp32", *, layout="official", seed=0) -> Path of a tiny .ninfer file
+    tiny_checkpoint_dir(kind, layout="official", *, seed=0, shards=1) -> HF checkpoint dir incl.
+        tokenizer files
 
     def test_something(tiny_artifact_path):
         path = tiny_artifact_path("dense")                 # -> Path of a .ninfer file
@@ -17,16 +36,65 @@ Tiny models, built once per test session and cached (each build takes ~1-2 s):
           `ninfer.testing.tiny_hf.build_hf_model(kind, "vl" or "text", seed=seed)` (same seed),
           so that HF model is the reference for parity tests. NOTE: "vl" and "text" builds of
           the same seed draw different random weights: compare a "text"-layout artifact with
-          `build_hf_model(kind, "text")`, any other layout with the "vl" model. With dtype="bf16" the artifact holds the bf16-rounded weights, except
-          `linear_attn.A_log` / `linear_attn.norm.weight`, which stay fp32.
+          `build_hf_model(kind, "text")`, any other layout with the "vl" model. With dtype="bf16"
+          the artifact holds the bf16-rounded weights, except `linear_attn.A_log` /
+          `linear_attn.norm.weight`, which stay fp32.
 
 The artifacts hold the real Qwen3.6 tokenizer files (frontend `write_tokenizer_files`).
 """
 from __future__ import annotations
 
+import functools
+import os
 from pathlib import Path
 
 import pytest
+
+GPU_DIR = Path(__file__).resolve().parent / "gpu"
+
+
+@functools.lru_cache(maxsize=None)
+def _runs_gpu_tests() -> bool:
+    """True where the `gpu` tests can run: CUDA, or the Triton interpreter on the CPU (support/fast_env.py)."""
+    if os.environ.get("TRITON_INTERPRET") == "1" and os.environ.get("NINFER_FAST_TEST_DEVICE") == "cpu":
+        return True
+    import torch
+    return torch.cuda.is_available()
+
+
+def _named_on_the_command_line(config: pytest.Config, folder: Path) -> bool:
+    """Whether an argument of this run is `folder` or lies inside it (a file, a node id)."""
+    for arg in config.args:
+        p = (config.invocation_params.dir / arg.split("::")[0]).resolve()
+        if p == folder or folder in p.parents:
+            return True
+    return False
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # NOTE: one intra-op thread for torch on the CPU (not on a CUDA machine run serially, whose CPU
+    #       references may be large). The tiny models' ops are too small to gain from more, and where the
+    #       cores are shared (pytest-xdist workers, the CLI and server subprocesses, other jobs) extra
+    #       threads wait on each other: the same parity test ran over ten times longer.
+    import torch
+    if os.environ.get("PYTEST_XDIST_WORKER") or not torch.cuda.is_available():
+        torch.set_num_threads(1)
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if collection_path.resolve() == GPU_DIR and not _runs_gpu_tests() \
+            and not _named_on_the_command_line(config, GPU_DIR):
+        return True
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _runs_gpu_tests():
+        return
+    gpu = [it for it in items if it.get_closest_marker("gpu") is not None and GPU_DIR not in it.path.parents]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [it for it in items if it.get_closest_marker("gpu") is None or GPU_DIR in it.path.parents]
 
 
 @pytest.fixture(scope="session")

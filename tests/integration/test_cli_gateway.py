@@ -1,7 +1,10 @@
-"""The `ninfer generate | chat | serve` commands, run as real subprocesses on the demo model.
-(`serve` is exercised end to end by test_serve_*.py; here: its flags and errors.)"""
+"""The `ninfer generate | chat | serve` commands on the demo model: --help, the one-line errors and
+Ctrl-C/Ctrl-D as real subprocesses (`python -m ninfer`), the generate and chat sessions through the
+CLI's `main` in this process (support.serve_util.ninfer_in_process: the same command code, no new
+interpreter to start). (`serve` is exercised end to end by test_serve_*.py; here: its flags and errors.)"""
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import subprocess
@@ -11,7 +14,7 @@ import time
 
 import pytest
 
-from support.serve_util import REPO, cli_env, ninfer
+from support.serve_util import REPO, cli_env, ninfer, ninfer_in_process
 
 NOTICE = "its text is meaningless"
 
@@ -27,7 +30,8 @@ def test_help(cmd):
         assert "--api-key" in r.stdout and "--host" in r.stdout and "--port" in r.stdout
 
 
-def test_generate_streams_and_reports_usage():
+def test_generate_streams_and_reports_usage(capsys, monkeypatch):
+    ninfer = functools.partial(ninfer_in_process, capsys, monkeypatch)
     a = ninfer("generate", "-p", "Hello", "--max-tokens", "5", "--temperature", "0")
     assert a.returncode == 0, a.stderr
     assert a.stdout.strip()
@@ -38,7 +42,8 @@ def test_generate_streams_and_reports_usage():
     assert b.stdout == a.stdout                      # greedy is deterministic
 
 
-def test_generate_json_and_chat_channels():
+def test_generate_json_and_chat_channels(capsys, monkeypatch):
+    ninfer = functools.partial(ninfer_in_process, capsys, monkeypatch)
     r = ninfer("generate", "-p", "Hello", "--max-tokens", "4", "--json", "--chat", "--temperature", "0")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -68,7 +73,8 @@ def test_errors_are_one_line(args, message):
     assert "Traceback" not in r.stderr
 
 
-def test_chat_commands_through_stdin():
+def test_chat_commands_through_stdin(capsys, monkeypatch):
+    ninfer = functools.partial(ninfer_in_process, capsys, monkeypatch)
     script = "/think off\nHello\n/system You are terse.\nHi again\n/think maybe\n/reset\n/help\nLast one\n"
     r = ninfer("chat", "--max-tokens", "3", "--temperature", "0", input=script)
     assert r.returncode == 0, r.stderr

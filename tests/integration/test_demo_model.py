@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ninfer.paths import user_cache_dir
-from ninfer.product import demo_model as D
+from ninfer import demo as D
 
 
 def test_cache_dir_resolution(monkeypatch, tmp_path):

@@ -2,7 +2,9 @@
 off and the greedy conversation is the same token for token."""
 from __future__ import annotations
 
-from support.serve_util import ninfer
+import functools
+
+from support.serve_util import ninfer, ninfer_in_process
 
 
 def test_chat_flags_in_help():
@@ -13,7 +15,8 @@ def test_chat_flags_in_help():
         assert flag in r.stdout
 
 
-def test_chat_with_and_without_the_cache_is_the_same():
+def test_chat_with_and_without_the_cache_is_the_same(capsys, monkeypatch):
+    ninfer = functools.partial(ninfer_in_process, capsys, monkeypatch)      # the CLI's main, in this process
     script = "/think off\nHello\nTell me more\nAnd more\n"
     args = ("chat", "--max-tokens", "6", "--temperature", "0")
     cached = ninfer(*args, "--session", "cli-test", input=script)

@@ -13,6 +13,8 @@ the Engine mixes rows up.
 """
 from __future__ import annotations
 
+import contextlib
+import gc
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -545,3 +547,18 @@ class ProgramProxy:
     @property
     def num_open_batches(self) -> int:
         return len(self.opened) - len(set(self.consumed))
+
+
+@contextlib.contextmanager
+def young_heap_gc():
+    """Within the block, `gc.collect()` scans only the objects made inside it: everything alive at entry
+    moves to the collector's permanent generation (gc.freeze) and back at exit. A test that collects
+    after each handle drop then costs the same in a long pytest session as alone (a full collection
+    there walks every module and tensor the earlier tests left alive). Garbage made inside the block
+    is still found: a cycle through an object alive at entry is not garbage."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -186,3 +186,20 @@ def ninfer(*args: str, input: str | None = None, timeout: float = 180) -> subpro
     """Run the `ninfer` command line (`python -m ninfer ARGS`) from the repository root."""
     return subprocess.run([sys.executable, "-m", "ninfer", *args], input=input, capture_output=True, text=True,
                           env=cli_env(), cwd=REPO, timeout=timeout)
+
+
+def ninfer_in_process(capsys, monkeypatch, *args: str, input: str | None = None) -> subprocess.CompletedProcess:
+    """`ninfer ARGS` through the CLI's `main` in this process, with what a subprocess from `ninfer(...)`
+    would see (the shared test cache dir, `input` on stdin, stdout/stderr captured): the same command
+    code without a new interpreter's start (torch's import, the model load). Keep the entry point
+    itself (`python -m ninfer`) covered by subprocess tests."""
+    import io
+
+    from ninfer.gateway.cli.main import main
+
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(shared_cache_dir()))
+    monkeypatch.setattr(sys, "stdin", io.StringIO(input or ""))
+    capsys.readouterr()
+    code = main(list(args))
+    cap = capsys.readouterr()
+    return subprocess.CompletedProcess(["ninfer", *args], code, cap.out, cap.err)

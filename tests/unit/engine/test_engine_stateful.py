@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from support.program_util import tiny_parts
-from support.fakes import FakeFrontend, FakeProgram, ProgramProxy, Trace, make_core, make_prompt
+from support.fakes import FakeFrontend, FakeProgram, ProgramProxy, Trace, make_core, make_prompt, young_heap_gc
 from ninfer.contract.program import SamplingParams
 from ninfer.engine.resource_manager import LaneState
 from ninfer.contract.frontend import FinishReason, OutputOptions
@@ -168,8 +168,9 @@ class FakeEngineMachine(EngineMachine):
 
 
 def test_stateful_engine_against_fake_program():
-    run_state_machine_as_test(FakeEngineMachine, settings=settings(
-        max_examples=60, stateful_step_count=60, deadline=None, suppress_health_check=list(HealthCheck)))
+    with young_heap_gc():                   # `drop` collects garbage after each dropped handle
+        run_state_machine_as_test(FakeEngineMachine, settings=settings(
+            max_examples=60, stateful_step_count=60, deadline=None, suppress_health_check=list(HealthCheck)))
 
 
 # ---- against the tiny dense model on CPU ------------------------------------------------------------
@@ -183,5 +184,6 @@ def real_parts(tiny_artifact_path):
 def test_stateful_engine_against_tiny_model(real_parts):
     class RealEngineMachine(EngineMachine):
         make_program = staticmethod(real_parts)
-    run_state_machine_as_test(RealEngineMachine, settings=settings(
-        max_examples=6, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)))
+    with young_heap_gc():
+        run_state_machine_as_test(RealEngineMachine, settings=settings(
+            max_examples=6, stateful_step_count=40, deadline=None, suppress_health_check=list(HealthCheck)))

@@ -4,11 +4,9 @@ from __future__ import annotations
 import importlib
 
 import pytest
-import torch
 
 from ninfer.targets.qwen3_6.program.config import ProgramConfig
 from ninfer.engine.engine_core import DECODE_STEPS
-from ninfer.targets.qwen3_6.program.model_view import fuse_rows
 from ninfer.targets.qwen3_6.program import sizing
 from ninfer.targets.registry import lookup
 
@@ -88,23 +86,3 @@ def test_the_program_adds_its_graphs_entries_to_the_callers_area():
     assert sizing.num_scratch(_cfg(device="cuda")) == 4 * 2 + 4 + 1            # + the step-ahead's rows, a capture
     assert sizing.num_scratch(_cfg(device="cuda", num_scratch=5, decode_step_ahead=False)) == 5 + 1
 
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_the_pool_counts_the_blocks_a_load_left_cached_as_free():
-    # A fusion (model_view.fuse_rows) leaves its parts' blocks in the caching allocator, and the driver
-    # counts them as used. When the loader fused after loading every tensor, that hid ~21 GiB of an 80 GB
-    # card on the 27B: `ninfer serve` saw 6.1 GiB free and sized 0 KV pages.
-    dev = torch.device("cuda")
-    torch.cuda.empty_cache()
-    before = torch.cuda.mem_get_info(dev)[0]
-    t = {f"p{i}": torch.empty(256 << 20, dtype=torch.uint8, device=dev) for i in range(4)}
-    fused = fuse_rows(t, tuple(t))                      # 1 GiB fused; the four 256 MiB parts now cached
-    del t
-    assert torch.cuda.mem_get_info(dev)[0] < before - GiB - 512 * (1 << 20)
-    cfg = _cfg(device="cuda", num_pages=10**6, max_model_len=16)
-    pages = sizing.pool_pages(D27, cfg, 8)
-    seen = (pages * (1 << 20) + (8 + 8) * ENTRY_27B) / cfg.kv_memory_fraction
-    assert seen >= before - GiB - 64 * (1 << 20)        # only the fused matrix is used
-    assert torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev) < 64 * (1 << 20)
-    del fused
