@@ -26,6 +26,9 @@ def test_the_pool_counts_the_blocks_a_load_left_cached_as_free():
     dev = torch.device("cuda")
     torch.cuda.empty_cache()
     before = torch.cuda.mem_get_info(dev)[0]
+    # NOTE: in a process that ran other tests first, segments their live tensors share stay reserved
+    #       after empty_cache; only the slack this test adds is the fusion's.
+    slack = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
     t = {f"p{i}": torch.empty(256 << 20, dtype=torch.uint8, device=dev) for i in range(4)}
     fused = fuse_rows(t, tuple(t))                      # 1 GiB fused; the four 256 MiB parts now cached
     del t
@@ -35,5 +38,5 @@ def test_the_pool_counts_the_blocks_a_load_left_cached_as_free():
     pages = pool_pages(D27, cfg, 8)
     seen = (pages * (1 << 20) + (8 + 8) * ENTRY_27B) / cfg.kv_memory_fraction
     assert seen >= before - GiB - 64 * (1 << 20)        # only the fused matrix is used
-    assert torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev) < 64 * (1 << 20)
+    assert torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev) < slack + 64 * (1 << 20)
     del fused
