@@ -46,7 +46,8 @@ import torch  # noqa: E402
 
 from ninfer.bench.args import MAX_BATCH, float_in, int_in  # noqa: E402
 from ninfer.bench.common import (Recorder, decode_floor_ms, default_device, env_record, free_model,  # noqa: E402
-                                 measure_ceilings, prefill_flops, print_ceilings, print_table, run_step, sync)
+                                 measure_ceilings, prefill_flops, print_ceilings, print_prefill_rows,
+                                 print_table, run_step, sync)
 from ninfer.contract.program import Refusal, SamplingParams, SequenceRequest  # noqa: E402
 from ninfer.ops.opset import reference_ops  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
@@ -240,9 +241,7 @@ def run_decode(args: argparse.Namespace) -> int:
     if rows:
         print_table(["identity", "ctx", "B", "loop_ms (step-ahead off)", "loop_ms (on)"], rows)
         print()
-    rows = [[r["identity"], r["ctx"], r["first_ms"], r["median_ms"], r["gemm_flops"] / peak * 1e3,
-             r["median_ms"] / (r["gemm_flops"] / peak * 1e3)] for r in results if r["kind"] == "prefill"]
-    print_table(["identity", "prompt", "prefill_first_ms", "prefill_median_ms", "floor_ms", "x_floor"], rows)
+    print_prefill_rows(results, peak)
     rec.finish()
     return 1 if rec.errors and not rec.results else 0
 

@@ -184,6 +184,14 @@ def print_table(headers: list[str], rows: list[list]) -> None:
     sys.stdout.flush()
 
 
+def print_prefill_rows(results: list[dict], peak: float) -> None:
+    """The decode benches' prefill table: each prompt's first and median time against the GEMM floor at
+    the matmul rate `peak` (FLOP/s)."""
+    rows = [[r["identity"], r["ctx"], r["first_ms"], r["median_ms"], r["gemm_flops"] / peak * 1e3,
+             r["median_ms"] / (r["gemm_flops"] / peak * 1e3)] for r in results if r["kind"] == "prefill"]
+    print_table(["identity", "prompt", "prefill_first_ms", "prefill_median_ms", "floor_ms", "x_floor"], rows)
+
+
 def json_line(name: str, payload: dict) -> None:
     print("JSON " + json.dumps({"bench": name, **payload}, sort_keys=True, default=str))
     sys.stdout.flush()

@@ -43,7 +43,8 @@ import torch
 
 from ninfer.bench.args import decode_args, hf_baseline_on
 from ninfer.bench.common import (Recorder, decode_floor_ms, prefill_flops, default_device, env_record, free_model,
-                                 hf_model, measure_ceilings_apart, print_ceilings, print_table, run_step, sync)
+                                 hf_model, measure_ceilings_apart, print_ceilings, print_prefill_rows,
+                                 print_table, run_step, sync)
 from ninfer.bench.engine_clock import UnitClock, decode_budget, decode_rounds, random_prompt, start_engine, ttft_ms
 from ninfer.config import EngineConfig
 from ninfer.targets.registry import lookup
@@ -223,9 +224,7 @@ def run(args: argparse.Namespace) -> int:
                          r["step_ms"] / r["floor_ms"], 1000 * r["batch"] / r["step_ms"]])
     print_table(["identity", "ops", "graphs", "ctx", "B", "step_ms", "floor_ms", "x_floor", "tok/s"], rows)
     print()
-    rows = [[r["identity"], r["ctx"], r["first_ms"], r["median_ms"], r["gemm_flops"] / peak * 1e3,
-             r["median_ms"] / (r["gemm_flops"] / peak * 1e3)] for r in results if r["kind"] == "prefill"]
-    print_table(["identity", "prompt", "prefill_first_ms", "prefill_median_ms", "floor_ms", "x_floor"], rows)
+    print_prefill_rows(results, peak)
     rec.finish()
     return 1 if rec.errors and not rec.results else 0
 
