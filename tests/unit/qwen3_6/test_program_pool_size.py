@@ -53,11 +53,10 @@ def _engine_program_config(identity, max_concurrency=8, max_model_len=8192):
 
 @pytest.mark.parametrize("identity, free_gib", [("qwen3_6-35b-a3b", 11.3), ("qwen3_6-27b", 26.2)])
 def test_an_engine_serves_eight_lanes_of_8k_on_an_80gb_card(identity, free_gib):
-    # NOTE: what an 80 GB card has free once the weights are loaded (H100: the 35B-A3B 11.3 GiB in session
-    #       31, the 27B 26.2 GiB in session 32; docs/performance.md). The Engine's provisional area was max_batch x max_steps = 64 entries
-    #       (61 MiB each on the 35B-A3B, 147 on the 27B): more than the KV budget, so `ninfer serve` failed to
-    #       start with 0 KV pages. It is sized to the Engine's largest unit now, plus what the Program's graphs
-    #       hold (the step-ahead's entry per lane and a capture's).
+    # NOTE: free_gib is what an 80 GB card has free once each model's weights are loaded (docs/performance.md,
+    #       "Memory and loading"). A provisional area of max_batch x max_steps = 64 entries (61 MiB each on the
+    #       35B-A3B, 147 on the 27B) would take more than the KV budget and leave 0 KV pages; the Engine sizes it
+    #       to its largest unit, plus what the Program's graphs hold (the step-ahead's entry per lane, a capture's).
     dims, pc = _engine_program_config(identity)
     assert pc.num_scratch == max(8 * DECODE_STEPS, pc.max_steps) < pc.max_batch * pc.max_steps
     mem = lambda dev: (int(free_gib * GiB), 80 * GiB)          # noqa: E731
