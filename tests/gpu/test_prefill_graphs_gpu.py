@@ -166,7 +166,7 @@ def _check_graphs_equal_eager(identity, dtype):
                 assert rel_rms(kg, ke) < loose, (n, stages, rel_rms(kg, ke))
                 assert rel_rms(fg, fe) < loose, (n, stages, rel_rms(fg, fe))
                 # NOTE: a token may differ only at a near-tie of the eager logits it was drawn from (the
-                #       first token's: since session 20 the graph's attention is its own kernel, not the
+                #       first token's: the graph's attention is its own kernel, not the
                 #       eager path's SDPA), and decode step j is compared while its input tokens 0..j agree.
                 diff = next((i for i, (a, b) in enumerate(zip(tg, te)) if a != b), len(tg))
                 j = min(diff, lg.shape[1])
