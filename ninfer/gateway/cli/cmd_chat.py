@@ -12,7 +12,9 @@ Ctrl-D (end of input) exits.
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 import uuid
 
 from ninfer.gateway.cli.common import (add_engine_args, add_model_arg, add_sampling_args, check_max_tokens, dim,
@@ -106,6 +108,7 @@ class ChatSession:
         out = sys.stdout
         in_reasoning = False
         result = None
+        ctrl_c = _CtrlC(handle)
         try:
             for ev in handle:
                 if isinstance(ev, GenerationDelta):
@@ -123,11 +126,14 @@ class ChatSession:
                 elif isinstance(ev, GenerationError):
                     print(f"\nerror ({ev.kind.value}): {ev.message}", file=sys.stderr)
         except KeyboardInterrupt:
+            ctrl_c.pressed = True
+        finally:
+            ctrl_c.restore()
+            handle.close()
+        if ctrl_c.pressed:
             handle.cancel()
             print("\n[cancelled]")
             return
-        finally:
-            handle.close()
         out.write("\n")
         out.flush()
         if result is None:
@@ -138,6 +144,30 @@ class ChatSession:
         if result.reasoning:
             msg["reasoning_content"] = result.reasoning
         self.history = turn + [msg]
+
+
+class _CtrlC:
+    """Ctrl-C while an answer streams: the handler cancels the request itself before raising
+    KeyboardInterrupt. Python runs a signal handler at the next bytecode of the main thread, which may
+    be inside a finalizer that swallows the exception; the cancellation then still ends the stream,
+    and `pressed` still says why."""
+
+    def __init__(self, handle) -> None:
+        self.pressed = False
+        self._handle = handle
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum, frame) -> None:
+        self.pressed = True
+        self._handle.cancel()
+        raise KeyboardInterrupt
+
+    def restore(self) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+            self._previous = None
 
 
 def run(args: argparse.Namespace) -> int:
