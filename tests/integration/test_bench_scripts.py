@@ -1,34 +1,16 @@
 """The maintained profiling tools of bench/ run end to end: each on the CPU with a tiny identity and tiny
 sizes where it can (the wiring: it completes and prints its JSON line; no timing is asserted), the ones
-that need CUDA only where a GPU is present. The tuning scripts (bench/gemv.py, bench/moe_decode.py) are
+that need CUDA are in tests/gpu/test_bench_scripts_gpu.py. The tuning scripts (bench/gemv.py, bench/moe_decode.py) are
 tested beside the ops they tune."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def load(name: str):
-    """bench/<name>.py as a module (bench/ is not a package; its scripts are run as files)."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def json_line(out: str, prefix: str = "JSON ") -> dict:
-    lines = [ln for ln in out.splitlines() if ln.startswith(prefix)]
-    assert len(lines) == 1, out
-    return json.loads(lines[0][len(prefix):])
-
+from support.bench_scripts import BENCH, json_line, load_bench_script as load
 
 def test_profile_step_decode_and_prefill_cpu(capsys):
     rc = load("profile_step").main(["--device", "cpu", "--decode", "qwen3_6-tiny-dense", "--batches", "1",
@@ -85,23 +67,3 @@ def test_prefix_cache_cpu(capsys, tiny_artifact_path):
 def test_shell_tools_parse(script):
     r = subprocess.run(["bash", "-n", str(BENCH / script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (a Triton read kernel)")
-def test_read_bw_cuda(capsys):
-    rc = load("read_bw").main(["--mb", "50"])
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    [row] = json_line(out)["rows"]
-    assert row["triton stream"] > 0 and row["F.linear M=1"] > 0 and row["gemv M=1"] > 0
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_load_peak_cuda(capsys):
-    rc = load("load_peak").main(["--identity", "qwen3_6-tiny-moe"])
-    out = capsys.readouterr().out
-    assert rc == 0, out
-    [row] = json_line(out)["rows"]
-    assert row["peak_reserved_gib"] >= row["allocated_gib"] > 0 and row["pool_sizing_sees_gib"] > 0

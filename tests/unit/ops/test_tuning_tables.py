@@ -6,6 +6,7 @@ import json
 import pytest
 
 from ninfer.ops import tuning
+from support.bench_scripts import load_bench_script
 
 
 def test_device_kind_without_cuda_is_default():
@@ -64,22 +65,12 @@ def test_a_missing_table_file_is_refused_by_name(tmp_path):
         tuning.read_table_file(tmp_path / "missing.json")
 
 
-def _load_bench(name: str):
-    import importlib.util
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[3] / "bench" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_gemv_bench_writes_a_table_that_loads(tmp_path):
     """bench/gemv.py's --out path: swept shapes update the entry (config, Triton and SwiGLU marks both
     ways), other shapes keep theirs, and the file loads back through the kernel's parser."""
     pytest.importorskip("triton")
     from ninfer.ops.triton import gemv_configs as gc
-    bench = _load_bench("gemv")
+    bench = load_bench_script("gemv")
     results = [{"N": 5120, "K": 6144, "M": 1, "best": [8, 1024, 1, 4, 1, False, True], "speedup": 1.2},
                {"N": 2048, "K": 512, "M": 1, "best": [8, 512, 1, 4, 1, False, False], "speedup": 1.0},
                {"N": 96, "K": 256, "M": 3, "best": [16, 128, 1, 4, 1, False, False], "speedup": 1.5},
@@ -131,7 +122,7 @@ def test_moe_decode_bench_dry_run():
 def test_moe_decode_bench_table_entry(tmp_path):
     """one_token: the fastest "new" tiles at T=1; many_tokens: the least total over T >= many_from among the
     tiles timed at every such T; the written file loads through the kernel's parser."""
-    bench = _load_bench("moe_decode")
+    bench = load_bench_script("moe_decode")
     base = tuning.load_entry("moe_decode", "default")
     a, b, c = [1, 512, 4, 2, 512, 4], [2, 256, 8, 1, 512, 1], [4, 128, 4, 1, 256, 2]
 
