@@ -45,9 +45,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from ninfer.bench.args import MAX_BATCH, float_in, int_in  # noqa: E402
-from ninfer.bench.common import (Recorder, decode_floor_ms, default_device, env_record, free_model,  # noqa: E402
-                                 measure_ceilings, prefill_flops, print_ceilings, print_prefill_rows,
-                                 print_table, run_step, sync)
+from ninfer.bench.common import (Recorder, decode_floor_ms, default_device, free_model,  # noqa: E402
+                                 measure_ceilings, prefill_flops, print_prefill_rows, print_table, run_step,
+                                 start_run, sync)
 from ninfer.contract.program import Refusal, SamplingParams, SequenceRequest  # noqa: E402
 from ninfer.ops.opset import reference_ops  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
@@ -210,10 +210,7 @@ def serving_loop(prog, identity: str, ctx: int, handles: list, batches: list[int
 def run_decode(args: argparse.Namespace) -> int:
     device = args.device or default_device()
     cuda = device.startswith("cuda")
-    env = env_record()
-    print(f"env: {env}", flush=True)
-    ceil = measure_ceilings(device)
-    print_ceilings(ceil)
+    env, ceil = start_run(lambda: measure_ceilings(device))
     bw, peak = ceil["copy_TBps"] * 1e12, ceil["matmul_8192_TFLOPs"] * 1e12
     rec = Recorder("program_step_decode", args.out,
                    {"env": env, "ceilings": ceil, "device": device, "dtype": "bf16" if cuda else "fp32",
@@ -337,10 +334,7 @@ def prefill_identity(identity: str, lengths: list[int], reps: int, long_reps: in
 def run_prefill(args: argparse.Namespace) -> int:
     device = args.device or default_device()
     cuda = device.startswith("cuda")
-    env = env_record()
-    print(f"env: {env}", flush=True)
-    ceil = measure_ceilings(device)
-    print_ceilings(ceil)
+    env, ceil = start_run(lambda: measure_ceilings(device))
     peak = (ceil["matmul_8192_TFLOPs"] * 1e12, (ceil.get("matmul_sustained_TFLOPs") or 0.0) * 1e12)
     rec = Recorder("program_step_prefill", args.out,
                    {"env": env, "ceilings": ceil, "device": device, "dtype": "bf16" if cuda else "fp32", "batch": 1,

@@ -184,6 +184,16 @@ def print_table(headers: list[str], rows: list[list]) -> None:
     sys.stdout.flush()
 
 
+def start_run(measure) -> tuple[dict, dict]:
+    """A bench's opening lines: the environment record and the ceilings `measure()` returns, both printed.
+    Returns (env, ceilings)."""
+    env = env_record()
+    print(f"env: {env}", flush=True)
+    ceil = measure()
+    print_ceilings(ceil)
+    return env, ceil
+
+
 def print_prefill_rows(results: list[dict], peak: float) -> None:
     """The decode benches' prefill table: each prompt's first and median time against the GEMM floor at
     the matmul rate `peak` (FLOP/s)."""

@@ -42,9 +42,9 @@ import time
 import torch
 
 from ninfer.bench.args import decode_args, hf_baseline_on
-from ninfer.bench.common import (Recorder, decode_floor_ms, prefill_flops, default_device, env_record, free_model,
-                                 hf_model, measure_ceilings_apart, print_ceilings, print_prefill_rows,
-                                 print_table, run_step, sync)
+from ninfer.bench.common import (decode_floor_ms, default_device, free_model, hf_model, measure_ceilings_apart,
+                                 prefill_flops, print_prefill_rows, print_table, Recorder, run_step, start_run,
+                                 sync)
 from ninfer.bench.engine_clock import UnitClock, decode_budget, decode_rounds, random_prompt, start_engine, ttft_ms
 from ninfer.config import EngineConfig
 from ninfer.targets.registry import lookup
@@ -186,10 +186,7 @@ def run(args: argparse.Namespace) -> int:
     device = args.device or default_device()
     cuda = device.startswith("cuda")
     hf = hf_baseline_on(args, cuda)
-    env = env_record()
-    print(f"env: {env}", flush=True)
-    ceil = measure_ceilings_apart(device)         # the Engine timed next runs without the ceilings' buffers
-    print_ceilings(ceil)
+    env, ceil = start_run(lambda: measure_ceilings_apart(device))   # the Engine runs without the ceilings' buffers
     bw, peak = ceil["copy_TBps"] * 1e12, ceil["matmul_8192_TFLOPs"] * 1e12
     rec = Recorder("decode", args.out, {"env": env, "ceilings": ceil, "device": device,
                                         "dtype": "bf16" if cuda else "fp32", "path": "engine",

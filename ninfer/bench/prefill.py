@@ -41,8 +41,8 @@ import time
 import torch
 
 from ninfer.bench.args import hf_baseline_on, prefill_args
-from ninfer.bench.common import (Recorder, default_device, env_record, free_model, hf_model, measure_ceilings_apart,
-                                 prefill_flops, print_ceilings, print_table, run_step, sync)
+from ninfer.bench.common import (default_device, free_model, hf_model, measure_ceilings_apart, prefill_flops,
+                                 print_table, Recorder, run_step, start_run, sync)
 from ninfer.bench.engine_clock import UnitClock, random_prompt, start_engine, ttft_ms
 from ninfer.config import EngineConfig
 from ninfer.targets.registry import lookup
@@ -157,10 +157,7 @@ add_args = prefill_args
 def run(args: argparse.Namespace) -> int:
     device = args.device or default_device()
     cuda = device.startswith("cuda")
-    env = env_record()
-    print(f"env: {env}", flush=True)
-    ceil = measure_ceilings_apart(device)         # the Engine timed next runs without the ceilings' buffers
-    print_ceilings(ceil)
+    env, ceil = start_run(lambda: measure_ceilings_apart(device))   # the Engine runs without the ceilings' buffers
     # NOTE: (burst rate, sustained rate): the floor is at the burst rate (performance.md); a long prompt's
     #       GEMMs run at the power-limited sustained rate, so its floor is printed beside it.
     peak = (ceil["matmul_8192_TFLOPs"] * 1e12, (ceil.get("matmul_sustained_TFLOPs") or 0.0) * 1e12)

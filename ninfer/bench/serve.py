@@ -46,9 +46,8 @@ import urllib.request
 from pathlib import Path
 
 from ninfer.bench.args import serve_args
-from ninfer.bench.common import (Recorder, decode_floor_ms, default_device, env_record,
-                                 measure_ceilings, measure_ceilings_apart, prefill_floor_ms, print_ceilings,
-                                 print_table)
+from ninfer.bench.common import (decode_floor_ms, default_device, measure_ceilings, measure_ceilings_apart,
+                                 prefill_floor_ms, print_table, Recorder, start_run)
 
 TOKEN_RANGE = (1000, 150000)      # ordinary text tokens of the Qwen3.6 vocabulary (no special ids)
 
@@ -421,10 +420,7 @@ def run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, _terminated)     # an outer `timeout` must not leave the server running
     device = args.device or default_device()
     SAMPLING.update(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
-    env = env_record()
-    print(f"env: {env}", flush=True)
-    ceil = measure_ceilings_apart(device) if args.in_process else measure_ceilings(device)
-    print_ceilings(ceil)
+    env, ceil = start_run(lambda: measure_ceilings_apart(device) if args.in_process else measure_ceilings(device))
     if device.startswith("cuda"):
         import torch
         torch.cuda.empty_cache()
