@@ -216,6 +216,8 @@ class PendingRow:
     sequence: SequenceHandle
     tokens: tuple[int, ...]                      # produced tokens (provisional); produced = len(tokens)
     logprobs: tuple[TokenLogprob, ...] | None    # one per token when the request asked for log-probs
+    drafted: int = 0                             # draft tokens a speculative round proposed for the row (0:
+                                                 # no speculation); produced - 1 of them were accepted
 
     @property
     def produced_tokens(self) -> int:
@@ -252,6 +254,9 @@ class Program(Protocol):
     def resource_revision(self) -> int: ...
     @property
     def max_model_len(self) -> int: ...            # prompt + output + lookahead limit of one sequence
+    @property
+    def lookahead(self) -> int: ...                # positions past the last token a decode unit may write
+                                                   # (speculation's drafts; 0 without): SequenceRequest.lookahead
 
     def capacity(self) -> CapacitySummary: ...
     def plan_materialize(self, request: SequenceRequest) -> ResourcePlan | Refusal: ...

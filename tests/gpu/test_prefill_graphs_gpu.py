@@ -130,7 +130,10 @@ def _check_graphs_equal_eager(identity, dtype):
     # NOTE: fp32: fla-core's TF32 chunk dots move with the padded length (docs/performance.md); bf16: the
     #       GEMMs at the bucket's row count may block their sums differently.
     tol = 2e-3 if dtype == torch.float32 else 2e-2
-    routed = "moe" in identity and dtype == torch.bfloat16
+    # NOTE: in the MoE a token whose top-k experts are near a tie takes another one when any sum rounds
+    #       differently; in fp32 too, since fla-core's chunk dots are TF32 and the autotuner's pick (timed, so
+    #       it may change from one process to the next) sets their blocking.
+    routed = "moe" in identity
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for n in LENGTHS:
@@ -155,7 +158,7 @@ def _check_graphs_equal_eager(identity, dtype):
                 #       H200). So for it each graphed stage's median token KV must agree within tol (most tokens
                 #       take the same experts; a wrong position, prefix or state moves them all), and the rest
                 #       only as the same computation: rel. RMS < 0.5, where unrelated logits or KV give ~1.4.
-                loose = 0.5 if routed else tol
+                loose = (0.5 if dtype == torch.bfloat16 else 0.05) if routed else tol
                 if routed:
                     per = _per_token(kg, ke)
                     a = 0

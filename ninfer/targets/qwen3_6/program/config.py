@@ -43,6 +43,13 @@ class ProgramConfig:
                    padding rows past the tokenizer's vocabulary (248,077 of 248,320) that name no token
     enforce_eager  no CUDA graphs; otherwise a CUDA device with the fast op set captures one decode
                    graph per exact batch size 1..max_batch at start (cuda_graphs.py)
+    speculative_method   "" (off) or "mtp": each decode unit is one speculative round per row (draft
+                   num_speculative_tokens tokens with the checkpoint's MTP layer, verify them in one forward,
+                   produce the accepted drafts and one token of the target's); the artifact must hold the
+                   MTP weights (speculate.py)
+    num_speculative_tokens  K, 1..7 with a method, 0 without; fixed at start (graph shapes, lookahead)
+    force_accept_len  0 (off) or 1..K+1: every round keeps exactly this many tokens whatever the target says
+                   (a benchmarking aid for synthetic weights; the verify and commit run in full)
     decode_step_ahead  rounds of plain rows (greedy or drawn; no penalties, logit bias or log-probs)
                    through the decode graphs launch the rows' next step before they wait for their own
                    tokens, for the next round to adopt (step_ahead.py)
@@ -64,6 +71,9 @@ class ProgramConfig:
                                       # this share of the device memory free after the weights and state
     enforce_eager: bool = False
     decode_step_ahead: bool = True
+    speculative_method: str = ""
+    num_speculative_tokens: int = 0
+    force_accept_len: int = 0
 
     def __post_init__(self) -> None:
         resolve_dtype(self.dtype)
@@ -90,8 +100,26 @@ class ProgramConfig:
 
         if not (0.0 <= self.kv_memory_fraction <= 0.95):
             raise ValueError(f"kv_memory_fraction must be in [0, 0.95], got {self.kv_memory_fraction}")
+        if self.speculative_method not in ("", "mtp"):
+            raise ValueError(f"speculative_method must be '' (off) or 'mtp', got {self.speculative_method!r}")
+        if self.speculative_method and not (1 <= self.num_speculative_tokens <= 7):
+            raise ValueError(f"num_speculative_tokens must be in 1..7 with a speculative method, "
+                             f"got {self.num_speculative_tokens}")
+        if not self.speculative_method and (self.num_speculative_tokens or self.force_accept_len):
+            raise ValueError("num_speculative_tokens and force_accept_len need a speculative_method")
+        if not (0 <= self.force_accept_len <= self.num_speculative_tokens + 1):
+            raise ValueError(f"force_accept_len must be 0 (off) or in 1..{self.num_speculative_tokens + 1}, "
+                             f"got {self.force_accept_len}")
+        if self.speculative_method and self.max_steps < self.num_speculative_tokens + 1:
+            raise ValueError(f"max_steps must be at least num_speculative_tokens + 1 = "
+                             f"{self.num_speculative_tokens + 1} with speculation, got {self.max_steps}")
         if self.sampleable_vocab_size < 0:
             raise ValueError(f"sampleable_vocab_size must be >= 0, got {self.sampleable_vocab_size}")
+
+    @property
+    def lookahead(self) -> int:
+        """Positions past a row's last token that one decode unit may write (the verify's drafts)."""
+        return self.num_speculative_tokens if self.speculative_method else 0
 
     @property
     def torch_dtype(self) -> torch.dtype:

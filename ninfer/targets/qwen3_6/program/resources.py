@@ -27,6 +27,10 @@ class ResourceOps:
     def max_model_len(self) -> int:
         return self.config.max_model_len
 
+    @property
+    def lookahead(self) -> int:
+        return self.config.lookahead
+
     def capacity(self) -> CapacitySummary:
         p, s = self._ledger.pages, self._ledger.slots
         return CapacitySummary(p.total, p.num_available, s.total, s.num_free, self.config.page_size)
