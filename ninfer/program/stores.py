@@ -34,11 +34,14 @@ class PagedKVStore:
 
 class StateImageStore:
     def __init__(self, num_layers: int, num_slots: int, num_scratch: int,
-                 planes: dict[str, tuple[tuple[int, ...], torch.dtype]], device: torch.device | str) -> None:
+                 planes: dict[str, tuple], device: torch.device | str) -> None:
+        """planes: name -> (shape, dtype) of one layer's image, or (shape, dtype, layers) for a plane with its
+        own layer count (default num_layers); each plane is [layers, num_slots + num_scratch, *shape]."""
         self.num_slots = num_slots
         self.num_scratch = num_scratch
-        self.planes = {name: torch.zeros((num_layers, num_slots + num_scratch, *shape), dtype=dt, device=device)
-                       for name, (shape, dt) in planes.items()}
+        self.planes = {name: torch.zeros((spec[2] if len(spec) > 2 else num_layers, num_slots + num_scratch,
+                                          *spec[0]), dtype=spec[1], device=device)
+                       for name, spec in planes.items()}
         # NOTE: entry ids (slots, scratch entries) name an image through this map; `swap` relabels two
         #       images, so a commit moves a provisional image into a slot without copying it (27B: 150
         #       MB read + written per row and commit). Kernels take physical indices (`phys`).

@@ -29,6 +29,10 @@ class DecodeOps:
     stores, `_pending`, `model`, `_sampler`, `step_ahead` and GraphStepOps."""
 
     def decode(self, seqs: Sequence[SequenceHandle], num_steps: int = 1) -> PendingBatch:
+        """With a speculative method, one round per row (speculate.py) whatever num_steps says: each row
+        produces 1..K+1 tokens."""
+        if self.drafter is not None:
+            return self._spec_round(seqs)
         return self.decode_with_logits(seqs, num_steps, keep_logits=False)[0]
 
     def control(self, seq: SequenceHandle, tokens: Sequence[int]) -> PendingBatch:
@@ -74,7 +78,7 @@ class DecodeOps:
         #       and one more step is launched before that sync (step_ahead.py).
         greedy = forced is None and all(self._sampler.plain_greedy(s.request.sampling) for s in seqs)
         plain = forced is None and all(self._sampler.plain(s.request.sampling) for s in seqs)
-        pipelined = plain and not keep_logits and self._graphs_fit(seqs, [s.frontier + num_steps for s in seqs])
+        pipelined = plain and not keep_logits and not self.mtp_on and self._graphs_fit(seqs, [s.frontier + num_steps for s in seqs])
         ahead = self.step_ahead.adopt(seqs, kind, pipelined)
         try:
             rec = self._pending.open(kind, [s.handle.seq_id for s in seqs], [], [num_steps] * B,
@@ -118,11 +122,14 @@ class DecodeOps:
                     for r, s in enumerate(seqs)]
             inputs = [[s.tokens[-1] if i == 0 else produced[r][i - 1]] for r, s in enumerate(seqs)]
             positions = [s.frontier + i for s in seqs]
-            logits = self._graph_step(seqs, inputs, positions, srcs, dsts)
+            # NOTE: with the MTP layer each step also writes its KV and anchor (speculate.py): eager.
+            logits = None if self.mtp_on else self._graph_step(seqs, inputs, positions, srcs, dsts)
             if logits is None:
                 for dst, src in zip(dsts, srcs):
                     self._state.copy_entry(dst, src)
                 hidden = self._forward(seqs, inputs, positions, dsts)
+                if self.mtp_on:
+                    self.mtp_observe_step(seqs, [t[0] for t in inputs], positions, srcs, dsts, hidden)
                 logits = self.model.logits(hidden)
             elif step_logits is not None:
                 logits = logits.clone()       # the graph's output buffer is overwritten by the next replay

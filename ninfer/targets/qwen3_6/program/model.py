@@ -91,12 +91,17 @@ class ForwardBatch(NamedTuple):
     rope_positions: torch.Tensor | None = None   # [3, N] MRoPE positions; None = text (all axes = positions)
 
 
-def state_planes(dims, dtype: torch.dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+def state_planes(dims, dtype: torch.dtype, mtp: bool = False) -> dict[str, tuple]:
     """The StateImage planes the schedule reads and updates, per GDN layer and entry:
-    conv [C, K-1] in the model dtype, recurrent [nv, dk, dv] in fp32."""
-    return {"conv": ((dims.conv_dim, dims.linear_conv_kernel_dim - 1), dtype),
-            "recurrent": ((dims.linear_num_value_heads, dims.linear_key_head_dim, dims.linear_value_head_dim),
-                          torch.float32)}
+    conv [C, K-1] in the model dtype, recurrent [nv, dk, dv] in fp32; with `mtp` (speculation), one more
+    plane of one layer: mtp_hidden [H] in the model dtype, the main model's final hidden state at the
+    entry's frontier - 1 (what the MTP layer drafts from: speculate.py)."""
+    planes = {"conv": ((dims.conv_dim, dims.linear_conv_kernel_dim - 1), dtype),
+              "recurrent": ((dims.linear_num_value_heads, dims.linear_key_head_dim, dims.linear_value_head_dim),
+                            torch.float32)}
+    if mtp:
+        planes["mtp_hidden"] = ((dims.hidden_size,), dtype, 1)
+    return planes
 
 
 class Qwen36Model:
@@ -109,6 +114,8 @@ class Qwen36Model:
         self.dims = d
         self.eps = d.rms_norm_eps
         self._attn_index = {li: n for n, li in enumerate(d.attention_layers)}
+        if view.mtp is not None:
+            self._attn_index[view.mtp.layer.index] = len(d.attention_layers)
         self._gdn_index = {li: n for n, li in enumerate(d.gdn_layers)}
         nk, dk, dv = d.linear_num_key_heads, d.linear_key_head_dim, d.linear_value_head_dim
         self._qkv_split = (nk * dk, nk * dk, d.linear_num_value_heads * dv)
@@ -169,8 +176,75 @@ class Qwen36Model:
         return self._layers(x, emb.cos(), emb.sin(), fb, _RowMeta(False, cu_seqlens, rows, start + cu_seqlens[1:],
                                                                    valid=valid, start=start))
 
+    def verify_static(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+                      src_entries: torch.Tensor, step_dst: torch.Tensor, block_tables: torch.Tensor,
+                      cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """T tokens per row (a speculative round's verify block), B rows, N = B * T, row-major: from device
+        tensors only (the verify graph's body; also its eager form). input_ids / positions / rows [N] int64
+        (rows = row of each token), src_entries [B]: each row's state; step_dst [B, T]: token t's state is
+        written at step_dst[:, t] (read from step_dst[:, t-1], or src for t = 0; src is never written);
+        block_tables [B, W]. Every token attends causally over its row's pages (KV of all T written first).
+        cos_sin: the rotary tables [N, rot] (default: text positions from `positions` on the device).
+        Returns the post-final-norm hidden [N, H]; token t of row b is what a decode step at that
+        position, after the row's tokens before it, returns."""
+        x = F.embedding(input_ids, self.view.embed_tokens)
+        cos, sin = cos_sin if cos_sin is not None else self.text_rotary(positions)
+        B, T = step_dst.shape
+        fb = ForwardBatch(input_ids, positions, (T,) * B, (), step_dst[:, -1], block_tables)
+        meta = _RowMeta(True, rows, rows, positions + 1, src_entries,
+                        token_tables=block_tables.index_select(0, rows), step_dst=step_dst)
+        return self._layers(x, cos, sin, fb, meta)
+
+    def rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of text positions [N] as `forward` builds them (the eager paths' tables)."""
+        d = self.dims
+        return mrope_cos_sin(positions, head_dim=d.head_dim, partial_rotary_factor=d.partial_rotary_factor,
+                             mrope_section=d.mrope_section, rope_theta=d.rope_theta, interleaved=d.mrope_interleaved)
+
+    def text_rotary(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [N, rot] of text positions [N] (every MRoPE axis = position), on the device."""
+        theta = positions.float().unsqueeze(-1) * self._inv_freq
+        emb = torch.cat([theta, theta], dim=-1)
+        return emb.cos(), emb.sin()
+
+    # ---- the MTP layer (view.mtp; its KV is the paged store's layer after the main attention layers) ----
+    def _mtp_input(self, hidden: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+        """fc([norm_embedding(embed(ids)) | norm_hidden(hidden)]) [N, H]."""
+        m = self.view.mtp
+        e = F.embedding(input_ids, self.view.embed_tokens)
+        ne = materialize(self.ops.add_rms_norm(e, None, m.norm_embedding, self.eps)[0], self.ops)
+        nh = materialize(self.ops.add_rms_norm(hidden.to(e.dtype), None, m.norm_hidden, self.eps)[0], self.ops)
+        return self.ops.linear(torch.cat([ne, nh], dim=-1), m.fc)
+
+    def mtp_kv(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
+               block_tables: torch.Tensor) -> None:
+        """Write the MTP layer's K, V of N positions: entry i pairs the main model's final hidden of position
+        positions[i] with the token after it, input_ids[i]; rows [N] name each entry's row of block_tables.
+        Only the KV is computed (what later MTP steps attend to), not the layer's output. Graph-safe."""
+        layer = self.view.mtp.layer
+        h, _ = self._norm(self._mtp_input(hidden, input_ids), None, layer.input_norm)
+        cos, sin = self.text_rotary(positions)
+        k_cache, v_cache = self.kv.layer(self._attn_index[layer.index])
+        self.leaves.attention.project(layer.mixer, h, cos, sin, (k_cache, v_cache, block_tables, positions, rows),
+                                      self.ops)
+
+    def mtp_step(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+                 block_tables: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """One MTP step per row (a draft): hidden [B, H] (the main model's final hidden, or the previous
+        step's output), input_ids [B] (the token after that position), positions [B] the position of the
+        hidden; writes the layer's K, V there and attends over the row's MTP KV up to it. Returns the
+        output after mtp.norm [B, H] (the next step's hidden; logits = `logits` of it). Graph-safe."""
+        m = self.view.mtp
+        x = self._mtp_input(hidden, input_ids)
+        cos, sin = self.text_rotary(positions)
+        B = input_ids.shape[0]
+        fb = ForwardBatch(input_ids, positions, (1,) * B, (), rows, block_tables)
+        return self._layers(x, cos, sin, fb, _RowMeta(True, rows, rows, positions + 1), layers=(m.layer,),
+                            final_norm=m.norm)
+
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, fb: ForwardBatch,
-                meta: "_RowMeta") -> torch.Tensor:
+                meta: "_RowMeta", layers: tuple[LayerView, ...] | None = None,
+                final_norm: torch.Tensor | None = None) -> torch.Tensor:
         # NOTE: each residual add is fused with the norm that follows it (ops.add_rms_norm): the
         #       mixer and post-mixer outputs are carried as `delta` into the next norm. A leaf's last
         #       projection may instead fold the add itself (`residual=x`; the fast set at one row):
@@ -179,7 +253,7 @@ class Qwen36Model:
         post_mixer = self.leaves.post_mixer
         folds = getattr(post_mixer, "folds_residual", False)
         delta = None
-        for layer in self.view.layers:
+        for layer in self.view.layers if layers is None else layers:
             h, x = self._norm(x, delta, layer.input_norm)
             if layer.kind == "full_attention":
                 delta = self._attention(layer, h, cos, sin, fb, meta, residual=x)
@@ -190,7 +264,7 @@ class Qwen36Model:
                 delta = post_mixer(layer.mlp, h, self.ops, residual=x)
             else:
                 delta = post_mixer(layer.mlp, materialize(h, self.ops), self.ops)
-        return materialize(self._norm(x, delta, self.view.norm)[0], self.ops)
+        return materialize(self._norm(x, delta, self.view.norm if final_norm is None else final_norm)[0], self.ops)
 
     def _norm(self, x: torch.Tensor, delta, weight: torch.Tensor):
         """(rms_norm(x + delta), x + delta); after a folded add (delta a Residual) the norm is returned
@@ -215,7 +289,8 @@ class Qwen36Model:
         if meta.decode:
             # NOTE: the attention's merge applies the output gate (one launch fewer); the leaf then skips it.
             #       A side-stream gate is joined inside the op, right before the merge reads it.
-            o = ops.decode_paged_attention(q, k_cache, v_cache, fb.block_tables, meta.context_lens, gate=gate,
+            tables = fb.block_tables if meta.token_tables is None else meta.token_tables
+            o = ops.decode_paged_attention(q, k_cache, v_cache, tables, meta.context_lens, gate=gate,
                                            gate_stream=None if side is None else side.stream)
             gate = None
         elif meta.valid is not None:
@@ -235,6 +310,16 @@ class Qwen36Model:
         rec_pool = self.state.planes["recurrent"][n]        # [entries, nv, dk, dv] fp32
         idx = fb.state_entries
         ops = self.ops
+        if meta.step_dst is not None:
+            # NOTE: the verify form: T tokens per row stepped one after another, the state after each written
+            #       at its own entry (any accepted prefix's state is kept; speculate.py).
+            B, T = meta.step_dst.shape
+            qkv, z, a, b = self.leaves.gdn.project(w, h, ops, gates=False)
+            o = gdn_steps(ops, qkv.view(B, T, -1), w.conv1d, conv_pool, a.view(B, T, -1), b.view(B, T, -1),
+                          w.A_log, w.dt_bias, rec_pool, meta.src_entries, meta.step_dst,
+                          num_k_heads=d.linear_num_key_heads, head_k_dim=d.linear_key_head_dim,
+                          head_v_dim=d.linear_value_head_dim)
+            return self.leaves.gdn.output(w, o.reshape(B * T, *o.shape[2:]), z, ops, residual=residual)
         if meta.decode and meta.src_entries is not None:
             # NOTE: the graph's decode step: one op computes the gates, reads both states at src and
             #       writes them at idx.
@@ -276,6 +361,22 @@ class Qwen36Model:
         return self.leaves.gdn.output(w, o, z, ops, residual=residual)
 
 
+def gdn_steps(ops: OpSet, qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor, a: torch.Tensor,
+              b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, rec_state: torch.Tensor, src: torch.Tensor,
+              dst: torch.Tensor, **heads) -> torch.Tensor:
+    """T GDN decode state steps per row: qkv [B, T, C], a, b [B, T, HV]; token t reads the states at src (t = 0)
+    or dst[:, t-1] and writes them at dst[:, t]. Returns o [B, T, HV, V]. The op set's multi-token op when it
+    has one, else one `gdn_conv_recurrent` per token."""
+    steps = getattr(ops, "gdn_conv_recurrent_steps", None)
+    if steps is not None:
+        return steps(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_state, src, dst, **heads)
+    outs = []
+    for t in range(qkv.shape[1]):
+        outs.append(ops.gdn_conv_recurrent(qkv[:, t], conv_weight, conv_state, a[:, t], b[:, t], A_log, dt_bias,
+                                           rec_state, src if t == 0 else dst[:, t - 1], dst[:, t], **heads))
+    return torch.stack(outs, dim=1)
+
+
 class _RowMeta(NamedTuple):
     decode: bool                       # every row has exactly one new token
     cu_seqlens: torch.Tensor           # [B+1] int64
@@ -287,6 +388,8 @@ class _RowMeta(NamedTuple):
     side: SideGemv | None = None       # decode graph body: the mixers' gate rows on a side stream
     valid: torch.Tensor | None = None  # prefill graph body: [N] bool, False on the padding rows
     start: torch.Tensor | None = None  # prefill graph body: [1] int64 position of the stage's first row
+    token_tables: torch.Tensor | None = None  # decode form with T > 1 tokens per row: [N, W] each token's pages
+    step_dst: torch.Tensor | None = None      # verify form: [B, T] entries of the state after each token
 
     @classmethod
     def of(cls, fb: ForwardBatch, device: torch.device) -> "_RowMeta":

@@ -54,12 +54,24 @@ class LayerView:
 
 
 @dataclass(frozen=True)
+class MtpView:
+    """The checkpoint's multi-token-prediction layer (`mtp.*`): it drafts the token after next from the
+    main model's final hidden state and the next token, sharing the embedding and the lm_head."""
+    fc: torch.Tensor                       # [H, 2H]  input: [norm_embedding(embed(t)) | norm_hidden(h)]
+    norm_embedding: torch.Tensor           # [H] zero-centred
+    norm_hidden: torch.Tensor              # [H] zero-centred
+    layer: LayerView                       # one full-attention decoder layer (dense MLP or MoE), its own KV
+    norm: torch.Tensor                     # [H] zero-centred, before the shared lm_head
+
+
+@dataclass(frozen=True)
 class ModelView:
     dims: Qwen36Dims
     embed_tokens: torch.Tensor             # [V, H]
     layers: tuple[LayerView, ...]
     norm: torch.Tensor                     # [H] zero-centred
     lm_head: torch.Tensor                  # [V, H]
+    mtp: MtpView | None = None             # loaded only for speculation (`load_model_view(mtp=True)`)
 
 
 def tensor_getter(weights: Any) -> Callable[[str], torch.Tensor]:
@@ -120,8 +132,10 @@ def fuse_rows(t: dict[str, torch.Tensor], names: tuple[str, ...], fused_name: st
     return fused
 
 
-def load_model_view(dims: Qwen36Dims, weights: Any, device: torch.device | str, dtype: torch.dtype) -> ModelView:
-    """Copy the text model's tensors to `device`/`dtype` (fp32-stored A_log / GDN norm stay fp32).
+def load_model_view(dims: Qwen36Dims, weights: Any, device: torch.device | str, dtype: torch.dtype,
+                    mtp: bool = False) -> ModelView:
+    """Copy the text model's tensors to `device`/`dtype` (fp32-stored A_log / GDN norm stay fp32); with
+    `mtp`, also the MTP layer's (`mtp.*`; its one decoder layer takes index num_hidden_layers).
 
     Each layer's groups are fused as soon as its tensors are loaded, so the parts a fusion frees are
     reused by the next layer's same-shaped parts; loading all first would hold every part's block in
@@ -148,12 +162,22 @@ def load_model_view(dims: Qwen36Dims, weights: Any, device: torch.device | str, 
             load(spec)
         layers.append(_layer_view(dims, i, kind, t))
     lm_head = t["embed_tokens.weight"] if dims.tie_word_embeddings else t["lm_head.weight"]
-    return ModelView(dims, t["embed_tokens.weight"], tuple(layers), t["norm.weight"], lm_head)
+    view = None
+    if mtp:
+        if dims.mtp_num_hidden_layers != 1:
+            raise ValueError(f"the MTP drafter runs one MTP layer; this model has {dims.mtp_num_hidden_layers}")
+        for spec in tensor_specs(dims, ("mtp",)):
+            load(spec)
+        view = MtpView(t["mtp.fc.weight"], t["mtp.pre_fc_norm_embedding.weight"], t["mtp.pre_fc_norm_hidden.weight"],
+                       _layer_view(dims, dims.num_hidden_layers, "full_attention", t, "mtp.layers.0."),
+                       t["mtp.norm.weight"])
+    return ModelView(dims, t["embed_tokens.weight"], tuple(layers), t["norm.weight"], lm_head, view)
 
 
-def _layer_view(dims: Qwen36Dims, i: int, kind: str, t: dict[str, torch.Tensor]) -> LayerView:
-    """Layer i's view over its loaded tensors in `t`, its groups fused (their parts become row views)."""
-    p = f"layers.{i}."
+def _layer_view(dims: Qwen36Dims, i: int, kind: str, t: dict[str, torch.Tensor], prefix: str = "") -> LayerView:
+    """Layer i's view over its loaded tensors in `t` (names under `prefix`, default `layers.{i}.`), its
+    groups fused (their parts become row views)."""
+    p = prefix or f"layers.{i}."
     if kind == "full_attention":
         a = p + "self_attn."
         qg = t.pop(a + "q_proj.weight").view(dims.num_attention_heads, 2, dims.head_dim, -1)

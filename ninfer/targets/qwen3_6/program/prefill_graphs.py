@@ -106,7 +106,17 @@ def prefill_body(model: Qwen36Model, g) -> torch.Tensor:
     cu = torch.cat([g.zero, g.length])
     hidden = model.prefill_static(g.input_ids, g.positions + g.start, rows, valid, cu, g.entry, g.block_tables,
                                   g.start)
-    return hidden.index_select(0, g.length - 1)
+    last = hidden.index_select(0, g.length - 1)
+    if model.view.mtp is not None:
+        # NOTE: the MTP layer's KV of positions start-1.. (the hidden state of each position with the token
+        #       after it; at start 0 the entry of position -1 goes to the padding's pages) and the anchor of
+        #       the stage's end (speculate.py).
+        plane = model.state.planes["mtp_hidden"][0]
+        prev = torch.cat([plane.index_select(0, g.entry), hidden[:-1]])
+        mpos = g.positions + g.start - 1
+        model.mtp_kv(prev, g.input_ids, mpos.clamp_min(0), torch.where(mpos < 0, 1, rows), g.block_tables)
+        plane.index_copy_(0, g.entry, last.to(plane.dtype))
+    return last
 
 
 def eager_warm_rows(N: int, chunk_lengths: Sequence[int]) -> list[int]:

@@ -88,10 +88,21 @@ from ninfer.targets.qwen3_6.program.resources import ResourceOps
 from ninfer.targets.qwen3_6.program.sampling import Sampler
 from ninfer.targets.qwen3_6.program.scoring import WindowScorer
 from ninfer.targets.qwen3_6.program.sequences import SequenceTable
+from ninfer.targets.qwen3_6.program.speculate import Drafter, MtpDrafter, SpecDecodeOps
 from ninfer.targets.qwen3_6.program.step_ahead import StepAhead
 
 
-class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, GraphStepOps, CommitOps):
+def _require_mtp(dims: Qwen36Dims, weights: Any) -> None:
+    """Refuse MTP speculation, with a message that says why, for weights without the MTP layer."""
+    has = getattr(weights, "has_group", None)
+    present = has("mtp") if callable(has) else "mtp.fc.weight" in weights
+    if not dims.mtp_num_hidden_layers or not present:
+        raise ValueError("speculative method 'mtp' needs the checkpoint's MTP layer (the mtp.* tensors), and "
+                         "these weights have none: convert a checkpoint that ships them, or start without "
+                         "speculation")
+
+
+class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecodeOps, GraphStepOps, CommitOps):
     """Implements `ninfer.contract.program.CheckpointProgram` for any package of the Qwen3.6 family."""
 
     def __init__(self, dims: Qwen36Dims, leaves: LeafSet, weights: Any, config: ProgramConfig) -> None:
@@ -102,7 +113,10 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, GraphStep
         self.config = config
         dev, dt = config.torch_device, config.torch_dtype
         self.device = dev
-        view = load_model_view(dims, weights, dev, dt)
+        spec = config.speculative_method == "mtp"
+        if spec:
+            _require_mtp(dims, weights)
+        view = load_model_view(dims, weights, dev, dt, mtp=spec)
         num_scratch = sizing.num_scratch(config)
         num_pages = sizing.pool_pages(dims, config, num_scratch)
         self._ledger = ResourceLedger(num_pages, config.page_size, config.num_slots, config.max_model_len)
@@ -112,10 +126,10 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, GraphStep
         #       contract eagerly over it (test_prefill_graphs.py).
         spare = not config.enforce_eager and config.purpose == "generation" and prefill_graphs.MAX_TOKENS > 0
         self._spare_page = num_pages if spare else None
-        self._kv = PagedKVStore(len(dims.attention_layers), num_pages + (self._spare_page is not None),
+        self._kv = PagedKVStore(sizing.kv_layers(dims, config), num_pages + (self._spare_page is not None),
                                 config.page_size, dims.num_key_value_heads, dims.head_dim, dt, dev)
         self._state = StateImageStore(len(dims.gdn_layers), config.num_slots, num_scratch,
-                                      state_planes(dims, dt), dev)
+                                      state_planes(dims, dt, mtp=spec), dev)
         self.model = Qwen36Model(view, leaves, self._kv, self._state)
         # NOTE: CausalScoring windows run over their own temporary State/KV and lm_head staging
         # (scoring.py); a Generation Program allocates none of it.
@@ -124,7 +138,10 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, GraphStep
         self._seqs = SequenceTable(config.seed)
         self._plan_ids = itertools.count(1)
         self._init_checkpoints()
-        self.step_ahead = StepAhead(self._pending, config.decode_step_ahead)
+        # NOTE: speculative rounds end where the host's acceptance says; no step is launched ahead of them.
+        self.step_ahead = StepAhead(self._pending, config.decode_step_ahead and not spec)
+        self.drafter: Drafter | None = MtpDrafter(config.num_speculative_tokens) if spec else None
+        self.spec_rounds = 0
         # NOTE: last, after every large allocation: the graphs point into the pools and weights.
         self.graphs: DecodeGraphs | None = None
         self.graphs_enabled = True   # a switch for benchmarks and tests; eager when False

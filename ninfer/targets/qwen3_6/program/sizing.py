@@ -31,8 +31,14 @@ def num_scratch(config: ProgramConfig) -> int:
     the step-ahead's entry per row between rounds (step_ahead.py) and a prefill graph capture's one."""
     own = 0
     if graphs_may_run(config):
-        own = (config.max_batch if config.decode_step_ahead else 0) + int(prefill_graphs.MAX_TOKENS > 0)
+        ahead = config.decode_step_ahead and not config.speculative_method
+        own = (config.max_batch if ahead else 0) + int(prefill_graphs.MAX_TOKENS > 0)
     return (config.num_scratch or config.max_batch * config.max_steps) + own
+
+
+def kv_layers(dims: Qwen36Dims, config: ProgramConfig) -> int:
+    """Layers of the paged KV store: the attention layers, and the MTP layer's with MTP speculation."""
+    return len(dims.attention_layers) + (config.speculative_method == "mtp")
 
 
 def free_device_bytes(device: torch.device) -> tuple[int, int]:
@@ -54,9 +60,10 @@ def pool_pages(dims: Qwen36Dims, config: ProgramConfig, num_scratch: int, mem_ge
         return config.num_pages
     free = (mem_get_info or free_device_bytes)(config.torch_device)[0]
     elem = torch.empty((), dtype=config.torch_dtype).element_size()
-    page_bytes = 2 * len(dims.attention_layers) * config.page_size * dims.num_key_value_heads * dims.head_dim * elem
-    entry_bytes = sum(math.prod(shape) * torch.empty((), dtype=dt).element_size()
-                      for shape, dt in state_planes(dims, config.torch_dtype).values()) * len(dims.gdn_layers)
+    page_bytes = 2 * kv_layers(dims, config) * config.page_size * dims.num_key_value_heads * dims.head_dim * elem
+    entry_bytes = sum(math.prod(spec[0]) * torch.empty((), dtype=spec[1]).element_size()
+                      * (spec[2] if len(spec) > 2 else len(dims.gdn_layers))
+                      for spec in state_planes(dims, config.torch_dtype, bool(config.speculative_method)).values())
     entries = config.num_slots + num_scratch
     budget = int(free * config.kv_memory_fraction) - entries * entry_bytes
     pages = min(config.num_pages, max(0, budget) // page_bytes)

@@ -1,0 +1,133 @@
+"""Speculative rounds of the Qwen3.6 Program (speculate.py), fp32 on the CPU, tiny identities with their
+checkpoints' MTP layers: greedy output with speculation equals greedy output without it, token for token,
+whatever the drafts (the MTP layer's own, all of the target's continuation, or wrong at chosen positions)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ninfer.contract.program import SamplingParams
+from support.program_util import GREEDY, greedy_reference, materialize, prompt, tiny_program
+
+KINDS = ["dense", "moe"]
+
+
+def _spec(tiny_artifact_path, kind, K, **kw):
+    return tiny_program(tiny_artifact_path, kind, speculative_method="mtp", num_speculative_tokens=K,
+                        max_steps=K + 1, **kw)
+
+
+def _run(prog, prompts, n, sampling=GREEDY, accept=None):
+    """Drive B rows together: prefill each, then rounds over every unfinished row; each row commits what it
+    produced up to n tokens (accept(r, produced) may cut it). Returns tokens per row and the rounds' rows."""
+    seqs, out = [], []
+    for p in prompts:
+        s = materialize(prog, p, n, sampling, lookahead=prog.lookahead)
+        st = prog.prefill(s, len(p))
+        prog.commit(st.pending, [1])
+        seqs.append(s)
+        out.append(list(st.pending.rows[0].tokens))
+    rounds = []
+    while True:
+        live = [r for r in range(len(seqs)) if len(out[r]) < n]
+        if not live:
+            break
+        batch = prog.decode([seqs[r] for r in live])
+        acc = []
+        for r, row in zip(live, batch.rows):
+            c = min(row.produced_tokens, n - len(out[r]))
+            if accept is not None:
+                c = accept(r, row, c)
+            out[r].extend(row.tokens[:c])
+            acc.append(c)
+            rounds.append(row)
+        prog.commit(batch, acc)
+    for s in seqs:
+        prog.release(s)
+    prog.check_integrity()
+    cap = prog.capacity()
+    assert cap.pages_free == cap.pages_total and cap.slots_free == cap.slots_total
+    assert prog._pending.num_free_scratch == prog._state.num_scratch
+    return out, rounds
+
+
+class ScriptedDrafter:
+    """Proposes the target's own continuation (`truth[row tokens so far]`), wrong where `wrong(pos)` says."""
+
+    def __init__(self, K, truth, wrong=lambda i: False):
+        self.k, self.truth, self.wrong = K, truth, wrong
+
+    def propose(self, program, seqs):
+        rows = []
+        for s in seqs:
+            cont = self.truth[tuple(s.tokens[:s.num_prompt])]
+            n = len(s.tokens) - s.num_prompt
+            ds = [cont[n + i] if n + i < len(cont) else 0 for i in range(self.k)]
+            rows.append([(d + 1) % 1000 if self.wrong(n + i) else d for i, d in enumerate(ds)])
+        return torch.tensor(rows, dtype=torch.long, device=program.device)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_mtp_greedy_equals_plain_greedy(tiny_artifact_path, kind):
+    plain = tiny_program(tiny_artifact_path, kind)
+    prompts = [prompt(5 + 3 * i, seed=i) for i in range(4)]
+    ref = [list(greedy_reference(plain, p, 24)) for p in prompts]
+    for K in (1, 3):
+        prog = _spec(tiny_artifact_path, kind, K)
+        out, rounds = _run(prog, prompts, 24)
+        assert out == ref, K
+        assert all(r.drafted == K and 1 <= r.produced_tokens <= K + 1 for r in rounds)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_scripted_drafts_are_accepted_or_rejected_where_they_should(tiny_artifact_path, kind):
+    plain = tiny_program(tiny_artifact_path, kind)
+    prompts = [prompt(6 + i, seed=10 + i) for i in range(3)]
+    ref = {tuple(p): list(greedy_reference(plain, p, 30)) for p in prompts}
+    K = 4
+    prog = _spec(tiny_artifact_path, kind, K)
+    prog.drafter = ScriptedDrafter(K, ref)
+    out, rounds = _run(prog, prompts, 30)
+    assert out == [ref[tuple(p)] for p in prompts]
+    assert all(r.produced_tokens == K + 1 for r in rounds[:-len(prompts)])     # everything accepted
+    wrong = {3, 9, 10, 17}
+    prog.drafter = ScriptedDrafter(K, ref, wrong=lambda i: i in wrong)
+    out, rounds = _run(prog, prompts, 30)
+    assert out == [ref[tuple(p)] for p in prompts]
+    # NOTE: a round starting at output n (the drafts are tokens n..n+K-1) stops at the first wrong one.
+    n = 1
+    for r in rounds[::len(prompts)]:
+        bad = [i for i in range(n, n + K) if i in wrong]
+        assert r.produced_tokens == (bad[0] - n + 1 if bad else K + 1) or n + r.produced_tokens >= 30
+        n += r.produced_tokens
+
+
+def test_force_accept_keeps_exactly_L_tokens(tiny_artifact_path):
+    K = 3
+    for L in (1, 2, 4):
+        prog = _spec(tiny_artifact_path, "dense", K, force_accept_len=L)
+        out, rounds = _run(prog, [prompt(7, seed=3)], 13)
+        assert all(r.produced_tokens == L for r in rounds)
+
+
+def test_cancelled_row_commits_nothing_and_leaks_nothing(tiny_artifact_path):
+    prog = _spec(tiny_artifact_path, "moe", 2)
+    p = prompt(9, seed=4)
+    s = materialize(prog, p, 20, lookahead=prog.lookahead)
+    st = prog.prefill(s, len(p))
+    prog.commit(st.pending, [1])
+    before = prog._seq(s).frontier
+    batch = prog.decode([s])
+    prog.commit(batch, [0])
+    assert prog._seq(s).frontier == before
+    batch = prog.decode([s])
+    prog.abort_pending(batch)
+    prog.release(s)
+    prog.check_integrity()
+    assert prog._pending.num_free_scratch == prog._state.num_scratch
+
+
+def test_without_mtp_weights_speculation_is_refused(tiny_artifact_path):
+    from ninfer.targets.qwen3_6.program import program as prog_mod
+    with pytest.raises(ValueError, match="mtp"):
+        prog_mod._require_mtp(type("D", (), {"mtp_num_hidden_layers": 1})(), {"embed_tokens.weight": None})
