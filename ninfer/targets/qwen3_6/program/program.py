@@ -88,6 +88,7 @@ from ninfer.targets.qwen3_6.program.resources import ResourceOps
 from ninfer.targets.qwen3_6.program.sampling import Sampler
 from ninfer.targets.qwen3_6.program.scoring import WindowScorer
 from ninfer.targets.qwen3_6.program.sequences import SequenceTable
+from ninfer.targets.qwen3_6.program.spec_graphs import SpecGraphs
 from ninfer.targets.qwen3_6.program.speculate import Drafter, MtpDrafter, SpecDecodeOps
 from ninfer.targets.qwen3_6.program.step_ahead import StepAhead
 
@@ -144,6 +145,7 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecod
         self.spec_rounds = 0
         # NOTE: last, after every large allocation: the graphs point into the pools and weights.
         self.graphs: DecodeGraphs | None = None
+        self.spec_graphs: SpecGraphs | None = None     # with the MTP layer, instead of the decode graphs
         self.graphs_enabled = True   # a switch for benchmarks and tests; eager when False
         # NOTE: the prefill graphs are captured on first use of each bucket (prefill_graphs.py).
         self.prefill_graphs: prefill_graphs.PrefillGraphs | None = None
@@ -153,9 +155,15 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecod
                 self.prefill_graphs = prefill_graphs.PrefillGraphs(
                     self.model, config.page_size, self._spare_page, dev, prefill_graphs.graph_tokens(dims),
                     config.max_model_len)
-            self.graphs = DecodeGraphs(self.model, self._state, config.max_batch, config.max_model_len,
-                                       config.page_size, dev)
-            self.graphs.capture()
+            if spec:
+                self.spec_graphs = SpecGraphs(self.model, self._state, config.num_speculative_tokens,
+                                              self._sampler.sampleable, config.max_batch, config.max_model_len,
+                                              config.page_size, dev)
+                self.spec_graphs.capture()
+            else:
+                self.graphs = DecodeGraphs(self.model, self._state, config.max_batch, config.max_model_len,
+                                           config.page_size, dev)
+                self.graphs.capture()
 
     # ---- switches and counters of the step-ahead (benchmarks and tests) -----------------------
     @property

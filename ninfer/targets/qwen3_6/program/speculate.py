@@ -136,9 +136,19 @@ class SpecDecodeOps:
             s.holding.table.ensure(s.frontier + T)
         rec = self._pending.open(BatchKind.DECODE, [s.handle.seq_id for s in seqs], [], [T] * B)
         try:
-            drafts = self.drafter.propose(self, seqs)
-            logits = self._verify(seqs, rec, drafts)
-            produced, lps, rngs = self._accept(seqs, logits, drafts)
+            g = self.spec_graphs
+            if (g is not None and self.graphs_enabled and isinstance(self.drafter, MtpDrafter)
+                    and self.model.ops is g.ops and g.fits(B, [s.holding.table.pages for s in seqs])):
+                ph = self._state.phys
+                drafts, logits, target = g.run(
+                    [s.tokens[-1] for s in seqs], [s.frontier for s in seqs], [ph(s.slot) for s in seqs],
+                    [ph(self._state.scratch_entry(e)) for r in range(B) for e in rec.scratch[r][:T]],
+                    [s.holding.table.pages for s in seqs])
+            else:
+                drafts = self.drafter.propose(self, seqs)
+                logits = self._verify(seqs, rec, drafts)
+                target = None
+            produced, lps, rngs = self._accept(seqs, logits, drafts, target)
             rec.batch.rows = tuple(
                 PendingRow(s.handle, tuple(produced[r]),
                            tuple(lps[r]) if s.request.sampling.logprobs is not None else None, drafted=K)
@@ -173,22 +183,25 @@ class SpecDecodeOps:
             plane.index_copy_(0, dst.flatten(), hidden.to(plane.dtype))
         return self.model.logits(hidden).view(B, T, -1)
 
-    def _accept(self, seqs: list[LiveSeq], logits: torch.Tensor, drafts: torch.Tensor
-                ) -> tuple[list[list[int]], list[list[TokenLogprob | None]], list]:
+    def _accept(self, seqs: list[LiveSeq], logits: torch.Tensor, drafts: torch.Tensor,
+                target: torch.Tensor | None = None) -> tuple[list[list[int]], list[list[TokenLogprob | None]], list]:
         """Each row's produced tokens (accepted drafts, then the target's), their log-probs (the target's raw
-        distribution) and its rng state after the round."""
+        distribution) and its rng state after the round. target: the logits' argmax over the sampleable
+        vocabulary [B, T] when already computed."""
         B, T, V = logits.shape
         K = T - 1
         L = self.config.force_accept_len
         ps = [s.request.sampling for s in seqs]
         if all(self._sampler.plain_greedy(p) for p in ps):
-            target = self._sampler.greedy_ids(logits.view(B * T, V)).view(B, T)
-            if L:
-                n_acc = torch.full((B,), L - 1, dtype=torch.long, device=logits.device)
-            else:
-                n_acc = (drafts == target[:, :K]).long().cumprod(dim=1).sum(dim=1)
-            toks = torch.where(torch.arange(T, device=logits.device)[None, :] < n_acc[:, None],
-                               torch.cat([drafts, target[:, -1:]], dim=1), target.gather(1, n_acc[:, None]))
+            if target is None:
+                target = self._sampler.greedy_ids(logits.view(B * T, V)).view(B, T)
+            both = torch.cat([drafts, target], dim=1).tolist()       # the round's one wait for the device
+            produced = []
+            for row in both:
+                d, t = row[:K], row[K:]
+                a = L - 1 if L else next((i for i in range(K) if d[i] != t[i]), K)
+                produced.append(d[:a] + [t[a]])
+            counts = [len(p) for p in produced]
             rngs = [s.rng_state for s in seqs]
         else:
             from ninfer.ops.reference.speculative import verify_drafts
@@ -209,10 +222,10 @@ class SpecDecodeOps:
             res = verify_drafts(self._sampler._sampleable(logits.view(B * T, V)).view(B, T, V), drafts, st,
                                 [s.rng_state for s in seqs], drawn=drawing_rows([p.temperature for p in ps]),
                                 force_accept=L)
-            n_acc, toks, rngs = res.num_accepted, res.tokens, res.rng_states
-        counts = (n_acc + 1).tolist()
-        tok_rows = toks.tolist()
-        produced = [tok_rows[r][:counts[r]] for r in range(B)]
+            counts = (res.num_accepted + 1).tolist()
+            tok_rows = res.tokens.tolist()
+            produced = [tok_rows[r][:counts[r]] for r in range(B)]
+            rngs = res.rng_states
         lps: list[list[TokenLogprob | None]] = [[None] * c for c in counts]
         want = [r for r, p in enumerate(ps) if p.logprobs is not None]
         if want:

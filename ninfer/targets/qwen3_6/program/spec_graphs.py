@@ -1,0 +1,135 @@
+"""CUDA graphs of a whole speculative round with the MTP drafter, one per exact batch size B in 1..max_batch.
+
+Captured once at Program start, like the decode graphs (cuda_graphs.py), which a Program with the MTP
+layer does not capture (every token it feeds goes through a round, a prefill stage or an eager step).
+
+    static inputs of graph B (one int64 device buffer copied from a pinned host buffer by the first node)
+      last [B]  frontier [B]  src [B]  dst [B * T]  block_tables [B, W]     (T = K + 1)
+    graph body (speculate.py for what each part means)
+      draft     K MTP steps chained on the device; each draft is the argmax of the lm_head over the
+                sampleable vocabulary, fed to the next step
+      verify    model.verify_static over [last, d_1..d_K] at frontier..frontier+K; the state after each
+                token at dst[r * T + t]
+      observe   the MTP KV of positions frontier-1..frontier+K-1; the anchors at dst
+      outputs   drafts [B, K], logits [B, T, V] fp32 and their argmax over the sampleable vocabulary [B, T]
+                (static buffers, overwritten by the next replay of the same B)
+
+The host reads drafts and argmaxes with one sync per round and decides acceptance (speculate.py).
+Capture warms every B up on a side stream with src = dst = scratch entries at frontier 1 and page 0:
+nothing is owned at start.
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import torch
+
+from ninfer.program.stores import StateImageStore
+from ninfer.targets.qwen3_6.program.cuda_graphs import PinnedInputs
+from ninfer.targets.qwen3_6.program.model import Qwen36Model
+
+
+def round_body(model: Qwen36Model, state: StateImageStore, g: "_Graph", sampleable: int
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The captured region (device tensors of `g` only): drafts [B, K], logits [B, T, V], argmax [B, T]."""
+    B, K, T = g.B, g.K, g.K + 1
+    plane = state.planes["mtp_hidden"][0]
+    anchor = plane.index_select(0, g.src)
+    h, x = anchor, g.last
+    drafts = []
+    for i in range(K):
+        h = model.mtp_step(h, x, g.frontier - 1 + i, g.block_tables, g.rows)
+        x = model.logits(h)[:, :sampleable].argmax(dim=-1)
+        drafts.append(x)
+    d = torch.stack(drafts, dim=1)
+    ids = torch.cat([g.last[:, None], d], dim=1).flatten()
+    pos = (g.frontier[:, None] + g.offsets[None, :]).flatten()
+    dst = g.dst.view(B, T)
+    hidden = model.verify_static(ids, pos, g.token_rows, g.src, dst, g.block_tables)
+    prev = torch.cat([anchor[:, None], hidden.view(B, T, -1)[:, :-1]], dim=1).flatten(0, 1)
+    model.mtp_kv(prev, ids, pos - 1, g.token_rows, g.block_tables)
+    plane.index_copy_(0, g.dst, hidden.to(plane.dtype))
+    logits = model.logits(hidden)
+    return d, logits.view(B, T, -1), logits[:, :sampleable].argmax(dim=-1).view(B, T)
+
+
+class _Graph(PinnedInputs):
+    def __init__(self, B: int, K: int, W: int, device: torch.device) -> None:
+        T = K + 1
+        super().__init__(3 * B + B * T + B * W, device)
+        self.B, self.K, self.W = B, K, W
+        v = self.dev
+        self.last, self.frontier, self.src = v[0:B], v[B:2 * B], v[2 * B:3 * B]
+        self.dst = v[3 * B:3 * B + B * T]
+        self.block_tables = v[3 * B + B * T:].view(B, W)
+        self.rows = torch.arange(B, dtype=torch.long, device=device)
+        self.token_rows = self.rows.repeat_interleave(T)
+        self.offsets = torch.arange(T, dtype=torch.long, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+    def fill(self, last: Sequence[int], frontier: Sequence[int], src: Sequence[int], dst: Sequence[int],
+             tables: Sequence[Sequence[int]]) -> None:
+        """Write one round's inputs into the pinned host buffer (only each row's own pages: the entries past
+        them are stale and never read)."""
+        a, B, T, W = self.host_np, self.B, self.K + 1, self.W
+        a[:B], a[B:2 * B], a[2 * B:3 * B] = last, frontier, src
+        a[3 * B:3 * B + B * T] = dst
+        o = 3 * B + B * T
+        for r, t in enumerate(tables):
+            if len(t) > W:
+                raise ValueError(f"row {r} has {len(t)} pages; the graph's tables hold {W}")
+            a[o + r * W:o + r * W + len(t)] = t
+
+
+class SpecGraphs:
+    def __init__(self, model: Qwen36Model, state: StateImageStore, num_speculative_tokens: int, sampleable: int,
+                 max_batch: int, max_model_len: int, page_size: int, device: torch.device) -> None:
+        self.model, self.state = model, state
+        self.ops = model.ops
+        self.k = num_speculative_tokens
+        self.sampleable = sampleable
+        self.width = -(-max_model_len // page_size)
+        self._graphs = {B: _Graph(B, self.k, self.width, device) for B in range(1, max_batch + 1)}
+        self.capture_s = 0.0
+        self.replays = 0
+
+    def _body(self, g: _Graph):
+        g.copy_in()
+        return round_body(self.model, self.state, g, self.sampleable)
+
+    def capture(self) -> None:
+        t0 = time.perf_counter()
+        pool = torch.cuda.graph_pool_handle()
+        ns, T = self.state.num_slots, self.k + 1
+        for B in sorted(self._graphs, reverse=True):          # largest first: the pool fits the rest
+            g = self._graphs[B]
+            g.host.zero_()
+            g.fill([0] * B, [1] * B, list(range(ns, ns + B)),
+                   [ns + B * T - 1 - i for i in range(B * T)], [[0]] * B)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self._body(g)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                g.out = self._body(g)
+            g.graph = graph
+        torch.cuda.synchronize()
+        self.capture_s = time.perf_counter() - t0
+
+    def fits(self, B: int, tables: Sequence[Sequence[int]]) -> bool:
+        return B in self._graphs and all(len(t) <= self.width for t in tables)
+
+    def run(self, last: Sequence[int], frontier: Sequence[int], src: Sequence[int], dst: Sequence[int],
+            tables: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Replay graph B = len(last): (drafts [B, K], logits [B, T, V], argmax [B, T]), the static outputs."""
+        g = self._graphs[len(last)]
+        g.wait_reusable()
+        g.fill(last, frontier, src, dst, tables)
+        g.graph.replay()
+        self.replays += 1
+        return g.out
