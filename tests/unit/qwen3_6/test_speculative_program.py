@@ -131,3 +131,48 @@ def test_without_mtp_weights_speculation_is_refused(tiny_artifact_path):
     from ninfer.targets.qwen3_6.program import program as prog_mod
     with pytest.raises(ValueError, match="mtp"):
         prog_mod._require_mtp(type("D", (), {"mtp_num_hidden_layers": 1})(), {"embed_tokens.weight": None})
+
+
+def _plain_run(prog, p, n, sampling):
+    s = materialize(prog, p, n, sampling)
+    st = prog.prefill(s, len(p))
+    prog.commit(st.pending, [1])
+    out, lps = list(st.pending.rows[0].tokens), list(st.pending.rows[0].logprobs or ())
+    while len(out) < n:
+        b = prog.decode([s])
+        prog.commit(b, [1])
+        out += b.rows[0].tokens
+        lps += b.rows[0].logprobs or ()
+    prog.release(s)
+    return out, lps
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_penalties_bias_and_logprobs_behave_as_without_speculation(tiny_artifact_path, kind):
+    # NOTE: greedy with a repetition penalty, a presence penalty and a logit bias: the target's token at each
+    #       position of a round is judged with the history of the drafts before it.
+    ps = [prompt(8, seed=21), prompt(11, seed=22)]
+    plain = tiny_program(tiny_artifact_path, kind)
+    sp = SamplingParams(temperature=0.0, repetition_penalty=1.3, presence_penalty=0.5,
+                        logit_bias=((ps[0][2], 4.0),), logprobs=3)
+    K = 3
+    prog = _spec(tiny_artifact_path, kind, K)
+    for p in ps:
+        ref, ref_lp = _plain_run(plain, p, 16, sp)
+        prog.drafter = ScriptedDrafter(K, {tuple(p): ref}, wrong=lambda i: i % 5 == 3)
+        out, rounds = _run(prog, [p], 16, sp)
+        assert out[0] == ref
+        lps = [lp for r in rounds for lp in r.logprobs]
+        for a, b in zip(lps, ref_lp[1:]):
+            assert a.token_id == b.token_id and abs(a.logprob - b.logprob) < 1e-4
+            assert [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+def test_a_seeded_request_gives_the_same_text_twice(tiny_artifact_path):
+    prog = _spec(tiny_artifact_path, "moe", 2)
+    sp = SamplingParams(temperature=0.8, top_k=4, seed=1234)
+    p = prompt(10, seed=5)
+    a, _ = _run(prog, [p], 20, sp)
+    b, _ = _run(prog, [p], 20, sp)
+    c, _ = _run(prog, [p], 20, SamplingParams(temperature=0.8, top_k=4, seed=99))
+    assert a == b and a != c

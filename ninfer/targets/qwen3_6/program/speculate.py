@@ -38,6 +38,7 @@ import torch
 
 from ninfer.contract.program import BatchKind, PendingBatch, PendingRow, SequenceHandle, TokenLogprob
 from ninfer.ops.reference.sampling import SamplingTensors, drawing_rows
+from ninfer.ops.reference.speculative import verify_drafts
 from ninfer.program.transactions import Provisional
 from ninfer.targets.qwen3_6.program.sequences import LiveSeq
 
@@ -204,7 +205,6 @@ class SpecDecodeOps:
             counts = [len(p) for p in produced]
             rngs = [s.rng_state for s in seqs]
         else:
-            from ninfer.ops.reference.speculative import verify_drafts
             draft_rows = drafts.tolist()
             hist = [s.tokens[s.num_prompt:] for s in seqs]
             rep = [p.repetition_penalty != 1.0 for p in ps]
