@@ -176,3 +176,37 @@ def test_a_seeded_request_gives_the_same_text_twice(tiny_artifact_path):
     b, _ = _run(prog, [p], 20, sp)
     c, _ = _run(prog, [p], 20, SamplingParams(temperature=0.8, top_k=4, seed=99))
     assert a == b and a != c
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_mtp_drafts_equal_the_reference_mtp_layer(tiny_artifact_path, tiny_checkpoint_dir, kind):
+    """After a prompt's prefill (the MTP KV of its positions written by the observe) and its first token, the
+    Program's K chained MTP steps give the logits of the independent MTP oracle's chain, rel RMS < 1e-5."""
+    from ninfer.targets.registry import lookup
+    from ninfer.testing.mtp_reference import hf_mtp_logits, load_hf_mtp, load_state_dict, mtp_draft_chain
+    from ninfer.testing.tiny_hf import KINDS as HF_KINDS
+    from support.numerics import rel_rms
+
+    K = 3
+    prog = _spec(tiny_artifact_path, kind, K)
+    p = prompt(12, seed=31)
+    s = materialize(prog, p, 8, lookahead=K)
+    for a, b in ((0, 5), (5, 9), (9, 12)):               # three stages: the observe across stage boundaries
+        st = prog.prefill(s, b - a)
+    prog.commit(st.pending, [1])
+    ls = prog._seq(s)
+    h = prog.anchors([ls.slot])
+    x = torch.tensor([ls.tokens[-1]])
+    tables, rows = prog.block_tables([ls]), torch.zeros(1, dtype=torch.long)
+    ours = []
+    for i in range(K):
+        h = prog.model.mtp_step(h, x, torch.tensor([ls.frontier - 1 + i]), tables, rows)
+        lg = prog.model.logits(h)
+        x = lg.argmax(-1)
+        ours.append(lg[0])
+    prog.release(s)
+    ckpt = tiny_checkpoint_dir(kind, "text")
+    ids = torch.tensor(ls.tokens)
+    hidden = hf_mtp_logits(load_hf_mtp(ckpt), ids).hidden
+    ref = mtp_draft_chain(load_state_dict(ckpt), lookup(HF_KINDS[kind]).dims, hidden[:-1], ids, K)
+    assert rel_rms(torch.stack(ours), ref.logits) < 1e-5
