@@ -143,6 +143,7 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecod
         self.step_ahead = StepAhead(self._pending, config.decode_step_ahead and not spec)
         self.drafter: Drafter | None = MtpDrafter(config.num_speculative_tokens) if spec else None
         self.spec_rounds = 0
+        self.force_accept_len = config.force_accept_len   # a switch for benchmarks (ProgramConfig's meaning)
         # NOTE: last, after every large allocation: the graphs point into the pools and weights.
         self.graphs: DecodeGraphs | None = None
         self.spec_graphs: SpecGraphs | None = None     # with the MTP layer, instead of the decode graphs

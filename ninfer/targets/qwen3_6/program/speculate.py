@@ -191,7 +191,7 @@ class SpecDecodeOps:
         vocabulary [B, T] when already computed."""
         B, T, V = logits.shape
         K = T - 1
-        L = self.config.force_accept_len
+        L = self.force_accept_len
         ps = [s.request.sampling for s in seqs]
         if all(self._sampler.plain_greedy(p) for p in ps):
             if target is None:
