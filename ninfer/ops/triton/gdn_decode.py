@@ -67,6 +67,32 @@ def _conv_step(x_row, s0, s1, s2, w0, w1, w2, w3, cs_dst, ch, m, WRITE: tl.const
 
 
 @triton.jit
+def _gates(p_a, p_b, ga, gdt):
+    """Gates as `ops.gdn_gates` from the raw a, b at p_a, p_b: g = -exp(A_log) * softplus(a + dt_bias)
+    (torch's threshold 20, log1p kept exact for tiny exp), beta = sigmoid(b) rounded to b's dtype."""
+    xa = tl.load(p_a).to(tl.float32) + gdt
+    u = tl.exp(tl.minimum(xa, 20.0))
+    w1 = 1.0 + u
+    lp = tl.where(w1 == 1.0, u, tl.log(w1) * (u / tl.where(w1 == 1.0, 1.0, w1 - 1.0)))
+    bg = -tl.exp(ga) * tl.where(xa > 20.0, xa, lp)
+    bv_raw = tl.load(p_b).to(tl.float32)
+    bb = (1.0 / (1.0 + tl.exp(-bv_raw))).to(p_b.dtype.element_ty).to(tl.float32)
+    return bg, bb
+
+
+@triton.jit
+def _delta_rule(S, bq, bk, bv, bg, bb, scale):
+    """One gated delta rule token on the state tile S [BK, BV] (q/k L2-normed here, q scaled) -> (S, o [BV])."""
+    bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
+    bk = bk * tl.rsqrt(tl.sum(bk * bk) + 1e-6)
+    S = S * tl.exp(bg)
+    kv = tl.sum(S * bk[:, None], 0)
+    delta = (bv - kv) * bb
+    S = S + bk[:, None] * delta[None, :]
+    return S, tl.sum(S * bq[:, None], 0)
+
+
+@triton.jit
 def _gdn_conv_recurrent_kernel(
     x, w, conv, a, b, A_log, dt_bias, o, state, src, dst, scale,
     stride_x, stride_cs, stride_a, stride_b,
@@ -115,22 +141,8 @@ def _gdn_conv_recurrent_kernel(
         bq = _conv_step(x_row, q0, q1, q2, qw0, qw1, qw2, qw3, cs_dst, ch_q, mk, False, out_ty)
         bk = _conv_step(x_row, k0, k1, k2, kw0, kw1, kw2, kw3, cs_dst, ch_k, mk, False, out_ty)
     bv = _conv_step(x_row, v0, v1, v2, vw0, vw1, vw2, vw3, cs_dst, ch_v, mv, True, out_ty)
-    # NOTE: gates as `ops.gdn_gates`: g = -exp(A_log) * softplus(a + dt_bias) (torch's threshold 20,
-    #       log1p kept exact for tiny exp), beta = sigmoid(b) rounded to b's dtype.
-    xa = tl.load(a + i_b.to(tl.int64) * stride_a + i_hv).to(tl.float32) + gdt
-    u = tl.exp(tl.minimum(xa, 20.0))
-    w1 = 1.0 + u
-    lp = tl.where(w1 == 1.0, u, tl.log(w1) * (u / tl.where(w1 == 1.0, 1.0, w1 - 1.0)))
-    bg = -tl.exp(ga) * tl.where(xa > 20.0, xa, lp)
-    bv_raw = tl.load(b + i_b.to(tl.int64) * stride_b + i_hv).to(tl.float32)
-    bb = (1.0 / (1.0 + tl.exp(-bv_raw))).to(b.dtype.element_ty).to(tl.float32)
-    bq = bq * tl.rsqrt(tl.sum(bq * bq) + 1e-6) * scale
-    bk = bk * tl.rsqrt(tl.sum(bk * bk) + 1e-6)
-    S = S * tl.exp(bg)
-    kv = tl.sum(S * bk[:, None], 0)
-    delta = (bv - kv) * bb
-    S = S + bk[:, None] * delta[None, :]
-    bo = tl.sum(S * bq[:, None], 0)
+    bg, bb = _gates(a + i_b.to(tl.int64) * stride_a + i_hv, b + i_b.to(tl.int64) * stride_b + i_hv, ga, gdt)
+    S, bo = _delta_rule(S, bq, bk, bv, bg, bb, scale)
     tl.store(o + (i_b.to(tl.int64) * HV + i_hv) * V + o_v, bo.to(out_ty), mask=mv)
     p_d = state + s_dst * (HV * K * V) + i_hv * (K * V) + o_k[:, None] * V + o_v[None, :]
     tl.store(p_d, S.to(state.dtype.element_ty), mask=ms)
