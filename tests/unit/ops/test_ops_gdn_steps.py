@@ -109,6 +109,32 @@ def test_steps_equal_the_chunk_form_over_the_t_tokens():
     assert rel_rms(rec[dst[:, -1]], rec_last) < 1e-6 and torch.equal(conv[dst[:, -1]], conv_last)
 
 
+def test_ops_argument_and_registration():
+    """Both op sets carry the op; `ops` supplies the one-token step the loop calls."""
+    from ninfer.ops.opset import reference_ops
+    ops = reference_ops()
+    assert ops.gdn_conv_recurrent_steps is fused.gdn_conv_recurrent_steps
+    args, src, dst, conv0, rec0 = _case(2, 3, seed=3)
+    calls = []
+
+    class Counting:
+        @staticmethod
+        def gdn_conv_recurrent(*a, **kw):
+            calls.append(1)
+            return ops.gdn_conv_recurrent(*a, **kw)
+
+    o, conv, rec = _run(fused.gdn_conv_recurrent_steps, args, conv0, rec0, src, dst, ops=Counting)
+    o_r, conv_r, rec_r = _run(ops.gdn_conv_recurrent_steps, args, conv0, rec0, src, dst)
+    assert len(calls) == 3 and torch.equal(o, o_r) and _same(rec, rec_r) and _same(conv, conv_r)
+
+
+def test_fast_set_registers_the_op():
+    pytest.importorskip("triton")
+    from ninfer.ops.opset import fast_ops
+    from ninfer.ops.triton import gdn_decode
+    assert fast_ops().gdn_conv_recurrent_steps is gdn_decode.gdn_conv_recurrent_steps
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda q, a, s, d: (q[:, 0], a, s, d), "qkv must be"),
     (lambda q, a, s, d: (q[:, :0], a, s, d), "T >= 1"),
