@@ -27,6 +27,7 @@ The fast set's members:
     linear                            skinny GEMM for M <= 8 on the shapes its tuning table marks, else cuBLAS
     linear_swiglu                     the same with the SwiGLU in its x load where the table says so
     gdn_conv_recurrent                GDN decode state step (conv + delta rule) in one launch
+    gdn_conv_recurrent_steps          T such steps per row in one launch, the states after every token kept
 """
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ class OpSet(NamedTuple):
     #                                    x, route_topk(..)), or a Residual when the fast set folds `residual`
     qk_norm_rope_write_kv: Callable    # (q, k, v, wq, wk, cos, sin, eps, kc, vc, bt, pos, rows) -> q'; k', v into pages
     prefix_attention_rows: Callable    # (q, kc, vc, bt, start, length) a padded stage over its prefix (prefill graphs)
+    gdn_conv_recurrent_steps: Callable  # T GDN decode steps per row (speculative verify): src -> dst[:, 0] -> ..
+    #                                     dst[:, T-1], the states after every token kept at their dst entry
 
 
 @functools.cache
@@ -77,7 +80,8 @@ def reference_ops() -> OpSet:
                  attention.chunk_paged_attention, attention.decode_paged_attention, moe.moe_experts,
                  fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, attention.attention_output_gate,
                  gated_delta.gdn_gates, moe.route_topk, fused.linear, fused.gdn_conv_recurrent, fused.linear_swiglu,
-                 moe.route_moe_experts, attention.qk_norm_rope_write_kv, attention.prefix_attention_rows)
+                 moe.route_moe_experts, attention.qk_norm_rope_write_kv, attention.prefix_attention_rows,
+                 fused.gdn_conv_recurrent_steps)
 
 
 @functools.cache
@@ -110,7 +114,8 @@ def fast_ops() -> OpSet:
         fused.write_kv_paged, attention.chunk_paged_attention, attention.decode_paged_attention,
         moe.moe_experts, fused.add_rms_norm, fused.qk_norm_rope, fused.silu_mul_halves, fused.sigmoid_gate_mul,
         fused.gdn_gates, moe.route_topk, gemv.linear, gdn_decode.gdn_conv_recurrent, gemv.linear_swiglu,
-        moe.route_moe_experts, fused.qk_norm_rope_write_kv, attention.prefix_attention_rows)
+        moe.route_moe_experts, fused.qk_norm_rope_write_kv, attention.prefix_attention_rows,
+        gdn_decode.gdn_conv_recurrent_steps)
 
 
 def select_ops(device: torch.device | str) -> OpSet:

@@ -20,6 +20,8 @@ h^2 per column tile) instead of the plain product, and the schedule then hands t
 references here never fold: `linear` ignores `residual` (the caller's add_rms_norm does the add) and
 applies a NormedRows's norm with `rms_norm` (the CPU path is unchanged).
     gdn_conv_recurrent(qkv, a, b, ...)     GDN decode state step: gates, conv update, gated delta rule
+    gdn_conv_recurrent_steps(qkv, a, b, ...)   T such steps per row (speculative verify), the states after
+                                            every token kept at their own entries
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from ninfer.ops.reference.norms import rms_norm
 from ninfer.ops.reference.rope import apply_rotary_qk
 
 __all__ = ["add_rms_norm", "qk_norm_rope", "silu_mul_halves", "linear", "linear_swiglu", "gdn_conv_recurrent",
-           "Residual", "NormedRows", "normed", "materialize"]
+           "gdn_conv_recurrent_steps", "Residual", "NormedRows", "normed", "materialize"]
 
 
 class Residual(NamedTuple):
@@ -130,3 +132,37 @@ def gdn_conv_recurrent(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state:
         q.reshape(B, 1, H, K), k.reshape(B, 1, H, K), v.reshape(B, 1, HV, V), g.unsqueeze(1), beta.unsqueeze(1),
         initial_state=rec_state, state_indices=src, dst_indices=dst, use_qk_l2norm_in_kernel=True)
     return o.reshape(B, HV, V)
+
+
+def gdn_conv_recurrent_steps(qkv: torch.Tensor, conv_weight: torch.Tensor, conv_state: torch.Tensor, a: torch.Tensor,
+                             b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, rec_state: torch.Tensor,
+                             src: torch.Tensor, dst: torch.Tensor, *,
+                             num_k_heads: int, head_k_dim: int, head_v_dim: int, ops=None) -> torch.Tensor:
+    """T GDN decode tokens per row, each one `gdn_conv_recurrent` step, every intermediate state kept (the
+    speculative verify forward: after it, the states after any accepted prefix are at hand).
+
+    qkv [B, T, C] (C = 2 * H * K + HV * V), a, b [B, T, HV] raw projections, conv_state [S, C, K-1],
+    rec_state [S, HV, K, V] fp32, src [B] and dst [B, T] entries. Token t of row b reads both states at
+    src[b] (t = 0) or dst[b, t-1] and writes the stepped states at dst[b, t], so dst[b, t] holds the
+    states after t + 1 tokens; src is never written. Returns o [B, T, HV, V] in qkv.dtype.
+
+        entries of row b:   src[b] --tok 0--> dst[b, 0] --tok 1--> dst[b, 1] ... --tok T-1--> dst[b, T-1]
+
+    ops: any object with `gdn_conv_recurrent` (an OpSet) that steps one token (default: the reference
+    `gdn_conv_recurrent` here; the fast op falls back to the fast one-token kernel)."""
+    if qkv.dim() != 3 or qkv.shape[1] < 1:
+        raise ValueError(f"gdn_conv_recurrent_steps: qkv must be [B, T, C] with T >= 1, got shape {tuple(qkv.shape)}")
+    B, T, _ = qkv.shape
+    if a.dim() != 3 or a.shape[:2] != (B, T) or b.shape != a.shape:
+        raise ValueError(f"gdn_conv_recurrent_steps: a and b must be [B, T, HV] = [{B}, {T}, HV] like qkv, "
+                         f"got {tuple(a.shape)} and {tuple(b.shape)}")
+    if src.shape != (B,) or dst.shape != (B, T):
+        raise ValueError(f"gdn_conv_recurrent_steps: src must be [B] = [{B}] and dst [B, T] = [{B}, {T}], "
+                         f"got {tuple(src.shape)} and {tuple(dst.shape)}")
+    step = gdn_conv_recurrent if ops is None else ops.gdn_conv_recurrent
+    outs = []
+    for t in range(T):
+        entry = src if t == 0 else dst[:, t - 1]
+        outs.append(step(qkv[:, t], conv_weight, conv_state, a[:, t], b[:, t], A_log, dt_bias, rec_state, entry,
+                         dst[:, t], num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim))
+    return torch.stack(outs, dim=1)
