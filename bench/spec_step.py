@@ -71,18 +71,20 @@ def _capture(fn):
     return g
 
 
-def spec_identity(identity: str, K: int, ctx: int, batches: list[int], reps: int, bw: float, on_row) -> list[dict]:
+def spec_identity(identity: str, K: int, ctx: int, batches: list[int], reps: int, bw: float, on_row,
+                  draft_vocab: int = 0) -> list[dict]:
     budget = len(batches) * LOOP_ROUNDS * (K + 1) * (K + 2) // 2 + 64     # the loops' commits, every B
     cfg = ProgramConfig(device="cuda", dtype="bf16", page_size=PAGE,
                         num_pages=8 * ((ctx + budget + K) // PAGE + 2) + 16, num_slots=8,
                         max_model_len=ctx + budget + K + 64, max_batch=8, max_steps=K + 1,
-                        speculative_method="mtp", num_speculative_tokens=K)
+                        speculative_method="mtp", num_speculative_tokens=K, draft_vocab_size=draft_vocab)
     t0 = time.perf_counter()
     w = DummyWeights(identity, device="cuda", dtype=torch.bfloat16, seed=0)
     prog = importlib.import_module(lookup(identity).module).create_program(w, cfg)
     torch.cuda.synchronize()
-    print(f"[{identity}] Program with MTP K={K} created in {time.perf_counter() - t0:.1f} s (round graphs "
-          f"B=1..8 captured in {prog.spec_graphs.capture_s:.1f} s); GPU memory "
+    print(f"[{identity}] Program with MTP K={K}, draft vocabulary {prog.drafter.vocab} created in "
+          f"{time.perf_counter() - t0:.1f} s (round graphs B=1..8 captured in {prog.spec_graphs.capture_s:.1f} s); "
+          f"GPU memory "
           f"{torch.cuda.memory_allocated() / 2**30:.1f} GiB", flush=True)
     plain = DecodeGraphs(prog.model, prog._state, max(batches), cfg.max_model_len, PAGE, torch.device("cuda"))
     plain.capture()
@@ -116,14 +118,14 @@ def spec_identity(identity: str, K: int, ctx: int, batches: list[int], reps: int
             g.fill(last, front, src, dst, tables)
             g.copy_in()
             plane = state.planes["mtp_hidden"][0]
-            sampleable = prog._sampler.sampleable
+            vocab = prog.drafter.vocab
             drafts_buf = torch.zeros(B, K, dtype=torch.long, device="cuda")
 
             def draft():
                 h, x = plane.index_select(0, g.src), g.last
                 for i in range(K):
                     h = model.mtp_step(h, x, g.frontier - 1 + i, g.block_tables, g.rows)
-                    x = model.logits(h)[:, :sampleable].argmax(dim=-1)
+                    x = model.logits(h, vocab).argmax(dim=-1)
                     drafts_buf[:, i] = x
 
             def verify():
@@ -148,8 +150,9 @@ def spec_identity(identity: str, K: int, ctx: int, batches: list[int], reps: int
             prog.abort_pending(batch)
         round_ms = statistics.median(times)
         floor = decode_floor_ms(w.dims, B, ctx, bw / 1e12, 2)
-        row = dict(identity=identity, kind="parts", K=K, ctx=ctx, batch=B, plain_ms=plain_ms, draft_ms=draft_ms,
-                   draft_ms_per_token=draft_ms / K, verify_ms=verify_ms, round_ms=round_ms, floor_ms=floor,
+        row = dict(identity=identity, kind="parts", K=K, draft_vocab=prog.drafter.vocab, ctx=ctx, batch=B,
+                   plain_ms=plain_ms, draft_ms=draft_ms, draft_ms_per_token=draft_ms / K, verify_ms=verify_ms,
+                   round_ms=round_ms, floor_ms=floor,
                    verify_x_plain=verify_ms / plain_ms, round_x_plain=round_ms / plain_ms)
         out.append(row)
         on_row(row)
@@ -165,7 +168,8 @@ def spec_identity(identity: str, K: int, ctx: int, batches: list[int], reps: int
                 batch = prog.decode(hs)
                 prog.commit(batch, [r.produced_tokens for r in batch.rows])
             ms = (time.perf_counter() - t0) * 1e3 / (LOOP_ROUNDS - 4)
-            row = dict(identity=identity, kind="loop", K=K, ctx=ctx, batch=B, accept_len=L, round_ms=ms,
+            row = dict(identity=identity, kind="loop", K=K, draft_vocab=prog.drafter.vocab, ctx=ctx, batch=B,
+                       accept_len=L, round_ms=ms,
                        tpot_ms=ms / L, plain_ms=plain_ms)
             out.append(row)
             on_row(row)
@@ -184,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ctx", type=int, default=1024)
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8])
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--draft-vocab", type=int, nargs="+", default=[0],
+                    help="draft vocabulary sizes to run (0 = the whole vocabulary), one Program each")
     ap.add_argument("--out", default=None)
     ap.add_argument("--step-timeout", type=float, default=None)
     args = ap.parse_args(argv)
@@ -194,19 +200,21 @@ def main(argv: list[str] | None = None) -> int:
     rec = Recorder("spec_step", args.out, {"env": env, "ceilings": ceil, "k": args.k, "ctx": args.ctx,
                                            "batches": args.batches, "weights": "dummy (synthetic)"})
     for ident in args.identity:
-        run_step(rec, args.step_timeout, f"{ident} spec",
-                 lambda: spec_identity(ident, args.k, args.ctx, args.batches, args.reps,
-                                       ceil["copy_TBps"] * 1e12, rec.add))
-        free_model("cuda")
-    rows = [[r["identity"], r["batch"], r["plain_ms"], r["draft_ms_per_token"], r["verify_ms"], r["verify_x_plain"],
+        for dv in args.draft_vocab:
+            run_step(rec, args.step_timeout, f"{ident} spec (draft vocabulary {dv or 'all'})",
+                     lambda: spec_identity(ident, args.k, args.ctx, args.batches, args.reps,
+                                           ceil["copy_TBps"] * 1e12, rec.add, dv))
+            free_model("cuda")
+    rows = [[r["identity"], r["draft_vocab"], r["batch"], r["plain_ms"], r["draft_ms_per_token"], r["verify_ms"],
+             r["verify_x_plain"],
              r["round_ms"], r["round_x_plain"]] for r in rec.results if r["kind"] == "parts"]
     print()
-    print_table(["identity", "B", "plain_ms", "draft_ms/tok", "verify_ms", "verify/plain", "round_ms",
+    print_table(["identity", "draft_vocab", "B", "plain_ms", "draft_ms/tok", "verify_ms", "verify/plain", "round_ms",
                  "round/plain"], rows)
-    rows = [[r["identity"], r["batch"], r["accept_len"], r["round_ms"], r["tpot_ms"]]
+    rows = [[r["identity"], r["draft_vocab"], r["batch"], r["accept_len"], r["round_ms"], r["tpot_ms"]]
             for r in rec.results if r["kind"] == "loop"]
     print()
-    print_table(["identity", "B", "accept_len", "loop ms/round", "TPOT ms"], rows)
+    print_table(["identity", "draft_vocab", "B", "accept_len", "loop ms/round", "TPOT ms"], rows)
     rec.finish()
     return 1 if rec.errors and not rec.results else 0
 

@@ -48,6 +48,9 @@ class ProgramConfig:
                    produce the accepted drafts and one token of the target's); the artifact must hold the
                    MTP weights (speculate.py)
     num_speculative_tokens  K, 1..7 with a method, 0 without; fixed at start (graph shapes, lookahead)
+    draft_vocab_size  the drafts are the argmax over token ids < this (0: the whole sampleable vocabulary): the
+                   lm_head rows a draft step reads. Byte-level BPE ids follow the merge rank, so a prefix of the
+                   ids holds the frequent tokens; verification is unchanged, so any value is lossless
     force_accept_len  0 (off) or 1..K+1: every round keeps exactly this many tokens whatever the target says
                    (a benchmarking aid for synthetic weights; the verify and commit run in full)
     decode_step_ahead  rounds of plain rows (greedy or drawn; no penalties, logit bias or log-probs)
@@ -74,6 +77,7 @@ class ProgramConfig:
     speculative_method: str = ""
     num_speculative_tokens: int = 0
     force_accept_len: int = 0
+    draft_vocab_size: int = 0
 
     def __post_init__(self) -> None:
         resolve_dtype(self.dtype)
@@ -110,6 +114,8 @@ class ProgramConfig:
         if not (0 <= self.force_accept_len <= self.num_speculative_tokens + 1):
             raise ValueError(f"force_accept_len must be 0 (off) or in 1..{self.num_speculative_tokens + 1}, "
                              f"got {self.force_accept_len}")
+        if self.draft_vocab_size < 0:
+            raise ValueError(f"draft_vocab_size must be >= 0 (0 = the whole vocabulary), got {self.draft_vocab_size}")
         if self.speculative_method and self.max_steps < self.num_speculative_tokens + 1:
             raise ValueError(f"max_steps must be at least num_speculative_tokens + 1 = "
                              f"{self.num_speculative_tokens + 1} with speculation, got {self.max_steps}")

@@ -273,9 +273,10 @@ class Qwen36Model:
             return NormedRows(delta.h, weight, self.eps, delta.parts), delta.h
         return self.ops.add_rms_norm(x, delta, weight, self.eps)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden [M, H] -> fp32 logits [M, V]."""
-        return self.ops.linear(hidden, self.view.lm_head).float()
+    def logits(self, hidden: torch.Tensor, rows: int = 0) -> torch.Tensor:
+        """hidden [M, H] -> fp32 logits [M, V] (rows > 0: of the first `rows` token ids only, [M, rows])."""
+        head = self.view.lm_head if rows <= 0 else self.view.lm_head[:rows]
+        return self.ops.linear(hidden, head).float()
 
     def _attention(self, layer: LayerView, h, cos: torch.Tensor, sin: torch.Tensor,
                    fb: ForwardBatch, meta: "_RowMeta", residual: torch.Tensor | None = None):

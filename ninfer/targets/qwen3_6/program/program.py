@@ -141,7 +141,9 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecod
         self._init_checkpoints()
         # NOTE: speculative rounds end where the host's acceptance says; no step is launched ahead of them.
         self.step_ahead = StepAhead(self._pending, config.decode_step_ahead and not spec)
-        self.drafter: Drafter | None = MtpDrafter(config.num_speculative_tokens) if spec else None
+        sampleable = self._sampler.sampleable
+        draft_vocab = min(config.draft_vocab_size or sampleable, sampleable)
+        self.drafter: Drafter | None = MtpDrafter(config.num_speculative_tokens, draft_vocab) if spec else None
         self.spec_rounds = 0
         self.force_accept_len = config.force_accept_len   # a switch for benchmarks (ProgramConfig's meaning)
         # NOTE: last, after every large allocation: the graphs point into the pools and weights.
@@ -158,8 +160,8 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecod
                     config.max_model_len)
             if spec:
                 self.spec_graphs = SpecGraphs(self.model, self._state, config.num_speculative_tokens,
-                                              self._sampler.sampleable, config.max_batch, config.max_model_len,
-                                              config.page_size, dev)
+                                              self._sampler.sampleable, draft_vocab, config.max_batch,
+                                              config.max_model_len, config.page_size, dev)
                 self.spec_graphs.capture()
             else:
                 self.graphs = DecodeGraphs(self.model, self._state, config.max_batch, config.max_model_len,

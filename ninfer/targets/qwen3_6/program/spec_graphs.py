@@ -6,8 +6,8 @@ layer does not capture (every token it feeds goes through a round, a prefill sta
     static inputs of graph B (one int64 device buffer copied from a pinned host buffer by the first node)
       last [B]  frontier [B]  src [B]  dst [B * T]  block_tables [B, W]     (T = K + 1)
     graph body (speculate.py for what each part means)
-      draft     K MTP steps chained on the device; each draft is the argmax of the lm_head over the
-                sampleable vocabulary, fed to the next step
+      draft     K MTP steps chained on the device; each draft is the argmax of the lm_head over the first
+                draft_vocab token ids, fed to the next step
       verify    model.verify_static over [last, d_1..d_K] at frontier..frontier+K; the state after each
                 token at dst[r * T + t]
       observe   the MTP KV of positions frontier-1..frontier+K-1; the anchors at dst
@@ -30,7 +30,7 @@ from ninfer.targets.qwen3_6.program.cuda_graphs import PinnedInputs
 from ninfer.targets.qwen3_6.program.model import Qwen36Model
 
 
-def round_body(model: Qwen36Model, state: StateImageStore, g: "_Graph", sampleable: int
+def round_body(model: Qwen36Model, state: StateImageStore, g: "_Graph", sampleable: int, draft_vocab: int
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The captured region (device tensors of `g` only): drafts [B, K], logits [B, T, V], argmax [B, T]."""
     B, K, T = g.B, g.K, g.K + 1
@@ -40,7 +40,7 @@ def round_body(model: Qwen36Model, state: StateImageStore, g: "_Graph", sampleab
     drafts = []
     for i in range(K):
         h = model.mtp_step(h, x, g.frontier - 1 + i, g.block_tables, g.rows)
-        x = model.logits(h)[:, :sampleable].argmax(dim=-1)
+        x = model.logits(h, draft_vocab).argmax(dim=-1)
         drafts.append(x)
     d = torch.stack(drafts, dim=1)
     ids = torch.cat([g.last[:, None], d], dim=1).flatten()
@@ -85,11 +85,12 @@ class _Graph(PinnedInputs):
 
 class SpecGraphs:
     def __init__(self, model: Qwen36Model, state: StateImageStore, num_speculative_tokens: int, sampleable: int,
-                 max_batch: int, max_model_len: int, page_size: int, device: torch.device) -> None:
+                 draft_vocab: int, max_batch: int, max_model_len: int, page_size: int, device: torch.device) -> None:
         self.model, self.state = model, state
         self.ops = model.ops
         self.k = num_speculative_tokens
         self.sampleable = sampleable
+        self.draft_vocab = draft_vocab
         self.width = -(-max_model_len // page_size)
         self._graphs = {B: _Graph(B, self.k, self.width, device) for B in range(1, max_batch + 1)}
         self.capture_s = 0.0
@@ -97,7 +98,7 @@ class SpecGraphs:
 
     def _body(self, g: _Graph):
         g.copy_in()
-        return round_body(self.model, self.state, g, self.sampleable)
+        return round_body(self.model, self.state, g, self.sampleable, self.draft_vocab)
 
     def capture(self) -> None:
         t0 = time.perf_counter()

@@ -52,10 +52,11 @@ class Drafter(Protocol):
 class MtpDrafter:
     """Drafts with the checkpoint's MTP layer: step i (i = 0..K-1) of row r at position f-1+i reads the
     anchor (i = 0) or the previous step's output as hidden state, and x (i = 0) or the previous draft as
-    token; the draft is the argmax of the shared lm_head over the sampleable vocabulary."""
+    token; the draft is the argmax of the shared lm_head over the first `vocab` token ids."""
 
-    def __init__(self, num_speculative_tokens: int) -> None:
+    def __init__(self, num_speculative_tokens: int, vocab: int) -> None:
         self.k = num_speculative_tokens
+        self.vocab = vocab
 
     def propose(self, program, seqs: Sequence[LiveSeq]) -> torch.Tensor:
         model, dev = program.model, program.device
@@ -67,7 +68,7 @@ class MtpDrafter:
         out = []
         for i in range(self.k):
             h = model.mtp_step(h, x, pos + i, tables, rows)
-            x = program._sampler.greedy_ids(model.logits(h))
+            x = model.logits(h, self.vocab).argmax(dim=-1)
             out.append(x)
         return torch.stack(out, dim=1)
 
@@ -217,7 +218,8 @@ class SpecDecodeOps:
                 presence_penalty=[p.presence_penalty for p in ps for _ in range(T)],
                 frequency_penalty=[p.frequency_penalty for p in ps for _ in range(T)],
                 logit_bias=[p.logit_bias for p in ps for _ in range(T)],
-                prompt_tokens=[s.request.prompt_token_ids if rep[r] else () for r, s in enumerate(seqs) for _ in range(T)],
+                prompt_tokens=[s.request.prompt_token_ids if rep[r] else ()
+                               for r, s in enumerate(seqs) for _ in range(T)],
                 output_tokens=[hist[r] + draft_rows[r][:t] for r in range(B) for t in range(T)])
             res = verify_drafts(self._sampler._sampleable(logits.view(B * T, V)).view(B, T, V), drafts, st,
                                 [s.rng_state for s in seqs], drawn=drawing_rows([p.temperature for p in ps]),
