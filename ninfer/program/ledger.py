@@ -18,9 +18,9 @@ retain, delete, offload), so a sealed plan can detect staleness.
     free + owned == total for both; every holding's pages + remaining reservation
     == pages_for(its reserved tokens); a page's refcount == the holdings and checkpoints mapping it.
 
-    A continuation of checkpoint C (frontier F) maps C's F // page_size full pages (shared, one
-    more reference each) and draws everything else from its own reservation, including a private
-    copy of the partial page F % page_size != 0: it never writes a page or slot a checkpoint owns.
+    A continuation of checkpoint C (frontier F) maps C's full pages (shared, one more reference each;
+    the Program says how many) and draws everything else from its own reservation, including a
+    private copy of the partial page F % page_size != 0: it never writes a page or slot a checkpoint owns.
 """
 from __future__ import annotations
 

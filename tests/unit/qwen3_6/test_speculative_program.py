@@ -211,3 +211,48 @@ def test_mtp_drafts_equal_the_reference_mtp_layer(tiny_artifact_path, tiny_check
     hidden = hf_mtp_logits(load_hf_mtp(ckpt), ids).hidden
     ref = mtp_draft_chain(load_state_dict(ckpt), lookup(HF_KINDS[kind]).dims, hidden[:-1], ids, K)
     assert rel_rms(torch.stack(ours), ref.logits) < 1e-5
+
+
+@pytest.mark.parametrize("frontier", [16, 23])
+def test_a_checkpoint_hit_with_mtp_equals_a_miss_and_its_pages_stay_untouched(tiny_artifact_path, frontier):
+    """Two continuations of one checkpoint (at a page boundary, and inside a page) with different next tokens:
+    greedy output equals the plain Program's from scratch, the checkpoint's pages and slot (every layer, the
+    MTP layer's included) are bit-for-bit what they were at capture, and everything is released."""
+    from ninfer.contract.program import SequenceRequest
+    K = 2
+    prog = _spec(tiny_artifact_path, "dense", K, num_slots=6)
+    plain = tiny_program(tiny_artifact_path, "dense")
+    base = prompt(frontier, seed=40)
+    a = prog.start_materialize(prog.plan_materialize(
+        SequenceRequest(tuple(base) + (5,), 4, GREEDY, lookahead=K))).sequence
+    prog.prefill(a, frontier)
+    res = prog.start_capture(prog.plan_capture(a))
+    ck = res.checkpoint
+    prog.release(a)
+    held = prog._ckpt(ck.checkpoint_id).holding
+    pages = list(held.pages)
+    before = (prog._kv.k[:, pages].clone(), prog._kv.v[:, pages].clone(),
+              {n: prog._state.image(n, held.slot).clone() for n in prog._state.planes})
+    for seed in (41, 42):
+        ids = base + prompt(5, seed=seed)
+        ref = list(greedy_reference(plain, ids, 20))
+        plan = prog.plan_materialize(SequenceRequest(tuple(ids), 20, GREEDY, lookahead=K), ck.checkpoint_id)
+        s = prog.start_materialize(plan).sequence
+        assert plan.num_reused_tokens == frontier
+        st = prog.prefill(s, len(ids))
+        prog.commit(st.pending, [1])
+        out = list(st.pending.rows[0].tokens)
+        while len(out) < 20:
+            b = prog.decode([s])
+            c = min(b.rows[0].produced_tokens, 20 - len(out))
+            out += b.rows[0].tokens[:c]
+            prog.commit(b, [c])
+        prog.release(s)
+        assert out == ref
+    assert torch.equal(prog._kv.k[:, pages], before[0]) and torch.equal(prog._kv.v[:, pages], before[1])
+    for n, img in before[2].items():
+        assert torch.equal(prog._state.image(n, held.slot), img)
+    prog.delete_checkpoint(ck.checkpoint_id)
+    prog.check_integrity()
+    cap = prog.capacity()
+    assert cap.pages_free == cap.pages_total

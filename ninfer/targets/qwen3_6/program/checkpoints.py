@@ -7,6 +7,7 @@ tokens and its execution provenance. Nothing writes into a published checkpoint:
 
     checkpoint C, frontier F = 2.5 pages          continuation S materialized from C
     pages   [p0][p1][p2 partial]                   [p0][p1][p2' = copy of p2][p5][p6] ...
+    (with the MTP layer the page holding F - 1 is copied even when full: S writes its MTP KV entry there)
     refs     +1  +1  +1                              shared  shared  own (reservation)
     slot     c (copy of the producer's state)        s = copy of c; S writes only s, p2', p5 ...
 
@@ -63,6 +64,13 @@ class CheckpointOps:
         self._page_bytes = self._kv.k[:, 0].numel() * self._kv.k.element_size() * 2
 
     # ---- summaries -----------------------------------------------------------------------
+    def _shared_pages(self, F: int) -> int:
+        """Pages of a checkpoint at frontier F that a continuation maps shared: the full ones, but with the MTP
+        layer not the one holding position F - 1, where the continuation's first MTP KV entry goes (the one
+        that pairs F - 1 with the continuation's own token F; speculate.py)."""
+        ps = self.config.page_size
+        return (F - 1) // ps if self.mtp_on and F > 0 else F // ps
+
     def checkpoint_info(self, checkpoint_id: int) -> CheckpointInfo:
         return self._ckpt(checkpoint_id).info
 
@@ -106,7 +114,7 @@ class CheckpointOps:
             if not (1 <= F < len(request.prompt_token_ids)) or request.prompt_token_ids[:F] != c.tokens:
                 raise InvariantError(f"checkpoint {source} (frontier {F}) does not prove a strict prefix "
                                      f"of the prompt ({len(request.prompt_token_ids)} tokens)")
-            shared = F // self.config.page_size if c.holding.on_device else 0
+            shared = self._shared_pages(F) if c.holding.on_device else 0
             reused = F
         need = self._ledger.need(growth, request.publication, shared)
         keep = () if source is None else (source,)
@@ -146,7 +154,7 @@ class CheckpointOps:
             ps = self.config.page_size
             shared = ()
             if src is not None and src.holding.on_device:
-                shared = src.holding.pages[: src.info.frontier // ps]
+                shared = src.holding.pages[: self._shared_pages(src.info.frontier)]
             holding = self._ledger.acquire(seq_id, self._growth(plan.request), publication=plan.request.publication,
                                            shared_pages=shared)
             if src is None:
@@ -154,13 +162,15 @@ class CheckpointOps:
             elif src.holding.on_device:
                 self._state.copy_entry(holding.slot, src.holding.slot)
                 F = src.info.frontier
-                if F % ps:
-                    # NOTE: copy-on-write of the partial last page: the continuation gets its own copy.
+                n = len(shared)
+                if n * ps < F:
+                    # NOTE: copy-on-write of the last page of the prefix (partial, or the one the MTP layer's
+                    #       first write goes to): the continuation gets its own copy.
                     new = holding.table.ensure(F)
                     if len(new) != 1:
-                        raise InvariantError(f"partial page copy mapped {len(new)} pages")
-                    self._kv.k[:, new[0]].copy_(self._kv.k[:, src.holding.pages[F // ps]])
-                    self._kv.v[:, new[0]].copy_(self._kv.v[:, src.holding.pages[F // ps]])
+                        raise InvariantError(f"last page copy mapped {len(new)} pages")
+                    self._kv.k[:, new[0]].copy_(self._kv.k[:, src.holding.pages[n]])
+                    self._kv.v[:, new[0]].copy_(self._kv.v[:, src.holding.pages[n]])
             else:
                 new = holding.table.ensure(src.info.frontier)
                 idx = torch.tensor(new, dtype=torch.long, device=self.device)
@@ -256,7 +266,9 @@ class CheckpointOps:
             # NOTE: the target covers the last sampled token, which is not in the state yet: one more
             # token step, into the publication slot only (the KV lands in the sequence's own page).
             self._state.copy_entry(h.pub_slot, s.slot)
-            self._forward([s], [[s.tokens[s.frontier]]], [s.frontier], [h.pub_slot])
+            hidden = self._forward([s], [[s.tokens[s.frontier]]], [s.frontier], [h.pub_slot])
+            if self.mtp_on:
+                self.mtp_observe_step([s], [s.tokens[s.frontier]], [s.frontier], [s.slot], [h.pub_slot], hidden)
             s.pub_frontier = s.pub_target
         if h.pub_slot is not None and s.pub_frontier is not None:
             frontier, use_pub = s.pub_frontier, True
