@@ -6,6 +6,7 @@ import math
 from typing import Callable
 
 from ninfer.config import MAX_CONCURRENCY as MAX_BATCH       # no torch import (see the module docstring)
+from ninfer.gateway.cli.common import add_speculative_args
 
 
 def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
@@ -69,6 +70,16 @@ def hf_baseline_on(args: argparse.Namespace, cuda: bool) -> bool:
     return cuda if args.hf_baseline is None else bool(args.hf_baseline)
 
 
+def add_bench_speculative_args(ap: argparse.ArgumentParser) -> None:
+    """`ninfer serve`'s speculative flags and --force-accept-len (a round's kept tokens on synthetic weights,
+    whose drafts are otherwise almost never accepted); checked by `gateway.cli.common.speculative_config`."""
+    add_speculative_args(ap.add_argument_group("speculative decoding"), force_accept_len=True,
+                         force_accept_help="every speculative round keeps exactly L tokens (1..K+1; 0 = the "
+                                           "model's own acceptance): the verify and commit run in full, so the "
+                                           "round time and TPOT at acceptance length L are measured on synthetic "
+                                           "weights")
+
+
 def decode_args(ap: argparse.ArgumentParser) -> None:
     add_common_args(ap, ["qwen3_6-27b", "qwen3_6-35b-a3b"])
     ap.add_argument("--ctx", nargs="+", type=int_in(1), default=[1024, 8192], help="context (prompt) lengths")
@@ -90,6 +101,7 @@ def decode_args(ap: argparse.ArgumentParser) -> None:
                     help="tiny dense on the GPU through the Engine: round time, graphs off and on")
     add_hf_baseline_args(ap)
     ap.add_argument("--hf-batches", nargs="+", type=int_in(1), default=[1, 8], help="batches of the HF baseline")
+    add_bench_speculative_args(ap)
 
 
 def prefill_args(ap: argparse.ArgumentParser) -> None:
@@ -129,6 +141,7 @@ def serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--in-process", action="store_true",
                     help="drive the public Engine in this process instead of `ninfer serve` (no HTTP): "
                          "the difference is what the gateway adds")
+    add_bench_speculative_args(ap)
 
 
 def kernels_args(ap: argparse.ArgumentParser) -> None:

@@ -24,7 +24,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the serve warmup (a few requests at start, so that the first prompts do not wait "
                         "for kernel compiles and graph captures; none run on the CPU)")
-    add_engine_args(p)
+    # NOTE: --force-accept-len too, for `ninfer bench serve` (a benchmarking aid: synthetic weights)
+    add_engine_args(p, force_accept_len=True)
 
 
 def _check_listen(host: str, port: int) -> None:
