@@ -36,7 +36,7 @@ from ninfer.contract.frontend import OutputOptions, PreparedPrompt
 from ninfer.config import (Availability, EngineConfig, EngineMetrics, EngineRequestError, ErrorKind,
                           GenerationResult, Purpose, ScoreInput, ScoreResult)
 
-__all__ = ["Engine", "GenerationHandle", "EngineRequestError"]
+__all__ = ["Engine", "GenerationHandle", "EngineRequestError", "check_model"]
 _log = logging.getLogger(__name__)
 
 
@@ -304,11 +304,11 @@ def _artifact_model(path: str | os.PathLike, cfg: EngineConfig) -> tuple[Any, st
     """(Frontend, identity, Program loader) of a `.ninfer` artifact: its package builds both."""
     from ninfer.artifact import open_artifact
     artifact = open_artifact(path)
-    if cfg.speculative is not None and not artifact.has_group("mtp"):
+    try:
+        _check_speculative_weights(artifact, path, cfg)
+    except ValueError:
         artifact.close()
-        raise ValueError(f"speculative method {cfg.speculative.method!r} needs the checkpoint's MTP weights, and "
-                         f"{os.fspath(path)} stores none (convert a checkpoint that has mtp.* tensors, or run "
-                         f"without --speculative-method)")
+        raise
     package_module = importlib.import_module(artifact.package.module)
     frontend = _create_frontend(package_module, artifact)
     program_config = _program_config(package_module, cfg, frontend.vocab_size)
@@ -316,6 +316,31 @@ def _artifact_model(path: str | os.PathLike, cfg: EngineConfig) -> tuple[Any, st
     def load() -> Program:
         return package_module.create_program(artifact, program_config)
     return frontend, artifact.identity, load
+
+
+def check_model(path: str | os.PathLike | None, cfg: EngineConfig) -> None:
+    """Raise ValueError, before any weight is read, when the model cannot serve `cfg`: speculation asked
+    of an artifact (path) or a dummy identity (path None) without MTP weights. `Engine` checks this too;
+    a gateway that builds the Engine in the background (serve) calls it first to fail at once."""
+    if cfg.speculative is None:
+        return
+    if path is None:
+        from ninfer.targets.registry import lookup
+        package = lookup(cfg.identity)
+        if getattr(package.dims, "mtp_num_hidden_layers", 0) < 1:
+            raise ValueError(f"speculative method {cfg.speculative.method!r} needs MTP weights, and identity "
+                             f"{package.identity} has no MTP layer")
+        return
+    from ninfer.artifact import open_artifact
+    with open_artifact(path) as artifact:
+        _check_speculative_weights(artifact, path, cfg)
+
+
+def _check_speculative_weights(artifact: Any, path: str | os.PathLike, cfg: EngineConfig) -> None:
+    if cfg.speculative is not None and not artifact.has_group("mtp"):
+        raise ValueError(f"speculative method {cfg.speculative.method!r} needs the checkpoint's MTP weights, and "
+                         f"{os.fspath(path)} stores none (convert a checkpoint that has mtp.* tensors, or run "
+                         f"without --speculative-method)")
 
 
 def _dummy_model(cfg: EngineConfig) -> tuple[Any, str, Callable[[], Program]]:
@@ -327,10 +352,8 @@ def _dummy_model(cfg: EngineConfig) -> tuple[Any, str, Callable[[], Program]]:
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
     from ninfer.targets.registry import lookup
+    check_model(None, cfg)
     package = lookup(cfg.identity)
-    if cfg.speculative is not None and getattr(package.dims, "mtp_num_hidden_layers", 0) < 1:
-        raise ValueError(f"speculative method {cfg.speculative.method!r} needs MTP weights, and identity "
-                         f"{package.identity} has no MTP layer")
     package_module = importlib.import_module(package.module)
     frontend = Qwen36Frontend.builtin()
     program_config = _program_config(package_module, cfg, frontend.vocab_size)
