@@ -78,7 +78,8 @@ class SpeculativeConfig:
 
 @dataclass(frozen=True)
 class EngineConfig:
-    """Frozen start-time configuration. CLI flags mirror these field names one to one."""
+    """Frozen start-time configuration. CLI flags mirror these field names one to one, except
+    `speculative`: --speculative-method and --num-speculative-tokens, as vLLM spells them."""
     purpose: Purpose = Purpose.GENERATION
     device: str = "auto"                  # "auto" = cuda when available, else cpu
     dtype: str = "auto"                   # "auto" = bfloat16 on CUDA, float32 on CPU; or bf16/fp32

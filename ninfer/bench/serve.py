@@ -408,8 +408,9 @@ def bench_identity(identity: str, args, ceil: dict, device: str, rec: Recorder, 
 def _report(identity: str, row: dict) -> None:
     spec = ""
     if row.get("speculative_method"):
+        accept = row["mean_acceptance_length"]
         spec = (f"; {row['speculative_method']} K={row['num_speculative_tokens']} L={row['force_accept_len']}, "
-                f"acceptance length {'-' if row['mean_acceptance_length'] is None else format(row['mean_acceptance_length'], '.2f')}")
+                f"acceptance length {'-' if accept is None else format(accept, '.2f')}")
     print(f"[{identity}] {row['path']} c={row['concurrency']}: TTFT mean {row['ttft_mean_ms']:.1f} ms "
           f"(floor {row['ttft_floor_ms']:.1f}), TPOT mean {row['tpot_mean_ms'] or 0:.2f} ms "
           f"(floor {row['tpot_floor_ms']:.2f}), {row['output_tokens_per_s']:.1f} tok/s{spec}", flush=True)
