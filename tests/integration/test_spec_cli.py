@@ -56,14 +56,19 @@ def test_cli_refusal_is_one_line(artifact_without_mtp, cmd, capsys):
 
 
 # ---- a speculative fake behind the real Frontend ------------------------------------------------------
-def _fake_engine(config: EngineConfig, accepted: int, trace=None):
-    """An Engine over FakeProgram(speculative=K) whose rounds accept `accepted` drafts each."""
+def _fake_engine(config: EngineConfig, accepted: int, trace=None, round_s: float = 0.0):
+    """An Engine over FakeProgram(speculative=K) whose rounds accept `accepted` drafts each and take
+    `round_s` seconds (so that requests submitted one after another decode together)."""
+    import time
+
     from ninfer.engine.facade import Engine
     from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
 
     k = config.speculative.num_speculative_tokens
     prog = FakeProgram(speculative=k, spec_accept=lambda sid, rnd: accepted, num_pages=4096, page_size=16,
                        max_model_len=config.max_model_len, vocab=5000)
+    if round_s:
+        prog.on_call = lambda name: time.sleep(round_s) if name == "decode" else None
     eng = Engine.from_program(prog, Qwen36Frontend.builtin(), config, trace=trace)
     assert eng.wait_ready(10).ready
     return eng
@@ -110,7 +115,7 @@ def test_bench_decode_reports_k_l_acceptance_and_tpot(capsys, monkeypatch):
 
     def start_engine(identity, device, clock, *, max_concurrency, max_model_len, speculative=None, **config):
         cfg = EngineConfig(max_concurrency=max_concurrency, max_model_len=max_model_len, speculative=speculative)
-        return _fake_engine(cfg, speculative.force_accept_len - 1, trace=clock), 0.0
+        return _fake_engine(cfg, speculative.force_accept_len - 1, trace=clock, round_s=0.005), 0.0
 
     monkeypatch.setattr(decode, "start_engine", start_engine)
     rc = main(["bench", "decode", "--identity", "qwen3_6-tiny-dense", "--device", "cpu", "--ctx", "16",
