@@ -71,13 +71,33 @@ def hf_baseline_on(args: argparse.Namespace, cuda: bool) -> bool:
 
 
 def add_bench_speculative_args(ap: argparse.ArgumentParser) -> None:
-    """`ninfer serve`'s speculative flags and --force-accept-len (a round's kept tokens on synthetic weights,
-    whose drafts are otherwise almost never accepted); checked by `gateway.cli.common.speculative_config`."""
-    add_speculative_args(ap.add_argument_group("speculative decoding"), force_accept_len=True,
+    """`ninfer serve`'s speculative flags, --force-accept-len (a round's kept tokens on synthetic weights,
+    whose drafts are otherwise almost never accepted; several values: one Engine each) and --with-plain;
+    checked by `speculative_configs`."""
+    g = ap.add_argument_group("speculative decoding")
+    add_speculative_args(g, force_accept_len=True, force_accept_nargs="+",
                          force_accept_help="every speculative round keeps exactly L tokens (1..K+1; 0 = the "
                                            "model's own acceptance): the verify and commit run in full, so the "
                                            "round time and TPOT at acceptance length L are measured on synthetic "
-                                           "weights")
+                                           "weights; several values (e.g. 1 2 3 4) run one engine each")
+    g.add_argument("--with-plain", action="store_true",
+                   help="with speculation: also measure plain decoding (no speculation) first, in the same run")
+
+
+def speculative_configs(args: argparse.Namespace) -> list:
+    """The engines a bench runs per identity: [None] without speculation; else one SpeculativeConfig per
+    --force-accept-len value, after None with --with-plain. A bad flag raises the CLI's one-line error."""
+    from ninfer.gateway.cli.common import speculative_config
+
+    forced = getattr(args, "force_accept_len", None)
+    values = forced if isinstance(forced, list) else [forced]
+    specs = [speculative_config(argparse.Namespace(**{**vars(args), "force_accept_len": v})) for v in values]
+    if specs == [None]:
+        if getattr(args, "with_plain", False):
+            from ninfer.gateway.cli.main import CLIError
+            raise CLIError("--with-plain needs --speculative-method and --num-speculative-tokens")
+        return specs
+    return ([None] if getattr(args, "with_plain", False) else []) + specs
 
 
 def decode_args(ap: argparse.ArgumentParser) -> None:

@@ -3,7 +3,7 @@ decoding together at context 1k and 8k, real sizes with synthetic (dummy) weight
 
     ninfer bench decode [--identity qwen3_6-27b qwen3_6-35b-a3b] [--ctx 1024 8192] [--batches 1 2 4 8]
         [--reps 10] [--max-model-len N] [--enforce-eager] [--host-overhead] [--hf-baseline | --no-hf-baseline]
-        [--speculative-method mtp --num-speculative-tokens K [--force-accept-len L]]
+        [--speculative-method mtp --num-speculative-tokens K [--force-accept-len L ...] [--with-plain]]
     (or: python3 -m ninfer.bench.decode ...)
 
 Per identity one Engine (`Engine.from_config(EngineConfig(load_format="dummy", identity=...))`,
@@ -32,7 +32,9 @@ the tokens a round produced per row (from the Engine's spec_decode counters over
 `tpot_ms` = step_ms / mean_acceptance_length. Synthetic weights accept almost no draft:
 --force-accept-len L keeps exactly L tokens per round (the verify and commit run in full), so the
 rows measure the round time and TPOT at acceptance length L. The request budget covers the rounds
-at L (or K+1) tokens each, plus the K positions every request reserves.
+at L (or K+1) tokens each, plus the K positions every request reserves. Several values
+(--force-accept-len 1 2 3 4) run one Engine each, and --with-plain first times plain decoding too,
+all in the same run (rows carry K and L; plain rows K = L = 0).
 
 --hf-baseline (default on for CUDA): Hugging Face transformers' Qwen3_5(Moe)ForCausalLM with the
 identity's dims and random weights on the same device, its per-token decode with its own cache at
@@ -55,7 +57,8 @@ from ninfer.bench.common import (decode_floor_ms, default_device, free_model, hf
                                  prefill_flops, print_prefill_rows, print_table, Recorder, run_step, start_run,
                                  sync)
 from ninfer.bench.engine_clock import (UnitClock, acceptance_length, decode_budget, decode_rounds, random_prompt,
-                                       spec_fields, start_engine, tokens_per_round, ttft_ms)
+                                       spec_fields, spec_header, spec_label, start_engine, tokens_per_round,
+                                       ttft_ms)
 from ninfer.config import EngineConfig, SpeculativeConfig
 from ninfer.targets.registry import lookup
 
@@ -208,8 +211,9 @@ add_args = decode_args
 
 
 def run(args: argparse.Namespace) -> int:
-    from ninfer.gateway.cli.common import speculative_config
-    spec = speculative_config(args)
+    from ninfer.bench.args import speculative_configs
+    specs = speculative_configs(args)
+    speculative = any(s is not None for s in specs)
     device = args.device or default_device()
     cuda = device.startswith("cuda")
     hf = hf_baseline_on(args, cuda)
@@ -220,18 +224,20 @@ def run(args: argparse.Namespace) -> int:
                                         "page_size": PAGE_SIZE, "weights": "dummy (synthetic)",
                                         "identities": args.identity, "ctx": args.ctx, "batches": args.batches,
                                         "enforce_eager": args.enforce_eager,
-                                        "max_model_len": model_len(args.max_model_len, args.ctx, args.reps,
-                                                                   args.batches, spec),
-                                        **spec_fields(spec)})
+                                        "max_model_len": max(model_len(args.max_model_len, args.ctx, args.reps,
+                                                                       args.batches, spec) for spec in specs),
+                                        **spec_header(specs)})
     if args.host_overhead and cuda:
         run_step(rec, args.step_timeout, "host overhead", lambda: host_overhead_rows(rec))
         free_model(device)
     for ident in args.identity:
-        run_step(rec, args.step_timeout, f"{ident} decode",
-                 lambda: run_identity(ident, args.ctx, bw, args.reps, device=device, batches=args.batches,
-                                      on_row=rec.add, max_model_len=args.max_model_len,
-                                      enforce_eager=args.enforce_eager, spec=spec))
-        free_model(device)              # each step's Engine is closed and freed here, however the step ended
+        for spec in specs:              # NOTE: one Engine each: the speculative settings are fixed at start
+            run_step(rec, args.step_timeout, f"{ident} decode{spec_label(spec)}",
+                     lambda spec=spec: run_identity(ident, args.ctx, bw, args.reps, device=device,
+                                                    batches=args.batches, on_row=rec.add,
+                                                    max_model_len=args.max_model_len,
+                                                    enforce_eager=args.enforce_eager, spec=spec))
+            free_model(device)          # each step's Engine is closed and freed here, however the step ended
         if hf:
             run_step(rec, args.step_timeout, f"{ident} transformers baseline",
                      lambda: hf_baseline(ident, min(args.ctx), args.hf_batches, args.reps, bw, device, on_row=rec.add))
@@ -248,12 +254,12 @@ def run(args: argparse.Namespace) -> int:
             per_row = r.get("tpot_ms") or r["step_ms"]
             row = [r["identity"], r["ops"], r["graphs"], r["ctx"], r["batch"], r["step_ms"], r["floor_ms"],
                    r["step_ms"] / r["floor_ms"], 1000 * r["batch"] / per_row]
-            if spec is not None:
+            if speculative:
                 row[5:5] = [r.get("num_speculative_tokens"), r.get("force_accept_len"),
                             r.get("mean_acceptance_length"), r.get("tpot_ms")]
             rows.append(row)
     headers = ["identity", "ops", "graphs", "ctx", "B", "step_ms", "floor_ms", "x_floor", "tok/s"]
-    if spec is not None:
+    if speculative:
         headers[5:5] = ["K", "L", "accept_len", "tpot_ms"]
     print_table(headers, rows)
     print()

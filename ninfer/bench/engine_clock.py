@@ -91,6 +91,22 @@ def spec_fields(spec) -> dict:
                 force_accept_len=spec.force_accept_len)
 
 
+def spec_header(specs: list) -> dict:
+    """The run's speculative settings for the JSON header: method and K, the forced lengths of its engines
+    (0: the model's own acceptance) and whether plain decoding ran too."""
+    on = [s for s in specs if s is not None]
+    return dict(speculative_method=on[0].method if on else "",
+                num_speculative_tokens=on[0].num_speculative_tokens if on else 0,
+                force_accept_lens=[s.force_accept_len for s in on], with_plain=bool(on) and None in specs)
+
+
+def spec_label(spec) -> str:
+    if spec is None:
+        return ""
+    return f" {spec.method} K={spec.num_speculative_tokens}" + (f" L={spec.force_accept_len}"
+                                                                 if spec.force_accept_len else "")
+
+
 def acceptance_length(before, after) -> float | None:
     """Mean tokens per speculative round between two `EngineMetrics` snapshots (1 + accepted drafts per
     round); None without speculation or without a round between them."""

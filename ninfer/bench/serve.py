@@ -2,7 +2,7 @@
 
     ninfer bench serve [--identity qwen3_6-27b] [--concurrency 1 2 4 8] [--prompt-len 1024]
         [--output-len 128] [--requests-per-client 2] [--out DIR] [--step-timeout S]
-        [--speculative-method mtp --num-speculative-tokens K [--force-accept-len L]]
+        [--speculative-method mtp --num-speculative-tokens K [--force-accept-len L ...] [--with-plain]]
     (or: python3 -m ninfer.bench.serve ...)
 
 Per identity: starts `ninfer serve --load-format dummy --identity X` as a subprocess on a free
@@ -27,6 +27,8 @@ Speculative decoding: the speculative flags go to the server (`ninfer serve --sp
 weights); each level then reports `mean_acceptance_length`, the tokens per speculative round over the
 level, from the server's `ninfer:spec_decode_*` counters on /metrics read before and after it (in
 process: from `Engine.metrics()`). max_model_len also holds the K positions every request reserves.
+Several --force-accept-len values start one server each; --with-plain first runs one without
+speculation, all in the same run.
 
 `--in-process` drives the same workload through the public `Engine` in this process instead
 (`Engine.from_config(load_format="dummy")`, `Frontend.prepare_tokens`, one thread per client
@@ -55,7 +57,7 @@ from pathlib import Path
 from ninfer.bench.args import serve_args
 from ninfer.bench.common import (decode_floor_ms, default_device, measure_ceilings, measure_ceilings_apart,
                                  prefill_floor_ms, print_table, Recorder, start_run)
-from ninfer.bench.engine_clock import acceptance_length, spec_fields
+from ninfer.bench.engine_clock import acceptance_length, spec_fields, spec_header, spec_label
 
 TOKEN_RANGE = (1000, 150000)      # ordinary text tokens of the Qwen3.6 vocabulary (no special ids)
 
@@ -367,7 +369,8 @@ def spec_server_args(spec) -> list[str]:
 def bench_identity(identity: str, args, ceil: dict, device: str, rec: Recorder, log_dir: Path, spec=None) -> None:
     cuda = device.startswith("cuda")
     max_c = max(args.concurrency)
-    log_path = log_dir / f"serve-{identity}.log"
+    tag = "" if spec is None else f"-{spec.method}-k{spec.num_speculative_tokens}-l{spec.force_accept_len}"
+    log_path = log_dir / f"serve-{identity}{tag}.log"
     server = Server(identity, max_concurrency=max_c, max_model_len=model_len(args, spec),
                     device=device, log_path=log_path, extra=spec_server_args(spec) + list(args.server_arg or []))
     print(f"[{identity}] starting: {' '.join(server.cmd)} (log {log_path})", flush=True)
@@ -465,8 +468,9 @@ def _terminated(signum, frame):
 
 
 def run(args: argparse.Namespace) -> int:
-    from ninfer.gateway.cli.common import speculative_config
-    spec = speculative_config(args)
+    from ninfer.bench.args import speculative_configs
+    specs = speculative_configs(args)
+    speculative = any(s is not None for s in specs)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)     # an outer `timeout` must not leave the server running
     device = args.device or default_device()
@@ -480,28 +484,30 @@ def run(args: argparse.Namespace) -> int:
                                        "weights": "dummy (synthetic)", "identities": args.identity,
                                        "concurrency": args.concurrency, "prompt_len": args.prompt_len,
                                        "output_len": args.output_len, "requests_per_client": args.requests_per_client,
-                                       "max_model_len": model_len(args, spec), "sampling": dict(SAMPLING),
+                                       "max_model_len": max(model_len(args, spec) for spec in specs),
+                                       "sampling": dict(SAMPLING),
                                        "path": "engine" if args.in_process else client_path(args),
-                                       **spec_fields(spec)})
+                                       **spec_header(specs)})
     log_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ninfer-bench-serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     for ident in args.identity:
-        try:
-            if args.in_process:
-                bench_identity_in_process(ident, args, ceil, device, rec, spec)
-            else:
-                bench_identity(ident, args, ceil, device, rec, log_dir, spec)
-        except Exception as e:  # noqa: BLE001 - the next identity still runs
-            rec.error(f"{ident}: {type(e).__name__}: {e}")
+        for spec in specs:          # NOTE: one server (Engine) each: the speculative settings are fixed at start
+            try:
+                if args.in_process:
+                    bench_identity_in_process(ident, args, ceil, device, rec, spec)
+                else:
+                    bench_identity(ident, args, ceil, device, rec, log_dir, spec)
+            except Exception as e:  # noqa: BLE001 - the next identity still runs
+                rec.error(f"{ident}{spec_label(spec)}: {type(e).__name__}: {e}")
     print()
     rows = [[r["identity"], r["path"], r["concurrency"], r["requests"], r["admit_mean_ms"], r["ttft_mean_ms"],
              r["ttft_p50_ms"], r["ttft_p99_ms"], r["ttft_floor_ms"], r["tpot_mean_ms"], r["tpot_p50_ms"],
              r["tpot_p99_ms"], r["tpot_floor_ms"], r["output_tokens_per_s"], r["tokens_per_s_ceiling"]]
-            + ([r["num_speculative_tokens"], r["force_accept_len"], r["mean_acceptance_length"]] if spec else [])
+            + ([r["num_speculative_tokens"], r["force_accept_len"], r["mean_acceptance_length"]] if speculative else [])
             for r in rec.results if r["kind"] == "serve"]
     print_table(["identity", "path", "conc", "reqs", "admit_mean", "ttft_mean", "ttft_p50", "ttft_p99", "ttft_floor",
                  "tpot_mean", "tpot_p50", "tpot_p99", "tpot_floor", "out_tok/s", "tok/s_ceil"]
-                + (["K", "L", "accept_len"] if spec else []), rows)
+                + (["K", "L", "accept_len"] if speculative else []), rows)
     rec.finish()
     return 1 if rec.errors else 0
 

@@ -64,7 +64,7 @@ def _fake_engine(config: EngineConfig, accepted: int, trace=None, round_s: float
     from ninfer.engine.facade import Engine
     from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
 
-    k = config.speculative.num_speculative_tokens
+    k = config.speculative.num_speculative_tokens if config.speculative is not None else 0
     prog = FakeProgram(speculative=k, spec_accept=lambda sid, rnd: accepted, num_pages=4096, page_size=16,
                        max_model_len=config.max_model_len, vocab=5000)
     if round_s:
@@ -115,23 +115,31 @@ def test_bench_decode_reports_k_l_acceptance_and_tpot(capsys, monkeypatch):
 
     def start_engine(identity, device, clock, *, max_concurrency, max_model_len, speculative=None, **config):
         cfg = EngineConfig(max_concurrency=max_concurrency, max_model_len=max_model_len, speculative=speculative)
-        return _fake_engine(cfg, speculative.force_accept_len - 1, trace=clock, round_s=0.005), 0.0
+        accepted = speculative.force_accept_len - 1 if speculative is not None else 0
+        return _fake_engine(cfg, accepted, trace=clock, round_s=0.005), 0.0
 
     monkeypatch.setattr(decode, "start_engine", start_engine)
     rc = main(["bench", "decode", "--identity", "qwen3_6-tiny-dense", "--device", "cpu", "--ctx", "16",
-               "--batches", "1", "2", "--reps", "2", "--no-hf-baseline", *SPEC, "3", "--force-accept-len", "2"])
+               "--batches", "1", "2", "--reps", "2", "--no-hf-baseline", *SPEC, "3", "--force-accept-len", "2", "4",
+               "--with-plain"])
     out = capsys.readouterr().out
     assert rc == 0, out
     data = _json_line(out)
     assert not data["errors"]
-    assert (data["speculative_method"], data["num_speculative_tokens"], data["force_accept_len"]) == ("mtp", 3, 2)
+    assert (data["speculative_method"], data["num_speculative_tokens"], data["force_accept_lens"],
+            data["with_plain"]) == ("mtp", 3, [2, 4], True)
     rows = [r for r in data["results"] if r["kind"] == "decode"]
-    assert [r["batch"] for r in rows] == [1, 2]
+    assert [(r["force_accept_len"], r["batch"]) for r in rows] == [(0, 1), (0, 2), (2, 1), (2, 2), (4, 1), (4, 2)]
     for r in rows:
-        assert r["num_speculative_tokens"] == 3 and r["force_accept_len"] == 2
-        assert r["mean_acceptance_length"] == 2.0 and r["tpot_ms"] == pytest.approx(r["step_ms"] / 2)
         assert r["rounds"] == 2
-    assert "accept_len" in out and "acceptance length 2.00" in out
+        if r["force_accept_len"] == 0:               # plain decoding, in the same run
+            assert r["num_speculative_tokens"] == 0 and r["mean_acceptance_length"] is None
+            assert r["tpot_ms"] == r["step_ms"]
+        else:
+            assert r["num_speculative_tokens"] == 3
+            L = r["force_accept_len"]
+            assert r["mean_acceptance_length"] == L and r["tpot_ms"] == pytest.approx(r["step_ms"] / L)
+    assert "accept_len" in out and "acceptance length 2.00" in out and "acceptance length 4.00" in out
 
 
 def test_bench_serve_in_process_reports_the_acceptance_length(capsys, monkeypatch):
@@ -139,6 +147,7 @@ def test_bench_serve_in_process_reports_the_acceptance_length(capsys, monkeypatc
 
     monkeypatch.setattr(Engine, "from_config", classmethod(
         lambda cls, config, trace=None: _fake_engine(config, config.speculative.force_accept_len - 1)))
+    # NOTE: one forced length here; several run one Engine each, as in bench decode
     rc = main(["bench", "serve", "--in-process", "--identity", "qwen3_6-tiny-dense", "--device", "cpu",
                "--concurrency", "1", "2", "--prompt-len", "16", "--output-len", "9", "--requests-per-client", "1",
                "--step-timeout", "60", "--startup-timeout", "60", *SPEC, "2", "--force-accept-len", "3"])

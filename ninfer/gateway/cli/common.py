@@ -67,7 +67,8 @@ def add_engine_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), *, f
             g.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=help_)
 
 
-def add_speculative_args(g, *, force_accept_len: bool = False, force_accept_help: str | None = None) -> None:
+def add_speculative_args(g, *, force_accept_len: bool = False, force_accept_help: str | None = None,
+                         force_accept_nargs: str | None = None) -> None:
     """--speculative-method, --num-speculative-tokens and (force_accept_len) --force-accept-len; parsed by
     `speculative_config` (values are checked there, so that a bad one is a one-line error)."""
     g.add_argument("--speculative-method", default=None, metavar="METHOD",
@@ -77,7 +78,7 @@ def add_speculative_args(g, *, force_accept_len: bool = False, force_accept_help
                    help=f"drafts per speculative round, 1..{MAX_SPECULATIVE_TOKENS} (with --speculative-method; "
                         f"every request reserves K positions of --max-model-len)")
     if force_accept_len:
-        g.add_argument("--force-accept-len", default=None, metavar="L",
+        g.add_argument("--force-accept-len", default=None, metavar="L", nargs=force_accept_nargs,
                        help=force_accept_help or "benchmarking aid for synthetic weights: every speculative round "
                             "keeps exactly L tokens (1..K+1) whatever the model says; verify and commit run in full")
 

@@ -119,12 +119,28 @@ def test_every_command_takes_the_speculative_flags(argv):
     assert speculative_config(_parse(*argv)) is None
 
 
-@pytest.mark.parametrize("argv", [("bench", "decode"), ("bench", "serve"), ("serve",)])
-def test_force_accept_len_on_the_benches_and_serve(argv):
+def test_force_accept_len_on_serve():
     from ninfer.gateway.cli.common import speculative_config
 
-    args = _parse(*argv, "--speculative-method", "mtp", "--num-speculative-tokens", "3", "--force-accept-len", "4")
+    args = _parse("serve", "--speculative-method", "mtp", "--num-speculative-tokens", "3", "--force-accept-len", "4")
     assert speculative_config(args) == SpeculativeConfig("mtp", 3, 4)
+
+
+@pytest.mark.parametrize("bench", ["decode", "serve"])
+def test_the_benches_run_one_engine_per_forced_length_and_plain_with_with_plain(bench):
+    from ninfer.bench.args import speculative_configs
+
+    spec = ("--speculative-method", "mtp", "--num-speculative-tokens", "3")
+    assert speculative_configs(_parse("bench", bench)) == [None]
+    assert speculative_configs(_parse("bench", bench, *spec)) == [SpeculativeConfig("mtp", 3, 0)]
+    assert speculative_configs(_parse("bench", bench, *spec, "--force-accept-len", "4")) == [
+        SpeculativeConfig("mtp", 3, 4)]
+    assert speculative_configs(_parse("bench", bench, *spec, "--force-accept-len", "1", "2", "--with-plain")) == [
+        None, SpeculativeConfig("mtp", 3, 1), SpeculativeConfig("mtp", 3, 2)]
+    with pytest.raises(CLIError, match="--force-accept-len must be an integer in 0..4"):
+        speculative_configs(_parse("bench", bench, *spec, "--force-accept-len", "1", "5"))
+    with pytest.raises(CLIError, match="--with-plain needs --speculative-method"):
+        speculative_configs(_parse("bench", bench, "--with-plain"))
 
 
 @pytest.mark.parametrize("argv", [("generate", "-p", "x"), ("chat",)])
