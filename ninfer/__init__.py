@@ -6,13 +6,14 @@ Gateways use `ninfer.Engine`, the public types below and the Frontend types; not
 from ninfer.config import (Availability, AvailabilityState, EngineConfig, EngineMetrics, EngineRequestError,
                           ErrorKind, FinishReason, GenerationDelta, GenerationError, GenerationEvent,
                           GenerationResult, GenerationStart, HistogramSnapshot, OutputDelta, OutputOptions,
-                          PreparedPrompt, Purpose, SamplingParams, TokenLogprob, ToolCall, ToolCallDelta, Usage)
+                          PreparedPrompt, Purpose, SamplingParams, SpeculativeConfig, TokenLogprob, ToolCall,
+                          ToolCallDelta, Usage)
 
 __all__ = ["Engine", "GenerationHandle", "Availability", "AvailabilityState", "EngineConfig", "EngineMetrics",
            "EngineRequestError", "ErrorKind", "FinishReason", "GenerationDelta", "GenerationError",
            "GenerationEvent", "GenerationResult", "GenerationStart", "HistogramSnapshot", "OutputDelta",
-           "OutputOptions", "PreparedPrompt", "Purpose", "SamplingParams", "TokenLogprob", "ToolCall",
-           "ToolCallDelta", "Usage"]
+           "OutputOptions", "PreparedPrompt", "Purpose", "SamplingParams", "SpeculativeConfig", "TokenLogprob",
+           "ToolCall", "ToolCallDelta", "Usage"]
 
 
 def __getattr__(name: str):

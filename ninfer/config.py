@@ -12,8 +12,10 @@ from ninfer.contract.frontend import (FinishReason, OutputDelta, OutputOptions,
                                                    PreparedPrompt, ToolCall, ToolCallDelta)
 
 MAX_CONCURRENCY = 8        # active requests at once: EngineConfig.max_concurrency is in 1..MAX_CONCURRENCY
+SPECULATIVE_METHODS = ("mtp",)     # EngineConfig.speculative methods
+MAX_SPECULATIVE_TOKENS = 7         # num_speculative_tokens is in 1..MAX_SPECULATIVE_TOKENS
 
-__all__ = ["EngineConfig", "SamplingParams", "TokenLogprob", "FinishReason", "OutputOptions",
+__all__ = ["EngineConfig", "SpeculativeConfig", "SamplingParams", "TokenLogprob", "FinishReason", "OutputOptions",
            "PreparedPrompt", "ToolCall", "ToolCallDelta", "OutputDelta", "Availability",
            "AvailabilityState", "GenerationStart", "GenerationDelta", "GenerationResult",
            "GenerationError", "ErrorKind", "Usage", "Purpose", "EngineRequestError", "HistogramSnapshot",
@@ -25,9 +27,59 @@ class Purpose(str, enum.Enum):
     CAUSAL_SCORING = "causal_scoring"
 
 
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    """Speculative decoding, fixed at start (`EngineConfig.speculative`; vLLM's `--speculative-config`).
+
+    method                  "mtp": the checkpoint's multi-token-prediction layer drafts, the target verifies
+    num_speculative_tokens  K, 1..7: drafts per round; a round produces 1..K+1 tokens per row, and every
+                            request reserves K positions past its output (the lookahead)
+    force_accept_len        0 (off) or 1..K+1: every round keeps exactly this many tokens whatever the target
+                            says (a benchmarking aid for synthetic weights: the output is not the model's)
+    """
+    method: str
+    num_speculative_tokens: int
+    force_accept_len: int = 0
+
+    def __post_init__(self) -> None:
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(f"speculative method must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.method!r}")
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be an integer in 1..{MAX_SPECULATIVE_TOKENS}, got {k!r}")
+        f = self.force_accept_len
+        if isinstance(f, bool) or not isinstance(f, int) or not (f == 0 or 1 <= f <= k + 1):
+            raise ValueError(f"force_accept_len must be 0 (off) or in 1..{k + 1} (num_speculative_tokens + 1), "
+                             f"got {f!r}")
+
+    @property
+    def lookahead(self) -> int:
+        """Positions past a request's last token that one speculative round may write (its K drafts)."""
+        return self.num_speculative_tokens
+
+    @classmethod
+    def of(cls, value: "SpeculativeConfig | dict | None") -> "SpeculativeConfig | None":
+        """None, a SpeculativeConfig, or a dict {"method": "mtp", "num_speculative_tokens": K
+        [, "force_accept_len": L]} (the vLLM `--speculative-config` form)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if not isinstance(value, dict):
+            raise ValueError(f"speculative must be None, a SpeculativeConfig or a dict, got {type(value).__name__}")
+        known = ("method", "num_speculative_tokens", "force_accept_len")
+        unknown = sorted(set(value) - set(known))
+        if unknown:
+            raise ValueError(f"speculative: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}")
+        missing = [k for k in known[:2] if k not in value]
+        if missing:
+            raise ValueError(f"speculative needs {' and '.join(missing)} (e.g. "
+                             f"{{'method': 'mtp', 'num_speculative_tokens': 3}})")
+        return cls(**value)
+
+
 @dataclass(frozen=True)
 class EngineConfig:
-    """Frozen start-time configuration. CLI flags mirror these field names one to one."""
+    """Frozen start-time configuration. CLI flags mirror these field names one to one, except
+    `speculative`: --speculative-method and --num-speculative-tokens, as vLLM spells them."""
     purpose: Purpose = Purpose.GENERATION
     device: str = "auto"                  # "auto" = cuda when available, else cpu
     dtype: str = "auto"                   # "auto" = bfloat16 on CUDA, float32 on CPU; or bf16/fp32
@@ -60,6 +112,9 @@ class EngineConfig:
     # generated on the device, with the built-in Frontend (a benchmarking aid: outputs are synthetic)
     load_format: str = "artifact"
     identity: str = ""                    # required with load_format "dummy" (e.g. qwen3_6-27b)
+    # speculative decoding: None (off), a SpeculativeConfig or its dict form {"method": "mtp",
+    # "num_speculative_tokens": K}; normalized to SpeculativeConfig | None
+    speculative: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.purpose, Purpose):
@@ -98,6 +153,14 @@ class EngineConfig:
             lookup(self.identity)                 # UnknownIdentityError (a ValueError) names the known ones
         elif self.identity:
             raise ValueError("identity is only used with load_format dummy (an artifact names its own)")
+        object.__setattr__(self, "speculative", SpeculativeConfig.of(self.speculative))
+        if self.speculative is not None and self.purpose is Purpose.CAUSAL_SCORING:
+            raise ValueError("speculative decoding applies to generation; purpose causal_scoring takes none")
+
+    @property
+    def lookahead(self) -> int:
+        """Positions past a request's output that a decode round may write (speculation's K; 0 without)."""
+        return 0 if self.speculative is None else self.speculative.lookahead
 
     @property
     def synthetic(self) -> bool:
@@ -152,11 +215,23 @@ class Usage:
     num_output_tokens: int
     num_reused_tokens: int = 0
     num_reasoning_tokens: int = 0
+    # speculative decoding (None when it is off): the request's speculative rounds and the drafts they
+    # accepted; each round produced its accepted drafts plus one token of the target's
+    num_spec_rounds: int | None = None
+    num_spec_accepted_tokens: int | None = None
 
     @property
     def cached_tokens(self) -> int:
         """Prompt tokens taken from the context cache (OpenAI's usage.prompt_tokens_details.cached_tokens)."""
         return self.num_reused_tokens
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens a speculative round produced, averaged over the request's rounds (accepted drafts + 1);
+        None without speculation or before the first round."""
+        if not self.num_spec_rounds:
+            return None
+        return 1.0 + (self.num_spec_accepted_tokens or 0) / self.num_spec_rounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +343,14 @@ class EngineMetrics:
     num_checkpoints_host: int = 0
     checkpoint_device_bytes: int = 0
     checkpoint_host_bytes: int = 0
+    # speculative decoding (vLLM's spec_decode counters; all 0 and () when it is off): K, then per round of
+    # a row that committed a token: rounds (drafts), draft tokens proposed, drafts accepted, and
+    # accepted_per_pos[i] = rounds whose draft at position i was accepted (i = 0..K-1)
+    num_speculative_tokens: int = 0
+    num_spec_drafts: int = 0
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
+    num_spec_accepted_per_pos: tuple[int, ...] = ()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import math
 from typing import Callable
 
 from ninfer.config import MAX_CONCURRENCY as MAX_BATCH       # no torch import (see the module docstring)
+from ninfer.gateway.cli.common import add_speculative_args
 
 
 def int_in(lo: int, hi: int | None = None) -> Callable[[str], int]:
@@ -69,6 +70,36 @@ def hf_baseline_on(args: argparse.Namespace, cuda: bool) -> bool:
     return cuda if args.hf_baseline is None else bool(args.hf_baseline)
 
 
+def add_bench_speculative_args(ap: argparse.ArgumentParser) -> None:
+    """`ninfer serve`'s speculative flags, --force-accept-len (a round's kept tokens on synthetic weights,
+    whose drafts are otherwise almost never accepted; several values: one Engine each) and --with-plain;
+    checked by `speculative_configs`."""
+    g = ap.add_argument_group("speculative decoding")
+    add_speculative_args(g, force_accept_len=True, force_accept_nargs="+",
+                         force_accept_help="every speculative round keeps exactly L tokens (1..K+1; 0 = the "
+                                           "model's own acceptance): the verify and commit run in full, so the "
+                                           "round time and TPOT at acceptance length L are measured on synthetic "
+                                           "weights; several values (e.g. 1 2 3 4) run one engine each")
+    g.add_argument("--with-plain", action="store_true",
+                   help="with speculation: also measure plain decoding (no speculation) first, in the same run")
+
+
+def speculative_configs(args: argparse.Namespace) -> list:
+    """The engines a bench runs per identity: [None] without speculation; else one SpeculativeConfig per
+    --force-accept-len value, after None with --with-plain. A bad flag raises the CLI's one-line error."""
+    from ninfer.gateway.cli.common import speculative_config
+
+    forced = getattr(args, "force_accept_len", None)
+    values = forced if isinstance(forced, list) else [forced]
+    specs = [speculative_config(argparse.Namespace(**{**vars(args), "force_accept_len": v})) for v in values]
+    if specs == [None]:
+        if getattr(args, "with_plain", False):
+            from ninfer.gateway.cli.main import CLIError
+            raise CLIError("--with-plain needs --speculative-method and --num-speculative-tokens")
+        return specs
+    return ([None] if getattr(args, "with_plain", False) else []) + specs
+
+
 def decode_args(ap: argparse.ArgumentParser) -> None:
     add_common_args(ap, ["qwen3_6-27b", "qwen3_6-35b-a3b"])
     ap.add_argument("--ctx", nargs="+", type=int_in(1), default=[1024, 8192], help="context (prompt) lengths")
@@ -90,6 +121,7 @@ def decode_args(ap: argparse.ArgumentParser) -> None:
                     help="tiny dense on the GPU through the Engine: round time, graphs off and on")
     add_hf_baseline_args(ap)
     ap.add_argument("--hf-batches", nargs="+", type=int_in(1), default=[1, 8], help="batches of the HF baseline")
+    add_bench_speculative_args(ap)
 
 
 def prefill_args(ap: argparse.ArgumentParser) -> None:
@@ -129,6 +161,7 @@ def serve_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--in-process", action="store_true",
                     help="drive the public Engine in this process instead of `ninfer serve` (no HTTP): "
                          "the difference is what the gateway adds")
+    add_bench_speculative_args(ap)
 
 
 def kernels_args(ap: argparse.ArgumentParser) -> None:

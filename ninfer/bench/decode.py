@@ -3,6 +3,7 @@ decoding together at context 1k and 8k, real sizes with synthetic (dummy) weight
 
     ninfer bench decode [--identity qwen3_6-27b qwen3_6-35b-a3b] [--ctx 1024 8192] [--batches 1 2 4 8]
         [--reps 10] [--max-model-len N] [--enforce-eager] [--host-overhead] [--hf-baseline | --no-hf-baseline]
+        [--speculative-method mtp --num-speculative-tokens K [--force-accept-len L ...] [--with-plain]]
     (or: python3 -m ninfer.bench.decode ...)
 
 Per identity one Engine (`Engine.from_config(EngineConfig(load_format="dummy", identity=...))`,
@@ -25,6 +26,16 @@ off and on: the round time, nearly all of it host work at that model size.
 --no-ref and --prefill-ref-gdn are accepted and do nothing here: the eager/graphs/reference-ops A/B of
 the Program's decode step, without the Engine, is `python3 bench/program_step.py decode`.
 
+Speculative decoding (--speculative-method mtp --num-speculative-tokens K): each decode unit is one
+speculative round (K drafts, one verify); `step_ms` is then the round time, `mean_acceptance_length`
+the tokens a round produced per row (from the Engine's spec_decode counters over the B requests), and
+`tpot_ms` = step_ms / mean_acceptance_length. Synthetic weights accept almost no draft:
+--force-accept-len L keeps exactly L tokens per round (the verify and commit run in full), so the
+rows measure the round time and TPOT at acceptance length L. The request budget covers the rounds
+at L (or K+1) tokens each, plus the K positions every request reserves. Several values
+(--force-accept-len 1 2 3 4) run one Engine each, and --with-plain first times plain decoding too,
+all in the same run (rows carry K and L; plain rows K = L = 0).
+
 --hf-baseline (default on for CUDA): Hugging Face transformers' Qwen3_5(Moe)ForCausalLM with the
 identity's dims and random weights on the same device, its per-token decode with its own cache at
 the smallest ctx and --hf-batches (after the Engine is closed: 27B bf16 is ~54 GB each).
@@ -45,8 +56,10 @@ from ninfer.bench.args import decode_args, hf_baseline_on
 from ninfer.bench.common import (decode_floor_ms, default_device, free_model, hf_model, measure_ceilings_apart,
                                  prefill_flops, print_prefill_rows, print_table, Recorder, run_step, start_run,
                                  sync)
-from ninfer.bench.engine_clock import UnitClock, decode_budget, decode_rounds, random_prompt, start_engine, ttft_ms
-from ninfer.config import EngineConfig
+from ninfer.bench.engine_clock import (UnitClock, acceptance_length, decode_budget, decode_rounds, random_prompt,
+                                       spec_fields, spec_header, spec_label, start_engine, tokens_per_round,
+                                       ttft_ms)
+from ninfer.config import EngineConfig, SpeculativeConfig
 from ninfer.targets.registry import lookup
 
 WARMUP_ROUNDS = 3
@@ -54,10 +67,13 @@ PAGE_SIZE = EngineConfig().page_size     # the Engine's KV page size (as `ninfer
 PREFILL_PROMPTS = 4        # single prompts timed per context length (the first reported apart)
 
 
-def model_len(requested: int, ctxs: list[int], reps: int = 10, batches: list[int] = [8]) -> int:
+def model_len(requested: int, ctxs: list[int], reps: int = 10, batches: list[int] = [8],
+              spec: SpeculativeConfig | None = None) -> int:
     """The Engine's max_model_len: `requested` (--max-model-len), at least the largest context + 64 and
-    room for the decode budget of the largest B."""
-    return max(requested, max(ctxs) + max(64, decode_budget(max(batches), WARMUP_ROUNDS + reps + 1)))
+    room for the decode budget of the largest B (at `tokens_per_round` tokens a round) and the speculative
+    lookahead."""
+    budget = decode_budget(max(batches), WARMUP_ROUNDS + reps + 1) * tokens_per_round(spec)
+    return max(requested, max(ctxs) + (spec.lookahead if spec else 0) + max(64, budget))
 
 
 def gpu_gib(device: str) -> float:
@@ -66,14 +82,15 @@ def gpu_gib(device: str) -> float:
 
 def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, device: str = "cuda",
                  batches: list[int] = list(range(1, 9)), on_row=None, max_model_len: int = 0,
-                 enforce_eager: bool = False) -> list[dict]:
+                 enforce_eager: bool = False, spec: SpeculativeConfig | None = None) -> list[dict]:
     cuda = device.startswith("cuda")
     dims = lookup(identity).dims
     dtype_bytes = 2 if cuda else 4
-    mml = model_len(max_model_len, ctxs, reps, batches)
+    mml = model_len(max_model_len, ctxs, reps, batches, spec)
+    look, per_round = (spec.lookahead if spec else 0), tokens_per_round(spec)
     clock = UnitClock()
     engine, ready_s = start_engine(identity, device, clock, max_concurrency=max(batches), max_model_len=mml,
-                                   enforce_eager=enforce_eager)
+                                   enforce_eager=enforce_eager, speculative=spec)
     out = []
 
     def add(row: dict) -> None:
@@ -83,9 +100,11 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, device: s
 
     try:
         graphs = cuda and not enforce_eager
+        spec_note = "" if spec is None else (f"; speculative {spec.method} K={spec.num_speculative_tokens}"
+                                             f"{f' forced L={spec.force_accept_len}' if spec.force_accept_len else ''}")
         print(f"[{identity}] synthetic weights generated and Engine ready in {ready_s:.1f} s; max_concurrency "
-              f"{max(batches)}; max_model_len {mml}; graphs {graphs}; GPU memory {gpu_gib(device):.1f} GiB",
-              flush=True)
+              f"{max(batches)}; max_model_len {mml}; graphs {graphs}; GPU memory {gpu_gib(device):.1f} GiB"
+              f"{spec_note}", flush=True)
         rng = random.Random(0)
         for ctx in ctxs:
             pre_ms = [ttft_ms(engine, clock, random_prompt(rng, ctx), lambda: sync(device))
@@ -94,19 +113,28 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, device: s
             add(dict(identity=identity, kind="prefill", ctx=ctx, first_ms=pre_ms[0],
                      median_ms=statistics.median(pre_ms[1:]), gemm_flops=prefill_flops(dims, ctx)))
             for B in batches:
-                budget = min(decode_budget(B, WARMUP_ROUNDS + reps + 1), mml - ctx)
+                budget = min(decode_budget(B, WARMUP_ROUNDS + reps + 1) * per_round, mml - ctx - look)
+                before = engine.metrics()
                 res = decode_rounds(engine, clock, B, ctx, reps, WARMUP_ROUNDS, rng, budget)
+                accept = acceptance_length(before, engine.metrics())
                 times = res["times_ms"]
                 floor_ms = decode_floor_ms(dims, B, ctx, bw / 1e12, dtype_bytes)
                 step = statistics.median(times)
+                tpot = step if spec is None or not accept else step / accept
                 add(dict(identity=identity, kind="decode", ops="engine", graphs=graphs, ctx=ctx, batch=B,
-                         step_ms=step, min_ms=min(times), floor_ms=floor_ms, tpot_ms=step, rounds=len(times),
-                         output_tokens=budget))
+                         step_ms=step, min_ms=min(times), floor_ms=floor_ms, tpot_ms=tpot, rounds=len(times),
+                         output_tokens=budget, **spec_fields(spec), mean_acceptance_length=accept))
+                accept_note = "" if spec is None else (f"; acceptance length {_num(accept)}, TPOT {tpot:.2f} ms")
                 print(f"[{identity}] engine graphs={graphs} ctx {ctx} B={B}: {step:.2f} ms per round "
-                      f"(min {min(times):.2f}, floor {floor_ms:.2f}; {len(times)} rounds timed)", flush=True)
+                      f"(min {min(times):.2f}, floor {floor_ms:.2f}; {len(times)} rounds timed{accept_note})",
+                      flush=True)
     finally:
         engine.close()
     return out
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def host_overhead(reps: int = 50) -> list[dict]:
@@ -183,6 +211,9 @@ add_args = decode_args
 
 
 def run(args: argparse.Namespace) -> int:
+    from ninfer.bench.args import speculative_configs
+    specs = speculative_configs(args)
+    speculative = any(s is not None for s in specs)
     device = args.device or default_device()
     cuda = device.startswith("cuda")
     hf = hf_baseline_on(args, cuda)
@@ -193,17 +224,20 @@ def run(args: argparse.Namespace) -> int:
                                         "page_size": PAGE_SIZE, "weights": "dummy (synthetic)",
                                         "identities": args.identity, "ctx": args.ctx, "batches": args.batches,
                                         "enforce_eager": args.enforce_eager,
-                                        "max_model_len": model_len(args.max_model_len, args.ctx, args.reps,
-                                                                   args.batches)})
+                                        "max_model_len": max(model_len(args.max_model_len, args.ctx, args.reps,
+                                                                       args.batches, spec) for spec in specs),
+                                        **spec_header(specs)})
     if args.host_overhead and cuda:
         run_step(rec, args.step_timeout, "host overhead", lambda: host_overhead_rows(rec))
         free_model(device)
     for ident in args.identity:
-        run_step(rec, args.step_timeout, f"{ident} decode",
-                 lambda: run_identity(ident, args.ctx, bw, args.reps, device=device, batches=args.batches,
-                                      on_row=rec.add, max_model_len=args.max_model_len,
-                                      enforce_eager=args.enforce_eager))
-        free_model(device)              # each step's Engine is closed and freed here, however the step ended
+        for spec in specs:              # NOTE: one Engine each: the speculative settings are fixed at start
+            run_step(rec, args.step_timeout, f"{ident} decode{spec_label(spec)}",
+                     lambda spec=spec: run_identity(ident, args.ctx, bw, args.reps, device=device,
+                                                    batches=args.batches, on_row=rec.add,
+                                                    max_model_len=args.max_model_len,
+                                                    enforce_eager=args.enforce_eager, spec=spec))
+            free_model(device)          # each step's Engine is closed and freed here, however the step ended
         if hf:
             run_step(rec, args.step_timeout, f"{ident} transformers baseline",
                      lambda: hf_baseline(ident, min(args.ctx), args.hf_batches, args.reps, bw, device, on_row=rec.add))
@@ -217,9 +251,17 @@ def run(args: argparse.Namespace) -> int:
     rows = []
     for r in results:
         if r["kind"] in ("decode", "hf_decode"):
-            rows.append([r["identity"], r["ops"], r["graphs"], r["ctx"], r["batch"], r["step_ms"], r["floor_ms"],
-                         r["step_ms"] / r["floor_ms"], 1000 * r["batch"] / r["step_ms"]])
-    print_table(["identity", "ops", "graphs", "ctx", "B", "step_ms", "floor_ms", "x_floor", "tok/s"], rows)
+            per_row = r.get("tpot_ms") or r["step_ms"]
+            row = [r["identity"], r["ops"], r["graphs"], r["ctx"], r["batch"], r["step_ms"], r["floor_ms"],
+                   r["step_ms"] / r["floor_ms"], 1000 * r["batch"] / per_row]
+            if speculative:
+                row[5:5] = [r.get("num_speculative_tokens"), r.get("force_accept_len"),
+                            r.get("mean_acceptance_length"), r.get("tpot_ms")]
+            rows.append(row)
+    headers = ["identity", "ops", "graphs", "ctx", "B", "step_ms", "floor_ms", "x_floor", "tok/s"]
+    if speculative:
+        headers[5:5] = ["K", "L", "accept_len", "tpot_ms"]
+    print_table(headers, rows)
     print()
     print_prefill_rows(results, peak)
     rec.finish()

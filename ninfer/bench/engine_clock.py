@@ -75,6 +75,47 @@ def start_engine(identity: str, device: str, clock: UnitClock, *, max_concurrenc
     return engine, time.perf_counter() - t0
 
 
+def tokens_per_round(spec) -> int:
+    """The most tokens one decode round gives a row: 1 without speculation (`spec` None), the forced
+    acceptance length L, else K+1."""
+    if spec is None:
+        return 1
+    return spec.force_accept_len or spec.num_speculative_tokens + 1
+
+
+def spec_fields(spec) -> dict:
+    """A result row's speculative settings (method "" and K = L = 0 without speculation)."""
+    if spec is None:
+        return dict(speculative_method="", num_speculative_tokens=0, force_accept_len=0)
+    return dict(speculative_method=spec.method, num_speculative_tokens=spec.num_speculative_tokens,
+                force_accept_len=spec.force_accept_len)
+
+
+def spec_header(specs: list) -> dict:
+    """The run's speculative settings for the JSON header: method and K, the forced lengths of its engines
+    (0: the model's own acceptance) and whether plain decoding ran too."""
+    on = [s for s in specs if s is not None]
+    return dict(speculative_method=on[0].method if on else "",
+                num_speculative_tokens=on[0].num_speculative_tokens if on else 0,
+                force_accept_lens=[s.force_accept_len for s in on], with_plain=bool(on) and None in specs)
+
+
+def spec_label(spec) -> str:
+    if spec is None:
+        return ""
+    return f" {spec.method} K={spec.num_speculative_tokens}" + (f" L={spec.force_accept_len}"
+                                                                 if spec.force_accept_len else "")
+
+
+def acceptance_length(before, after) -> float | None:
+    """Mean tokens per speculative round between two `EngineMetrics` snapshots (1 + accepted drafts per
+    round); None without speculation or without a round between them."""
+    drafts = after.num_spec_drafts - before.num_spec_drafts
+    if not after.num_speculative_tokens or drafts <= 0:
+        return None
+    return 1.0 + (after.num_spec_accepted_tokens - before.num_spec_accepted_tokens) / drafts
+
+
 def random_prompt(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(*TOKEN_RANGE) for _ in range(n)]
 

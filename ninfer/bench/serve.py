@@ -2,6 +2,7 @@
 
     ninfer bench serve [--identity qwen3_6-27b] [--concurrency 1 2 4 8] [--prompt-len 1024]
         [--output-len 128] [--requests-per-client 2] [--out DIR] [--step-timeout S]
+        [--speculative-method mtp --num-speculative-tokens K [--force-accept-len L ...] [--with-plain]]
     (or: python3 -m ninfer.bench.serve ...)
 
 Per identity: starts `ninfer serve --load-format dummy --identity X` as a subprocess on a free
@@ -20,6 +21,14 @@ chunk) / (output tokens - 1). Per level: TTFT mean/p50/p99, TPOT mean/p50/p99, o
 all output tokens / wall time of the level. Floors (performance.md, ceilings measured in this
 run): TTFT >= prefill FLOPs / matmul rate; TPOT >= decode bytes at batch c and the mean context /
 copy bandwidth; tokens/s <= c / TPOT floor.
+
+Speculative decoding: the speculative flags go to the server (`ninfer serve --speculative-method mtp
+--num-speculative-tokens K [--force-accept-len L]`, L keeping exactly L tokens per round on synthetic
+weights); each level then reports `mean_acceptance_length`, the tokens per speculative round over the
+level, from the server's `ninfer:spec_decode_*` counters on /metrics read before and after it (in
+process: from `Engine.metrics()`). max_model_len also holds the K positions every request reserves.
+Several --force-accept-len values start one server each; --with-plain first runs one without
+speculation, all in the same run.
 
 `--in-process` drives the same workload through the public `Engine` in this process instead
 (`Engine.from_config(load_format="dummy")`, `Frontend.prepare_tokens`, one thread per client
@@ -48,6 +57,7 @@ from pathlib import Path
 from ninfer.bench.args import serve_args
 from ninfer.bench.common import (decode_floor_ms, default_device, measure_ceilings, measure_ceilings_apart,
                                  prefill_floor_ms, print_table, Recorder, start_run)
+from ninfer.bench.engine_clock import acceptance_length, spec_fields, spec_header, spec_label
 
 TOKEN_RANGE = (1000, 150000)      # ordinary text tokens of the Qwen3.6 vocabulary (no special ids)
 
@@ -127,6 +137,28 @@ class Server:
             raise
         finally:
             self._log.close()
+
+
+def spec_counters(url: str, timeout: float = 5.0) -> tuple[float, float] | None:
+    """(drafts, accepted draft tokens) from the server's /metrics (the `ninfer:spec_decode_*` counters);
+    None when it exposes none (speculation off)."""
+    with urllib.request.urlopen(url + "/metrics", timeout=timeout) as r:
+        text = r.read().decode("utf-8", "replace")
+    values = {}
+    for line in text.splitlines():
+        for name in ("ninfer:spec_decode_num_drafts_total", "ninfer:spec_decode_num_accepted_tokens_total"):
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                values[name] = values.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    if len(values) < 2:
+        return None
+    return values["ninfer:spec_decode_num_drafts_total"], values["ninfer:spec_decode_num_accepted_tokens_total"]
+
+
+def counters_acceptance(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
+    """Mean tokens per speculative round between two `spec_counters` readings (None: no round or no speculation)."""
+    if before is None or after is None or after[0] <= before[0]:
+        return None
+    return 1.0 + (after[1] - before[1]) / (after[0] - before[0])
 
 
 def _stream_state() -> dict:
@@ -292,7 +324,8 @@ def _pct(xs: list[float], q: float) -> float | None:
 
 
 def summarize(identity: str, c: int, reqs: list[dict], wall: float, prompt_len: int, output_len: int,
-              ceil: dict, dtype_bytes: int, path: str = "http") -> dict:
+              ceil: dict, dtype_bytes: int, path: str = "http", spec=None,
+              mean_acceptance_length: float | None = None) -> dict:
     from ninfer.targets.registry import lookup
 
     dims = lookup(identity).dims
@@ -310,7 +343,8 @@ def summarize(identity: str, c: int, reqs: list[dict], wall: float, prompt_len: 
                 ttft_floor_ms=prefill_floor_ms(dims, prompt_len, ceil["matmul_8192_TFLOPs"]),
                 tpot_mean_ms=statistics.fmean(tpot) if tpot else None, tpot_p50_ms=_pct(tpot, 50),
                 tpot_p99_ms=_pct(tpot, 99), tpot_floor_ms=tpot_floor, wall_s=wall,
-                output_tokens_per_s=out_tokens / wall, tokens_per_s_ceiling=c * 1e3 / tpot_floor)
+                output_tokens_per_s=out_tokens / wall, tokens_per_s_ceiling=c * 1e3 / tpot_floor,
+                **spec_fields(spec), mean_acceptance_length=mean_acceptance_length)
 
 
 def client_path(args) -> str:
@@ -318,18 +352,27 @@ def client_path(args) -> str:
     return "http" if args.client == "http" else "openai-sdk"
 
 
-def model_len(args) -> int:
+def model_len(args, spec=None) -> int:
     """The max_model_len the server (or the in-process Engine) runs with: --max-model-len, at least what
-    one request needs."""
-    return max(args.max_model_len, args.prompt_len + args.output_len + 16)
+    one request needs (with speculation, its K reserved positions too)."""
+    return max(args.max_model_len, args.prompt_len + args.output_len + 16 + (spec.lookahead if spec else 0))
 
 
-def bench_identity(identity: str, args, ceil: dict, device: str, rec: Recorder, log_dir: Path) -> None:
+def spec_server_args(spec) -> list[str]:
+    """`ninfer serve` flags of the speculative settings."""
+    if spec is None:
+        return []
+    return ["--speculative-method", spec.method, "--num-speculative-tokens", str(spec.num_speculative_tokens),
+            "--force-accept-len", str(spec.force_accept_len)]
+
+
+def bench_identity(identity: str, args, ceil: dict, device: str, rec: Recorder, log_dir: Path, spec=None) -> None:
     cuda = device.startswith("cuda")
     max_c = max(args.concurrency)
-    log_path = log_dir / f"serve-{identity}.log"
-    server = Server(identity, max_concurrency=max_c, max_model_len=model_len(args),
-                    device=device, log_path=log_path, extra=list(args.server_arg or []))
+    tag = "" if spec is None else f"-{spec.method}-k{spec.num_speculative_tokens}-l{spec.force_accept_len}"
+    log_path = log_dir / f"serve-{identity}{tag}.log"
+    server = Server(identity, max_concurrency=max_c, max_model_len=model_len(args, spec),
+                    device=device, log_path=log_path, extra=spec_server_args(spec) + list(args.server_arg or []))
     print(f"[{identity}] starting: {' '.join(server.cmd)} (log {log_path})", flush=True)
     rng = random.Random(0)
     try:
@@ -346,9 +389,11 @@ def bench_identity(identity: str, args, ceil: dict, device: str, rec: Recorder, 
         print(f"[{identity}] warm-up request {time.perf_counter() - t0:.1f} s", flush=True)
         for c in args.concurrency:
             try:
+                before = spec_counters(server.url) if spec is not None else None
                 reqs, wall = asyncio.run(asyncio.wait_for(
                     run_level(server.url, server.name, c, args.requests_per_client, args.prompt_len, args.output_len,
                               rng, args.client), args.step_timeout or None))
+                accept = counters_acceptance(before, spec_counters(server.url)) if spec is not None else None
             except (asyncio.TimeoutError, TimeoutError):
                 rec.error(f"{identity} concurrency {c}: timed out after {args.step_timeout:.0f} s")
                 continue
@@ -356,7 +401,7 @@ def bench_identity(identity: str, args, ceil: dict, device: str, rec: Recorder, 
                 rec.error(f"{identity} concurrency {c}: failed: {type(e).__name__}: {e}")
                 continue
             row = summarize(identity, c, reqs, wall, args.prompt_len, args.output_len, ceil, 2 if cuda else 4,
-                            path=client_path(args))
+                            path=client_path(args), spec=spec, mean_acceptance_length=accept)
             rec.add(row)
             _report(identity, row)
     finally:
@@ -364,19 +409,24 @@ def bench_identity(identity: str, args, ceil: dict, device: str, rec: Recorder, 
 
 
 def _report(identity: str, row: dict) -> None:
+    spec = ""
+    if row.get("speculative_method"):
+        accept = row["mean_acceptance_length"]
+        spec = (f"; {row['speculative_method']} K={row['num_speculative_tokens']} L={row['force_accept_len']}, "
+                f"acceptance length {'-' if accept is None else format(accept, '.2f')}")
     print(f"[{identity}] {row['path']} c={row['concurrency']}: TTFT mean {row['ttft_mean_ms']:.1f} ms "
           f"(floor {row['ttft_floor_ms']:.1f}), TPOT mean {row['tpot_mean_ms'] or 0:.2f} ms "
-          f"(floor {row['tpot_floor_ms']:.2f}), {row['output_tokens_per_s']:.1f} tok/s", flush=True)
+          f"(floor {row['tpot_floor_ms']:.2f}), {row['output_tokens_per_s']:.1f} tok/s{spec}", flush=True)
 
 
-def bench_identity_in_process(identity: str, args, ceil: dict, device: str, rec: Recorder) -> None:
+def bench_identity_in_process(identity: str, args, ceil: dict, device: str, rec: Recorder, spec=None) -> None:
     """The same levels through the public Engine in this process (no HTTP)."""
     from ninfer.engine.facade import Engine
     from ninfer.config import EngineConfig
 
     cuda = device.startswith("cuda")
     cfg = EngineConfig(load_format="dummy", identity=identity, device=device,
-                       max_concurrency=max(args.concurrency), max_model_len=model_len(args))
+                       max_concurrency=max(args.concurrency), max_model_len=model_len(args, spec), speculative=spec)
     rng = random.Random(0)
     t0 = time.perf_counter()
     engine = Engine.from_config(cfg)
@@ -395,13 +445,15 @@ def bench_identity_in_process(identity: str, args, ceil: dict, device: str, rec:
         print(f"[{identity}] warm-up request {time.perf_counter() - t0:.1f} s", flush=True)
         for c in args.concurrency:
             try:
+                before = engine.metrics()
                 reqs, wall = engine_level(engine, c, args.requests_per_client, args.prompt_len, args.output_len,
                                           rng, args.step_timeout or None)
+                accept = acceptance_length(before, engine.metrics())
             except Exception as e:  # noqa: BLE001 - keep the other levels
                 rec.error(f"{identity} concurrency {c}: failed: {type(e).__name__}: {e}")
                 continue
             row = summarize(identity, c, reqs, wall, args.prompt_len, args.output_len, ceil, 2 if cuda else 4,
-                            path="engine")
+                            path="engine", spec=spec, mean_acceptance_length=accept)
             rec.add(row)
             _report(identity, row)
     finally:
@@ -416,6 +468,9 @@ def _terminated(signum, frame):
 
 
 def run(args: argparse.Namespace) -> int:
+    from ninfer.bench.args import speculative_configs
+    specs = speculative_configs(args)
+    speculative = any(s is not None for s in specs)
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)     # an outer `timeout` must not leave the server running
     device = args.device or default_device()
@@ -429,25 +484,30 @@ def run(args: argparse.Namespace) -> int:
                                        "weights": "dummy (synthetic)", "identities": args.identity,
                                        "concurrency": args.concurrency, "prompt_len": args.prompt_len,
                                        "output_len": args.output_len, "requests_per_client": args.requests_per_client,
-                                       "max_model_len": model_len(args), "sampling": dict(SAMPLING),
-                                       "path": "engine" if args.in_process else client_path(args)})
+                                       "max_model_len": max(model_len(args, spec) for spec in specs),
+                                       "sampling": dict(SAMPLING),
+                                       "path": "engine" if args.in_process else client_path(args),
+                                       **spec_header(specs)})
     log_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ninfer-bench-serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     for ident in args.identity:
-        try:
-            if args.in_process:
-                bench_identity_in_process(ident, args, ceil, device, rec)
-            else:
-                bench_identity(ident, args, ceil, device, rec, log_dir)
-        except Exception as e:  # noqa: BLE001 - the next identity still runs
-            rec.error(f"{ident}: {type(e).__name__}: {e}")
+        for spec in specs:          # NOTE: one server (Engine) each: the speculative settings are fixed at start
+            try:
+                if args.in_process:
+                    bench_identity_in_process(ident, args, ceil, device, rec, spec)
+                else:
+                    bench_identity(ident, args, ceil, device, rec, log_dir, spec)
+            except Exception as e:  # noqa: BLE001 - the next identity still runs
+                rec.error(f"{ident}{spec_label(spec)}: {type(e).__name__}: {e}")
     print()
     rows = [[r["identity"], r["path"], r["concurrency"], r["requests"], r["admit_mean_ms"], r["ttft_mean_ms"],
              r["ttft_p50_ms"], r["ttft_p99_ms"], r["ttft_floor_ms"], r["tpot_mean_ms"], r["tpot_p50_ms"],
              r["tpot_p99_ms"], r["tpot_floor_ms"], r["output_tokens_per_s"], r["tokens_per_s_ceiling"]]
+            + ([r["num_speculative_tokens"], r["force_accept_len"], r["mean_acceptance_length"]] if speculative else [])
             for r in rec.results if r["kind"] == "serve"]
     print_table(["identity", "path", "conc", "reqs", "admit_mean", "ttft_mean", "ttft_p50", "ttft_p99", "ttft_floor",
-                 "tpot_mean", "tpot_p50", "tpot_p99", "tpot_floor", "out_tok/s", "tok/s_ceil"], rows)
+                 "tpot_mean", "tpot_p50", "tpot_p99", "tpot_floor", "out_tok/s", "tok/s_ceil"]
+                + (["K", "L", "accept_len"] if speculative else []), rows)
     rec.finish()
     return 1 if rec.errors else 0
 

@@ -104,8 +104,14 @@ class EngineCore:
 
     @property
     def max_model_len(self) -> int:
-        """prompt + max_tokens limit of one request (capped by Program's once attached)."""
+        """prompt + max_tokens + lookahead limit of one request (capped by Program's once attached)."""
         return self.intake.max_model_len
+
+    @property
+    def lookahead(self) -> int:
+        """Positions each request reserves past its output (speculation's drafts; 0 without), counted in
+        max_model_len: prompt + max_tokens + lookahead <= max_model_len. Known once Program is attached."""
+        return self.intake.lookahead
 
     @property
     def records(self) -> dict[int, RequestRecord]:
@@ -175,11 +181,17 @@ class EngineCore:
                                   self.metrics_collector, self.clock, prefill_chunk_tokens=self.prefill_chunk_tokens,
                                   decode_steps=self.decode_steps)
         max_model_len = min(self.max_model_len, program.max_model_len)
+        # NOTE: speculation's lookahead (Program.lookahead, K drafts past the last token) is reserved with every
+        # request (MaterializationPlanner) and counted in the prompt + max_tokens limit (RequestIntake).
+        lookahead = int(getattr(program, "lookahead", 0))
+        if lookahead:
+            self.metrics_collector.speculative(lookahead)
+            self.publisher.speculative = True
         hint = getattr(program, "warmup_prompt_lengths", None)
         if hint is not None:
-            self.warmup_lengths = tuple(hint(self.prefill_chunk_tokens, max_model_len))
+            self.warmup_lengths = tuple(hint(self.prefill_chunk_tokens, max_model_len - lookahead))
         self._publish_gauges()
-        self.intake.open(max_model_len, use_cache=self.rm.cache is not None)
+        self.intake.open(max_model_len, use_cache=self.rm.cache is not None, lookahead=lookahead)
 
     def fail_startup(self, reason: str) -> None:
         self.intake.fail(reason)

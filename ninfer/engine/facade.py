@@ -9,11 +9,12 @@
 
 Errors. `submit` raises EngineRequestError for the three rejections that happen before a request
 is accepted: OVERLOADED (outstanding capacity full: HTTP 429), NOT_READY (starting, failed or
-closing: 503), INVALID_REQUEST (empty prompt, max_tokens < 1, prompt + max_tokens > max_model_len,
-bad output options: 400). Everything after acceptance arrives as the request's final event:
-GenerationError(QUEUE_TIMEOUT) when its deadline passed in the queue, (INVALID_REQUEST) when Program
-finds it infeasible even on an empty engine, (ENGINE_FAILED) on engine-wide failure; a cancelled
-request ends with GenerationResult(finish_reason=CANCELLED) and its partial output.
+closing: 503), INVALID_REQUEST (empty prompt, max_tokens < 1, prompt + max_tokens > max_model_len
+(+ the speculative lookahead K with `EngineConfig.speculative`), bad output options: 400). Everything
+after acceptance arrives as the request's final event: GenerationError(QUEUE_TIMEOUT) when its
+deadline passed in the queue, (INVALID_REQUEST) when Program finds it infeasible even on an empty
+engine, (ENGINE_FAILED) on engine-wide failure; a cancelled request ends with
+GenerationResult(finish_reason=CANCELLED) and its partial output.
 `handle.result()` and `generate()` raise EngineRequestError for a GenerationError.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ from ninfer.contract.frontend import OutputOptions, PreparedPrompt
 from ninfer.config import (Availability, EngineConfig, EngineMetrics, EngineRequestError, ErrorKind,
                           GenerationResult, Purpose, ScoreInput, ScoreResult)
 
-__all__ = ["Engine", "GenerationHandle", "EngineRequestError"]
+__all__ = ["Engine", "GenerationHandle", "EngineRequestError", "check_model"]
 _log = logging.getLogger(__name__)
 
 
@@ -138,8 +139,15 @@ class Engine:
 
     @property
     def max_model_len(self) -> int:
-        """prompt + max_tokens limit of one request."""
+        """prompt + max_tokens (+ `lookahead`) limit of one request."""
         return self._core.max_model_len
+
+    @property
+    def lookahead(self) -> int:
+        """Positions every request reserves past its output for speculative decoding (K with
+        `EngineConfig.speculative`, else 0): a request needs prompt + max_tokens + lookahead <=
+        max_model_len. Known once the model is loaded (0 before)."""
+        return getattr(self._core, "lookahead", 0)
 
     # ---- requests ----------------------------------------------------------------------------
     def submit(self, prompt: PreparedPrompt, sampling: SamplingParams, *, max_tokens: int,
@@ -217,13 +225,13 @@ class Engine:
             if lengths:
                 raise ValueError("warm_up runs generation requests; this engine is for causal scoring")
             return []
-        limit = self.max_model_len - 2
+        limit = self.max_model_len - 2 - self.lookahead
         if lengths is None:
             lengths = self._core.warmup_lengths
         bad = [n for n in lengths if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= limit]
         if bad:
-            raise ValueError(f"warmup prompt lengths must be integers in 1..{limit} (max_model_len - 2), "
-                             f"got {bad[0]!r}")
+            raise ValueError(f"warmup prompt lengths must be integers in 1..{limit} (max_model_len - 2"
+                             f"{' - the speculative lookahead' if self.lookahead else ''}), got {bad[0]!r}")
         vocab = min(int(self.frontend.tokenizer.vocab_size), 10000)    # ordinary ids: no special token
         # NOTE: greedy at every length; then, at the shortest, the drawn forms a server meets first (a top-k
         #       cut with top-p, top-p alone with min-p): the sampler's kernels compile on first use too.
@@ -296,6 +304,11 @@ def _artifact_model(path: str | os.PathLike, cfg: EngineConfig) -> tuple[Any, st
     """(Frontend, identity, Program loader) of a `.ninfer` artifact: its package builds both."""
     from ninfer.artifact import open_artifact
     artifact = open_artifact(path)
+    try:
+        _check_speculative_weights(artifact, path, cfg)
+    except ValueError:
+        artifact.close()
+        raise
     package_module = importlib.import_module(artifact.package.module)
     frontend = _create_frontend(package_module, artifact)
     program_config = _program_config(package_module, cfg, frontend.vocab_size)
@@ -303,6 +316,31 @@ def _artifact_model(path: str | os.PathLike, cfg: EngineConfig) -> tuple[Any, st
     def load() -> Program:
         return package_module.create_program(artifact, program_config)
     return frontend, artifact.identity, load
+
+
+def check_model(path: str | os.PathLike | None, cfg: EngineConfig) -> None:
+    """Raise ValueError, before any weight is read, when the model cannot serve `cfg`: speculation asked
+    of an artifact (path) or a dummy identity (path None) without MTP weights. `Engine` checks this too;
+    a gateway that builds the Engine in the background (serve) calls it first to fail at once."""
+    if cfg.speculative is None:
+        return
+    if path is None:
+        from ninfer.targets.registry import lookup
+        package = lookup(cfg.identity)
+        if getattr(package.dims, "mtp_num_hidden_layers", 0) < 1:
+            raise ValueError(f"speculative method {cfg.speculative.method!r} needs MTP weights, and identity "
+                             f"{package.identity} has no MTP layer")
+        return
+    from ninfer.artifact import open_artifact
+    with open_artifact(path) as artifact:
+        _check_speculative_weights(artifact, path, cfg)
+
+
+def _check_speculative_weights(artifact: Any, path: str | os.PathLike, cfg: EngineConfig) -> None:
+    if cfg.speculative is not None and not artifact.has_group("mtp"):
+        raise ValueError(f"speculative method {cfg.speculative.method!r} needs the checkpoint's MTP weights, and "
+                         f"{os.fspath(path)} stores none (convert a checkpoint that has mtp.* tensors, or run "
+                         f"without --speculative-method)")
 
 
 def _dummy_model(cfg: EngineConfig) -> tuple[Any, str, Callable[[], Program]]:
@@ -314,6 +352,7 @@ def _dummy_model(cfg: EngineConfig) -> tuple[Any, str, Callable[[], Program]]:
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
     from ninfer.targets.registry import lookup
+    check_model(None, cfg)
     package = lookup(cfg.identity)
     package_module = importlib.import_module(package.module)
     frontend = Qwen36Frontend.builtin()
@@ -352,12 +391,20 @@ PROGRAM_MAX_STEPS = 8
 
 def _num_scratch(cfg: EngineConfig) -> int:
     """Scratch entries of the Engine's open batch (it consumes each unit's PendingBatch before the next):
-    a decode round's DECODE_STEPS per row, a control unit's forced suffix (one row, up to
-    PROGRAM_MAX_STEPS), a final prefill stage's one. The Program adds what its own graphs hold
-    (`ninfer.targets.qwen3_6.program.sizing.num_scratch`). Program's default, max_batch x max_steps,
-    would hold PROGRAM_MAX_STEPS entries per lane, taken from the KV budget (a large model's entry is
-    tens of MiB: docs/performance.md, "Decision log")."""
-    return max(cfg.max_concurrency * DECODE_STEPS, PROGRAM_MAX_STEPS)
+    a decode round's DECODE_STEPS per row (a speculative round's K+1 produced positions per row), a
+    control unit's forced suffix (one row, up to PROGRAM_MAX_STEPS), a final prefill stage's one. The
+    Program adds what its own graphs hold (`ninfer.targets.qwen3_6.program.sizing.num_scratch`).
+    Program's default, max_batch x max_steps, would hold PROGRAM_MAX_STEPS entries per lane, taken from
+    the KV budget (a large model's entry is tens of MiB: docs/performance.md, "Decision log")."""
+    per_row = DECODE_STEPS if cfg.speculative is None else cfg.speculative.num_speculative_tokens + 1
+    return max(cfg.max_concurrency * per_row, PROGRAM_MAX_STEPS)
+
+
+def _max_steps(cfg: EngineConfig) -> int:
+    """The Program's bound on the tokens one unit produces per row: a control unit's forced suffix, a
+    speculative round's K+1."""
+    spec = cfg.speculative
+    return PROGRAM_MAX_STEPS if spec is None else max(PROGRAM_MAX_STEPS, spec.num_speculative_tokens + 1)
 
 
 def _cache_config(cfg: EngineConfig) -> CacheConfig:
@@ -377,9 +424,13 @@ def _program_config(package_module: Any, cfg: EngineConfig, sampleable_vocab_siz
                                   num_slots=1, max_model_len=cfg.max_model_len, max_batch=1, max_steps=1,
                                   purpose="causal_scoring", scoring_window=cfg.max_model_len)
     num_pages = cfg.num_pages or cfg.max_concurrency * math.ceil(cfg.max_model_len / cfg.page_size)
+    spec = cfg.speculative
+    speculative = {} if spec is None else dict(speculative_method=spec.method,
+                                               num_speculative_tokens=spec.num_speculative_tokens,
+                                               force_accept_len=spec.force_accept_len)
     return program_config_cls(device=cfg.device, dtype=cfg.dtype, page_size=cfg.page_size, num_pages=num_pages,
                               num_slots=_num_slots(cfg), num_scratch=_num_scratch(cfg), max_model_len=cfg.max_model_len,
-                              max_batch=cfg.max_concurrency, max_steps=PROGRAM_MAX_STEPS,
+                              max_batch=cfg.max_concurrency, max_steps=_max_steps(cfg), **speculative,
                               sampleable_vocab_size=sampleable_vocab_size,
                               enforce_eager=cfg.enforce_eager, decode_step_ahead=cfg.decode_step_ahead, seed=cfg.seed,
                               kv_memory_fraction=0.0 if cfg.num_pages else cfg.kv_memory_fraction)

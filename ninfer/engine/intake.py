@@ -48,6 +48,7 @@ class RequestIntake:
         self.queue_size = queue_size
         self.request_timeout_s = request_timeout_s
         self.max_model_len = max_model_len        # capped by Program's own limit in `open`
+        self.lookahead = 0                        # Program's speculative lookahead (set in `open`)
         self.clock = clock
         self._cv = threading.Condition(threading.RLock())   # NOTE: re-entrant, handle finalizers wake us
         self._inbox: deque[RequestRecord] = deque()
@@ -149,9 +150,14 @@ class RequestIntake:
             raise bad(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         if prompt.num_prompt_tokens < 1:
             raise bad("the prompt has no tokens")
-        if prompt.num_prompt_tokens + max_tokens > self.max_model_len:
-            raise bad(f"prompt ({prompt.num_prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds "
-                      f"max_model_len {self.max_model_len}")
+        lookahead = self.lookahead
+        if prompt.num_prompt_tokens + max_tokens + lookahead > self.max_model_len:
+            if not lookahead:
+                raise bad(f"prompt ({prompt.num_prompt_tokens} tokens) + max_tokens ({max_tokens}) exceeds "
+                          f"max_model_len {self.max_model_len}")
+            raise bad(f"prompt ({prompt.num_prompt_tokens} tokens) + max_tokens ({max_tokens}) + the speculative "
+                      f"lookahead ({lookahead}) exceeds max_model_len {self.max_model_len}: at most "
+                      f"{max(0, self.max_model_len - lookahead - prompt.num_prompt_tokens)} output tokens fit")
         if deadline_s is not None and not deadline_s > 0:
             raise bad(f"deadline_s must be > 0, got {deadline_s}")
         if session_id is not None and (not isinstance(session_id, str) or not session_id
@@ -162,9 +168,10 @@ class RequestIntake:
             raise bad(f"prompt_logprobs must be in 0..{MAX_PROMPT_LOGPROBS}, got {prompt_logprobs!r}")
 
     # ================================ worker ============================================
-    def open(self, max_model_len: int, use_cache: bool) -> None:
-        """Program is attached: cap the request limit by Program's, and start accepting."""
+    def open(self, max_model_len: int, use_cache: bool, lookahead: int = 0) -> None:
+        """Program is attached: cap the request limit by Program's, take its lookahead, and start accepting."""
         self.max_model_len = min(self.max_model_len, max_model_len)
+        self.lookahead = lookahead
         self._use_cache = use_cache
         with self._cv:
             if self._availability.state is AvailabilityState.STARTING:

@@ -18,9 +18,10 @@ from ninfer.engine.request_record import RequestRecord
 
 
 class MaterializationPlanner:
-    def __init__(self, program: Program, lookahead: int = 0):
+    def __init__(self, program: Program, lookahead: int | None = None):
+        """lookahead None: the Program's own (`Program.lookahead`; 0 for a Program without speculation)."""
         self.program = program
-        self.lookahead = lookahead
+        self.lookahead = int(getattr(program, "lookahead", 0)) if lookahead is None else lookahead
 
     def sequence_request(self, rec: RequestRecord) -> SequenceRequest:
         # NOTE: a request with prompt_logprobs must compute every prompt position: its source is

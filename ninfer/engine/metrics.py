@@ -48,9 +48,16 @@ class MetricsCollector:
         self.capacity = CapacitySummary(0, 0, 0, 0, 0)
         self.running = 0
         self.waiting = 0
+        self.num_speculative_tokens = 0                 # K; 0 = speculation off (`speculative`)
         self._zero_counts()
         self.cache_counts = (0, 0, 0, 0, 0, 0)          # queries, hits, hit tokens, captures, evictions, offloads
         self.cache_usage = CacheUsage(0, 0, 0, 0)
+
+    def speculative(self, num_speculative_tokens: int) -> None:
+        """Speculation is on with K drafts per round: the spec_decode counters exist (positions 0..K-1)."""
+        with self._lock:
+            self.num_speculative_tokens = num_speculative_tokens
+            self.spec_per_pos.extend([0] * (num_speculative_tokens - len(self.spec_per_pos)))
 
     def _zero_counts(self) -> None:
         self.num_submitted = 0
@@ -66,6 +73,10 @@ class MetricsCollector:
         self.inter_token = Histogram(LATENCY_BOUNDS)
         self.e2e = Histogram(LATENCY_BOUNDS)
         self.batch_size = Histogram(BATCH_BOUNDS)
+        self.spec_drafts = 0
+        self.spec_draft_tokens = 0
+        self.spec_accepted = 0
+        self.spec_per_pos = [0] * self.num_speculative_tokens
 
     def reset_counts(self) -> None:
         """Zero the request counters and histograms (not the gauges nor the context cache's figures):
@@ -101,6 +112,19 @@ class MetricsCollector:
                 self.ttft.observe(ttft)
             if inter_token is not None:
                 self.inter_token.observe(inter_token)
+
+    def spec_round(self, drafted: int, produced: int) -> None:
+        """One speculative round of a row that committed at least one token: `drafted` drafts proposed,
+        `produced` tokens produced (produced - 1 drafts accepted, at positions 0..produced-2)."""
+        accepted = produced - 1
+        with self._lock:
+            self.spec_drafts += 1
+            self.spec_draft_tokens += drafted
+            self.spec_accepted += accepted
+            if accepted > len(self.spec_per_pos):
+                self.spec_per_pos.extend([0] * (accepted - len(self.spec_per_pos)))
+            for i in range(accepted):
+                self.spec_per_pos[i] += 1
 
     def ended(self, *, reason: str | None = None, error: str | None = None, e2e: float | None = None) -> None:
         with self._lock:
@@ -146,4 +170,7 @@ class MetricsCollector:
                 num_cache_evictions=self.cache_counts[4], num_cache_offloads=self.cache_counts[5],
                 num_checkpoints_device=self.cache_usage.num_device, num_checkpoints_host=self.cache_usage.num_host,
                 checkpoint_device_bytes=self.cache_usage.device_bytes,
-                checkpoint_host_bytes=self.cache_usage.host_bytes)
+                checkpoint_host_bytes=self.cache_usage.host_bytes,
+                num_speculative_tokens=self.num_speculative_tokens, num_spec_drafts=self.spec_drafts,
+                num_spec_draft_tokens=self.spec_draft_tokens, num_spec_accepted_tokens=self.spec_accepted,
+                num_spec_accepted_per_pos=tuple(self.spec_per_pos))

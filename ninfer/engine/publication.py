@@ -27,6 +27,8 @@ class Publisher:
         self.records: dict[int, RequestRecord] = {}        # publication_order -> record, until its final event
         # entries added to every GenerationResult.extra (e.g. {"synthetic_weights": True} for dummy weights)
         self.result_extra: dict = {}
+        # speculative decoding is on: every Usage carries the request's rounds and accepted drafts
+        self.speculative = False
 
     def add(self, rec: RequestRecord) -> None:
         self.records[rec.publication_order] = rec
@@ -44,7 +46,7 @@ class Publisher:
             self.publish(rec, GenerationDelta(rec.request_id, delta, ()))
         result = GenerationResult(
             request_id=rec.request_id, text=final.text, reasoning=final.reasoning, tool_calls=final.tool_calls,
-            token_ids=tuple(rec.output_token_ids), finish_reason=final.finish_reason, usage=_usage(rec),
+            token_ids=tuple(rec.output_token_ids), finish_reason=final.finish_reason, usage=self._usage(rec),
             logprobs=tuple(rec.logprobs) if rec.logprobs is not None else None,
             extra={**self.result_extra, **final.extra},
             prompt_logprobs=(tuple(rec.prompt_logprob_entries)
@@ -54,7 +56,7 @@ class Publisher:
 
     def error(self, rec: RequestRecord, kind: ErrorKind, message: str) -> None:
         self.metrics.ended(error=kind.value)
-        self._finish(rec, GenerationError(rec.request_id, kind, message, _usage(rec)))
+        self._finish(rec, GenerationError(rec.request_id, kind, message, self._usage(rec)))
 
     def _finish(self, rec: RequestRecord, event: GenerationResult | GenerationError) -> None:
         self.records.pop(rec.publication_order, None)
@@ -74,6 +76,8 @@ class Publisher:
                 info["state"] = rec.state
             self._trace(what, info)
 
-
-def _usage(rec: RequestRecord) -> Usage:
-    return Usage(rec.num_prompt_tokens, rec.num_output_tokens, rec.num_reused_tokens, rec.num_reasoning_tokens)
+    def _usage(self, rec: RequestRecord) -> Usage:
+        if not self.speculative:
+            return Usage(rec.num_prompt_tokens, rec.num_output_tokens, rec.num_reused_tokens, rec.num_reasoning_tokens)
+        return Usage(rec.num_prompt_tokens, rec.num_output_tokens, rec.num_reused_tokens, rec.num_reasoning_tokens,
+                     num_spec_rounds=rec.num_spec_rounds, num_spec_accepted_tokens=rec.num_spec_accepted_tokens)

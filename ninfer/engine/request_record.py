@@ -8,6 +8,9 @@ Token vocabulary (see `ninfer.contract.program`):
   frontier             num_computed_tokens + num_output_tokens
   produced_tokens      tokens one model execution produced for a row (provisional)
   accepted_tokens      the prefix of produced_tokens that Engine commits
+  num_spec_rounds      speculative rounds of the request that committed a token (each produced its
+                       accepted drafts + 1 tokens; Program's lookahead > 0)
+  num_spec_accepted_tokens  drafts those rounds accepted (produced_tokens - 1 per round)
 
 Request lifecycle (architecture.md §4):
 
@@ -70,6 +73,8 @@ class RequestRecord:
     num_output_tokens: int = 0
     num_reused_tokens: int = 0
     num_reasoning_tokens: int = 0
+    num_spec_rounds: int = 0
+    num_spec_accepted_tokens: int = 0
     output_token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
     prompt_logprobs: int | None = None           # asked top-k of prompt log-probs (None = off)

@@ -10,7 +10,8 @@ output (architecture.md §6):
     Frontend preview of every row (`model_transaction.decide_row`; cancellation flags read here)
     -> Program.commit(accepted prefixes) | Program.abort_pending (nothing accepted)
     -> terminal resource result of the rows that ended (TerminalPath.settle)
-    -> budget and scheduler accounting
+    -> budget and scheduler accounting (a speculative row's round: its drafted and produced tokens,
+       counted once the row commits at least one token; a cancelled row counts nothing)
     -> OutputSession.commit(preview)
     -> publish the delta; then each ended row's final event
 
@@ -142,6 +143,10 @@ class UnitExecutor:
     def _commit_row(self, d: RowDecision, now: float) -> None:
         rec = d.rec
         # budget accounting
+        if d.row.drafted > 0:
+            rec.num_spec_rounds += 1
+            rec.num_spec_accepted_tokens += d.row.produced_tokens - 1
+            self.metrics.spec_round(d.row.drafted, d.row.produced_tokens)
         rec.num_output_tokens += d.accepted
         rec.output_token_ids.extend(d.tokens)
         rec.num_reasoning_tokens += d.preview.num_reasoning_tokens

@@ -10,6 +10,12 @@ the Engine mixes rows up.
 
     pages   0 .. num_pages-1    free list, lowest id first; a sequence owns ceil(reservation/page_size)
     slots   0 .. num_slots-1    one StateImage slot per sequence
+
+Speculation (`FakeProgram(speculative=K)`): `lookahead` is K and every decode unit is one speculative
+round per row: the row produces a+1 tokens (a accepted drafts, 0..K, from the `spec_accept(seq_id,
+round)` script; the tokens are the same deterministic continuation as without speculation) with
+`drafted` = K. A round refuses a row whose reservation lacks the K positions past its last token
+(the Engine must reserve the lookahead). `spec_rounds` records (sequence, drafted, produced) per row.
 """
 from __future__ import annotations
 
@@ -59,10 +65,15 @@ def next_token(prompt: Sequence[int], output: Sequence[int], vocab: int, eos_mod
 class FakeProgram:
     def __init__(self, *, num_pages: int = 64, page_size: int = 4, num_slots: int = 8, max_model_len: int = 256,
                  max_batch: int = 8, vocab: int = 500, eos_mod: int = 0, lookahead: int = 0,
-                 trace: Callable[[str, dict], None] | None = None):
+                 trace: Callable[[str, dict], None] | None = None, speculative: int = 0,
+                 spec_accept: Callable[[int, int], int] | None = None):
         self.num_pages, self.page_size, self.num_slots = num_pages, page_size, num_slots
         self._max_model_len, self.max_batch, self.vocab, self.eos_mod = max_model_len, max_batch, vocab, eos_mod
-        self.lookahead = lookahead
+        self.speculative = speculative
+        self.lookahead = speculative or lookahead
+        self.spec_accept = spec_accept or (lambda seq_id, rnd: (seq_id + rnd) % (speculative + 1))
+        self.spec_rounds: list[tuple[SequenceHandle, int, int]] = []
+        self._spec_round_no: dict[int, int] = {}
         self.trace = trace
         self._free_pages = list(range(num_pages))
         self._free_slots = list(range(num_slots))
@@ -174,11 +185,11 @@ class FakeProgram:
 
     # ---- Program protocol: model transactions --------------------------------------------------
     def _open_batch(self, kind: BatchKind, seqs: Sequence[FakeSeq], tokens: Sequence[tuple[int, ...]],
-                    logprobs: bool) -> PendingBatch:
+                    logprobs: bool, drafted: int = 0) -> PendingBatch:
         rows = []
         for s, toks in zip(seqs, tokens):
             lp = tuple(TokenLogprob(t, -0.5, ()) for t in toks) if logprobs else None
-            rows.append(PendingRow(s.handle, tuple(toks), lp))
+            rows.append(PendingRow(s.handle, tuple(toks), lp, drafted))
         batch = PendingBatch(next(self._batch_ids), kind, tuple(rows))
         self._open[batch.batch_id] = (batch, tuple(s.handle.seq_id for s in seqs))
         return batch
@@ -210,7 +221,22 @@ class FakeProgram:
             if self._busy(s.handle.seq_id) or s.computed < len(s.prompt) or not s.output:
                 raise InvariantError(f"decode of {s.handle} before its prompt and first token are committed")
         self.decode_sizes.append(len(seqs))
-        return self._open_batch(BatchKind.DECODE, ss, [self._produce(s, num_steps) for s in ss], True)
+        if not self.speculative:
+            return self._open_batch(BatchKind.DECODE, ss, [self._produce(s, num_steps) for s in ss], True)
+        K, tokens = self.speculative, []
+        for s in ss:
+            if len(s.output) + K > s.max_output + s.lookahead:
+                raise InvariantError(f"speculative round of {s.handle} writes {K} positions past output "
+                                     f"{len(s.output)}, beyond its reservation of {s.max_output} + lookahead "
+                                     f"{s.lookahead}")
+            rnd = self._spec_round_no.get(s.handle.seq_id, 0)
+            self._spec_round_no[s.handle.seq_id] = rnd + 1
+            a = self.spec_accept(s.handle.seq_id, rnd)
+            if not 0 <= a <= K:
+                raise AssertionError(f"spec_accept script gave {a} accepted drafts, not in 0..{K}")
+            tokens.append(self._produce(s, a + 1))
+            self.spec_rounds.append((s.handle, K, a + 1))
+        return self._open_batch(BatchKind.DECODE, ss, tokens, True, drafted=K)
 
     def control(self, seq: SequenceHandle, tokens: Sequence[int]) -> PendingBatch:
         self._enter("control")

@@ -34,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
         import torch
         if not torch.cuda.is_available():
             raise CLIError("the kernel bench needs a CUDA device (the fast ops are Triton kernels)")
+    if args.bench in ("decode", "serve"):
+        from ninfer.bench.args import speculative_configs
+        speculative_configs(args)             # NOTE: a bad speculative flag fails before anything is built
     if getattr(args, "identity", None):
         from ninfer.targets.registry import UnknownIdentityError, lookup
         for ident in args.identity:

@@ -18,7 +18,8 @@ import threading
 import uuid
 
 from ninfer.gateway.cli.common import (add_engine_args, add_model_arg, add_sampling_args, check_max_tokens, dim,
-                               engine_config, open_engine, resolve_model, sampling_params, use_color)
+                               engine_config, open_engine, output_room, resolve_model, room_note, sampling_params,
+                               use_color)
 
 HELP = ("commands: /reset  /system TEXT  /think on|off  /help  /exit    "
         "(Ctrl-C cancels an answer, Ctrl-D exits)")
@@ -93,10 +94,10 @@ class ChatSession:
         except ValueError as e:
             print(f"error: {e}", file=sys.stderr)
             return
-        room = self.engine.max_model_len - prompt.num_prompt_tokens
+        room = output_room(self.engine, prompt.num_prompt_tokens)
         if room < 1:
             print(f"error: the conversation has {prompt.num_prompt_tokens} tokens, over max_model_len "
-                  f"{self.engine.max_model_len}; /reset to start over", file=sys.stderr)
+                  f"{self.engine.max_model_len}{room_note(self.engine)}; /reset to start over", file=sys.stderr)
             return
         try:
             handle = self.engine.submit(prompt, sampling_params(self.args, self.engine.frontend.sampling_defaults),

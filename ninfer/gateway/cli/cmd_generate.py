@@ -2,7 +2,9 @@
 
 Content goes to stdout; reasoning (thinking) goes to stderr, dimmed on a terminal, so that
 `ninfer generate ... > out.txt` keeps only the answer. A usage line ends on stderr.
-`--json` prints one JSON object (text, reasoning, tool_calls, finish_reason, usage) instead.
+`--json` prints one JSON object (text, reasoning, tool_calls, finish_reason, usage) instead; with
+speculative decoding its usage also has num_spec_rounds, num_spec_accepted_tokens and
+mean_acceptance_length (tokens per round).
 """
 from __future__ import annotations
 
@@ -12,8 +14,8 @@ import sys
 import time
 
 from ninfer.gateway.cli.common import (add_engine_args, add_model_arg, add_sampling_args, check_max_tokens, dim,
-                               engine_config, open_engine, resolve_model, sampling_params, usage_line,
-                               use_color)
+                               engine_config, open_engine, output_room, resolve_model, room_note, sampling_params,
+                               usage_line, use_color)
 from ninfer.gateway.cli.main import CLIError
 
 
@@ -58,9 +60,10 @@ def run(args: argparse.Namespace) -> int:
             prompt, output = _prompt(engine, args)
         except ValueError as e:
             raise CLIError(str(e)) from None
-        limit = engine.max_model_len - prompt.num_prompt_tokens
+        limit = output_room(engine, prompt.num_prompt_tokens)
         if limit < 1:
-            raise CLIError(f"the prompt has {prompt.num_prompt_tokens} tokens; max_model_len is {engine.max_model_len}")
+            raise CLIError(f"the prompt has {prompt.num_prompt_tokens} tokens; max_model_len is {engine.max_model_len}"
+                           f"{room_note(engine)}")
         t0 = time.monotonic()
         handle = engine.submit(prompt, sampling_params(args, engine.frontend.sampling_defaults), max_tokens=min(max_tokens, limit),
                                output=output)
@@ -99,7 +102,11 @@ def run(args: argparse.Namespace) -> int:
                 "tool_calls": [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in result.tool_calls],
                 "finish_reason": result.finish_reason.value, "token_ids": list(result.token_ids),
                 "usage": {"prompt_tokens": u.num_prompt_tokens, "cached_tokens": u.num_reused_tokens,
-                          "output_tokens": u.num_output_tokens, "reasoning_tokens": u.num_reasoning_tokens},
+                          "output_tokens": u.num_output_tokens, "reasoning_tokens": u.num_reasoning_tokens,
+                          **({} if u.num_spec_rounds is None else {
+                              "num_spec_rounds": u.num_spec_rounds,
+                              "num_spec_accepted_tokens": u.num_spec_accepted_tokens,
+                              "mean_acceptance_length": u.mean_acceptance_length})},
                 "ttft_s": ttft, "elapsed_s": elapsed,
                 **({"synthetic_weights": True} if result.extra.get("synthetic_weights") else {})}, ensure_ascii=False))
         else:

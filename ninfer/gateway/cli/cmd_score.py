@@ -27,7 +27,8 @@ from ninfer.config import Purpose, ScoreInput
 
 _SKIP = ("max_concurrency", "queue_size", "request_timeout_s", "prefill_chunk_tokens", "num_pages",
          "kv_memory_fraction", "enforce_eager", "seed", "prefix_cache", "cache_slots", "cache_device_bytes",
-         "cache_host_bytes", "cache_capture_stride", "decode_step_ahead")      # generation-only settings
+         "cache_host_bytes", "cache_capture_stride", "decode_step_ahead",
+         "speculative")                                                                   # generation-only settings
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:

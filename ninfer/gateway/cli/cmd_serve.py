@@ -24,7 +24,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the serve warmup (a few requests at start, so that the first prompts do not wait "
                         "for kernel compiles and graph captures; none run on the CPU)")
-    add_engine_args(p)
+    # NOTE: --force-accept-len too, for `ninfer bench serve` (a benchmarking aid: synthetic weights)
+    add_engine_args(p, force_accept_len=True)
 
 
 def _check_listen(host: str, port: int) -> None:
@@ -45,6 +46,16 @@ def _check_listen(host: str, port: int) -> None:
             raise CLIError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
+def check_model(path, config) -> None:
+    """The model checks the Engine makes before loading, here before the server starts (it builds the
+    Engine in the background, so a refusal there would leave a server that never becomes ready)."""
+    from ninfer.engine.facade import check_model as engine_check
+    try:
+        engine_check(path, config)
+    except (OSError, ValueError) as e:
+        raise CLIError(f"cannot load {path or config.identity}: {e}") from None
+
+
 def run(args: argparse.Namespace) -> int:
     from ninfer.gateway.http.server import serve
 
@@ -57,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     _check_listen(args.host, args.port)
     config = engine_config(args)
     path, name, _ = resolve_model(args.model, config=config)
+    check_model(path, config)
     return serve(lambda: open_engine(path, config), model_name=args.served_model_name or name,
                  host=args.host, port=args.port, api_key=args.api_key or None,
                  max_body_bytes=args.max_body_bytes, drain_timeout_s=args.drain_timeout_s,

@@ -1,5 +1,6 @@
 """Shared CLI pieces: model resolution (a .ninfer path or the built-in demo), Engine flags that
-mirror `EngineConfig` field names one to one, sampling flags and terminal styling."""
+mirror `EngineConfig` field names one to one (`speculative` as vLLM spells its flags:
+--speculative-method, --num-speculative-tokens), sampling flags and terminal styling."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +10,7 @@ import sys
 from pathlib import Path
 
 from ninfer.gateway.cli.main import CLIError
-from ninfer.config import EngineConfig, Purpose
+from ninfer.config import MAX_SPECULATIVE_TOKENS, SPECULATIVE_METHODS, EngineConfig, Purpose, SpeculativeConfig
 
 _ENGINE_HELP = {
     "device": "auto | cpu | cuda | cuda:N",
@@ -44,11 +45,15 @@ def add_model_arg(p: argparse.ArgumentParser) -> None:
                    help="a .ninfer artifact (default: the built-in demo model, random weights)")
 
 
-def add_engine_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
-    """One flag per EngineConfig field (`max_concurrency` -> `--max-concurrency`)."""
+def add_engine_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), *, force_accept_len: bool = False) -> None:
+    """One flag per EngineConfig field (`max_concurrency` -> `--max-concurrency`); `speculative` is
+    --speculative-method and --num-speculative-tokens (with force_accept_len also --force-accept-len)."""
     g = p.add_argument_group("engine (EngineConfig)")
     for f in dataclasses.fields(EngineConfig):
         if f.name == "purpose" or f.name in skip:
+            continue
+        if f.name == "speculative":
+            add_speculative_args(g, force_accept_len=force_accept_len)
             continue
         flag = "--" + f.name.replace("_", "-")
         help_ = f"{_ENGINE_HELP.get(f.name, f.name)} (default: {f.default})"
@@ -62,9 +67,58 @@ def add_engine_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> N
             g.add_argument(flag, dest=f.name, type=type(f.default), default=f.default, help=help_)
 
 
+def add_speculative_args(g, *, force_accept_len: bool = False, force_accept_help: str | None = None,
+                         force_accept_nargs: str | None = None) -> None:
+    """--speculative-method, --num-speculative-tokens and (force_accept_len) --force-accept-len; parsed by
+    `speculative_config` (values are checked there, so that a bad one is a one-line error)."""
+    g.add_argument("--speculative-method", default=None, metavar="METHOD",
+                   help=f"speculative decoding: {' | '.join(SPECULATIVE_METHODS)} (mtp: the checkpoint's MTP layer "
+                        f"drafts, the model verifies every draft; lossless) (default: off)")
+    g.add_argument("--num-speculative-tokens", default=None, metavar="K",
+                   help=f"drafts per speculative round, 1..{MAX_SPECULATIVE_TOKENS} (with --speculative-method; "
+                        f"every request reserves K positions of --max-model-len)")
+    if force_accept_len:
+        g.add_argument("--force-accept-len", default=None, metavar="L", nargs=force_accept_nargs,
+                       help=force_accept_help or "benchmarking aid for synthetic weights: every speculative round "
+                            "keeps exactly L tokens (1..K+1) whatever the model says; verify and commit run in full")
+
+
+def _int_flag(flag: str, value, lo: int, hi: int, what: str) -> int:
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        raise CLIError(f"{flag} must be an integer in {what}, got {value!r}") from None
+    if not lo <= n <= hi:
+        raise CLIError(f"{flag} must be an integer in {what}, got {n}")
+    return n
+
+
+def speculative_config(args: argparse.Namespace) -> SpeculativeConfig | None:
+    """The speculative flags as a SpeculativeConfig (None: off); CLIError names the flag at fault."""
+    method = getattr(args, "speculative_method", None)
+    k = getattr(args, "num_speculative_tokens", None)
+    forced = getattr(args, "force_accept_len", None)
+    if method is None:
+        if k is not None:
+            raise CLIError(f"--num-speculative-tokens needs --speculative-method ({' | '.join(SPECULATIVE_METHODS)})")
+        if forced is not None:
+            raise CLIError(f"--force-accept-len needs --speculative-method ({' | '.join(SPECULATIVE_METHODS)}) "
+                           f"and --num-speculative-tokens")
+        return None
+    if method not in SPECULATIVE_METHODS:
+        raise CLIError(f"--speculative-method must be one of {', '.join(SPECULATIVE_METHODS)}, got {method!r}")
+    if k is None:
+        raise CLIError(f"--speculative-method {method} needs --num-speculative-tokens K (1..{MAX_SPECULATIVE_TOKENS})")
+    k = _int_flag("--num-speculative-tokens", k, 1, MAX_SPECULATIVE_TOKENS, f"1..{MAX_SPECULATIVE_TOKENS}")
+    forced = 0 if forced is None else _int_flag("--force-accept-len", forced, 0, k + 1,
+                                                f"0..{k + 1} (0: off; at most --num-speculative-tokens + 1)")
+    return SpeculativeConfig(method, k, forced)
+
+
 def engine_config(args: argparse.Namespace, purpose: Purpose = Purpose.GENERATION) -> EngineConfig:
     kw = {f.name: getattr(args, f.name) for f in dataclasses.fields(EngineConfig)
-          if f.name != "purpose" and hasattr(args, f.name)}
+          if f.name not in ("purpose", "speculative") and hasattr(args, f.name)}
+    kw["speculative"] = speculative_config(args)
     try:
         return EngineConfig(purpose=purpose, **kw)
     except ValueError as e:
@@ -174,6 +228,21 @@ def usage_line(result, ttft_s: float | None, elapsed_s: float) -> str:
     u = result.usage
     rate = u.num_output_tokens / elapsed_s if elapsed_s > 0 else 0.0
     ttft = f"{ttft_s:.3f}s" if ttft_s is not None else "-"
+    spec = ""
+    if u.num_spec_rounds is not None:
+        mal = u.mean_acceptance_length
+        spec = f" spec_rounds={u.num_spec_rounds} mean_acceptance_length={'-' if mal is None else format(mal, '.2f')}"
     return (f"[usage] prompt_tokens={u.num_prompt_tokens} cached_tokens={u.num_reused_tokens} "
             f"output_tokens={u.num_output_tokens} reasoning_tokens={u.num_reasoning_tokens} "
-            f"finish_reason={result.finish_reason.value} ttft={ttft} tokens/s={rate:.1f}")
+            f"finish_reason={result.finish_reason.value} ttft={ttft} tokens/s={rate:.1f}{spec}")
+
+
+def output_room(engine, num_prompt_tokens: int) -> int:
+    """The most output tokens a prompt leaves: max_model_len less the prompt and the speculative lookahead."""
+    return engine.max_model_len - getattr(engine, "lookahead", 0) - num_prompt_tokens
+
+
+def room_note(engine) -> str:
+    """How max_model_len is spent besides the prompt, for error lines ("" without speculation)."""
+    look = getattr(engine, "lookahead", 0)
+    return f" ({look} of them reserved for speculative decoding)" if look else ""

@@ -24,6 +24,7 @@ class ModelLimits:
     max_model_len: int
     vocab_size: int
     sampling_defaults: Mapping[str, float] = field(default_factory=dict)   # generation_config.json
+    lookahead: int = 0        # positions each request reserves for speculative decoding (in max_model_len)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,16 +152,18 @@ def sampling_params(req: _Sampling, limits: ModelLimits, logprobs: int | None, i
 
 
 def _max_tokens(requested: int | None, prompt: PreparedPrompt, limits: ModelLimits, param: str) -> int:
-    n = prompt.num_prompt_tokens
-    if n >= limits.max_model_len:
-        raise APIError(400, f"This model's maximum context length is {limits.max_model_len} tokens. "
+    n, look = prompt.num_prompt_tokens, limits.lookahead
+    # NOTE: speculative decoding reserves `lookahead` positions past every request's output, inside max_model_len.
+    reserved = f" ({look} of them reserved for speculative decoding)" if look else ""
+    if n + look >= limits.max_model_len:
+        raise APIError(400, f"This model's maximum context length is {limits.max_model_len} tokens{reserved}. "
                             f"However, your prompt has {n} tokens; no room is left for output.",
                        param=param, code="context_length_exceeded")
-    room = limits.max_model_len - n
+    room = limits.max_model_len - look - n
     if requested is None:
         return room
     if requested > room:
-        raise APIError(400, f"This model's maximum context length is {limits.max_model_len} tokens. "
+        raise APIError(400, f"This model's maximum context length is {limits.max_model_len} tokens{reserved}. "
                             f"However, you requested {n + requested} tokens ({n} in the prompt, "
                             f"{requested} for the completion). Reduce the prompt or max_tokens.",
                        param="max_tokens", code="context_length_exceeded")

@@ -114,6 +114,24 @@ class EngineCollector:
         yield self._histogram("ninfer:request_queue_time_seconds", "Time spent waiting in the queue",
                               m.queue_time_s)
         yield self._histogram("ninfer:decode_batch_size", "Rows per decode round", m.decode_batch_size)
+        if m.num_speculative_tokens:
+            yield from self._spec_decode(m)
+
+    def _spec_decode(self, m: EngineMetrics):
+        """vLLM's spec_decode counters (present only with speculative decoding on): per round of a row
+        that committed a token, one draft of K tokens, produced - 1 of them accepted, position i counted
+        when the draft at i was accepted. Mean acceptance length = 1 + accepted / drafts."""
+        yield self._counter("ninfer:spec_decode_num_drafts", "Speculative rounds (one per row and round)",
+                            m.num_spec_drafts)
+        yield self._counter("ninfer:spec_decode_num_draft_tokens", "Draft tokens proposed",
+                            m.num_spec_draft_tokens)
+        yield self._counter("ninfer:spec_decode_num_accepted_tokens", "Draft tokens accepted",
+                            m.num_spec_accepted_tokens)
+        pos = CounterMetricFamily("ninfer:spec_decode_num_accepted_tokens_per_pos",
+                                  "Draft tokens accepted at each draft position", labels=["model_name", "position"])
+        for i, n in enumerate(m.num_spec_accepted_per_pos):
+            pos.add_metric([self._model, str(i)], float(n))
+        yield pos
 
 
 def make_registry(collector: EngineCollector) -> CollectorRegistry:

@@ -1,7 +1,8 @@
 """The engine requests of one HTTP request (one per choice): submit, follow, wait, close.
 
 A client that goes away closes its handles, which cancels the requests and gives their capacity
-back; every engine request gets one log line (id, tokens, TTFT, tokens/s, finish reason).
+back; every engine request gets one log line (id, tokens, TTFT, tokens/s, with speculative decoding
+its rounds and mean acceptance length, finish reason).
 """
 from __future__ import annotations
 
@@ -53,6 +54,8 @@ class Run:
         self.num_prompt_tokens = call.prompt.num_prompt_tokens
         self.num_reused_tokens = 0
         self.num_output_tokens = 0
+        self.mean_acceptance_length: float | None = None    # speculative decoding (Usage)
+        self.num_spec_rounds: int | None = None
         self.final: GenerationResult | GenerationError | None = None
         self.text_offset = 0                  # legacy logprobs text_offset in streamed text
         self.logged = False
@@ -70,6 +73,8 @@ class Run:
             if ev.usage is not None:
                 self.num_output_tokens = ev.usage.num_output_tokens
                 self.num_reused_tokens = ev.usage.num_reused_tokens
+                self.num_spec_rounds = ev.usage.num_spec_rounds
+                self.mean_acceptance_length = ev.usage.mean_acceptance_length
             self.log_line()
 
     def log_line(self) -> None:
@@ -84,9 +89,14 @@ class Run:
             outcome = f"error={self.final.kind.value}"
         else:
             outcome = f"finish={R.FINISH.get(self.final.finish_reason, self.final.finish_reason.value)}"
+        spec = ""
+        if self.num_spec_rounds is not None:
+            mal = self.mean_acceptance_length
+            spec = (f" spec_rounds={self.num_spec_rounds} "
+                    f"mean_acceptance_length={'-' if mal is None else format(mal, '.2f')}")
         log.info("request %s prompt_tokens=%d cached_tokens=%d output_tokens=%d ttft=%s tokens/s=%.1f "
-                 "e2e=%.3fs %s", self.request_id, self.num_prompt_tokens, self.num_reused_tokens,
-                 self.num_output_tokens, ttft, rate, elapsed, outcome)
+                 "e2e=%.3fs%s %s", self.request_id, self.num_prompt_tokens, self.num_reused_tokens,
+                 self.num_output_tokens, ttft, rate, elapsed, spec, outcome)
 
 
 def submit_all(state: GatewayState, engine, calls: tuple[EngineCall, ...], rid: str) -> list[Run]:

@@ -119,7 +119,10 @@ def serve(engine_factory: Callable[[], object], *, model_name: str, host: str = 
                 return
             if warmup and not state.draining:
                 warm_up(engine)
-            log.info("engine ready: model %s, max_model_len %d", model_name, engine.max_model_len)
+            spec = getattr(getattr(engine, "config", None), "speculative", None)
+            log.info("engine ready: model %s, max_model_len %d%s", model_name, engine.max_model_len,
+                     "" if spec is None else f", speculative {spec.method} K={spec.num_speculative_tokens}"
+                     + (f" forced acceptance length {spec.force_accept_len}" if spec.force_accept_len else ""))
         finally:
             state.warming = False
 

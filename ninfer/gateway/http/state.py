@@ -43,7 +43,8 @@ class GatewayState:
         frontend = self.engine.frontend
         return ModelLimits(max_model_len=int(self.engine.max_model_len),
                            vocab_size=int(frontend.tokenizer.vocab_size),
-                           sampling_defaults=getattr(frontend, "sampling_defaults", {}))
+                           sampling_defaults=getattr(frontend, "sampling_defaults", {}),
+                           lookahead=int(getattr(self.engine, "lookahead", 0)))
 
     def availability(self) -> tuple[str, bool, str]:
         """(state, ready, reason) as the Gateway reports it."""

@@ -8,7 +8,8 @@ Program's integrity check holds. At teardown everything is cancelled and drained
 request ended exactly once with a valid finish reason or error, lanes and outstanding capacity
 are back to full, and Program holds no page or slot.
 
-Runs against the scripted FakeProgram (breadth) and against the tiny dense model on CPU.
+Runs against the scripted FakeProgram (breadth), the same with speculative rounds, and against the tiny
+dense model on CPU.
 """
 from __future__ import annotations
 
@@ -171,6 +172,22 @@ def test_stateful_engine_against_fake_program():
     with young_heap_gc():                   # `drop` collects garbage after each dropped handle
         run_state_machine_as_test(FakeEngineMachine, settings=settings(
             max_examples=60, stateful_step_count=60, deadline=None, suppress_health_check=list(HealthCheck)))
+
+
+class SpeculativeFakeEngineMachine(FakeEngineMachine):
+    """Every decode unit is a speculative round (K = 3, 0..3 drafts accepted by a script): stops, budgets
+    and cancellations land inside rounds; the lookahead is reserved (the fake refuses a round without it)."""
+    @staticmethod
+    def make_program():
+        prog = FakeProgram(num_pages=24, page_size=4, num_slots=3, max_model_len=64, eos_mod=0, speculative=3,
+                           spec_accept=lambda sid, rnd: (3 * sid + rnd) % 4)
+        return prog, FakeFrontend(), 10
+
+
+def test_stateful_engine_against_speculative_fake_program():
+    with young_heap_gc():
+        run_state_machine_as_test(SpeculativeFakeEngineMachine, settings=settings(
+            max_examples=30, stateful_step_count=60, deadline=None, suppress_health_check=list(HealthCheck)))
 
 
 # ---- against the tiny dense model on CPU ------------------------------------------------------------
