@@ -36,10 +36,14 @@ class SpeculativeConfig:
                             request reserves K positions past its output (the lookahead)
     force_accept_len        0 (off) or 1..K+1: every round keeps exactly this many tokens whatever the target
                             says (a benchmarking aid for synthetic weights: the output is not the model's)
+    draft_vocab_size        0 (the whole vocabulary) or N: the drafts are the argmax over the first N token ids
+                            (the frequent ones, in a byte-level BPE's merge order), so a draft step reads N
+                            lm_head rows; verification is unchanged, so the output is the same at any N
     """
     method: str
     num_speculative_tokens: int
     force_accept_len: int = 0
+    draft_vocab_size: int = 0
 
     def __post_init__(self) -> None:
         if self.method not in SPECULATIVE_METHODS:
@@ -51,6 +55,9 @@ class SpeculativeConfig:
         if isinstance(f, bool) or not isinstance(f, int) or not (f == 0 or 1 <= f <= k + 1):
             raise ValueError(f"force_accept_len must be 0 (off) or in 1..{k + 1} (num_speculative_tokens + 1), "
                              f"got {f!r}")
+        n = self.draft_vocab_size
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"draft_vocab_size must be an integer >= 0 (0: the whole vocabulary), got {n!r}")
 
     @property
     def lookahead(self) -> int:
@@ -65,7 +72,7 @@ class SpeculativeConfig:
             return value
         if not isinstance(value, dict):
             raise ValueError(f"speculative must be None, a SpeculativeConfig or a dict, got {type(value).__name__}")
-        known = ("method", "num_speculative_tokens", "force_accept_len")
+        known = ("method", "num_speculative_tokens", "force_accept_len", "draft_vocab_size")
         unknown = sorted(set(value) - set(known))
         if unknown:
             raise ValueError(f"speculative: unknown key(s) {', '.join(map(repr, unknown))}; known: {', '.join(known)}")

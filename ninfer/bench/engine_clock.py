@@ -86,9 +86,9 @@ def tokens_per_round(spec) -> int:
 def spec_fields(spec) -> dict:
     """A result row's speculative settings (method "" and K = L = 0 without speculation)."""
     if spec is None:
-        return dict(speculative_method="", num_speculative_tokens=0, force_accept_len=0)
+        return dict(speculative_method="", num_speculative_tokens=0, force_accept_len=0, draft_vocab_size=0)
     return dict(speculative_method=spec.method, num_speculative_tokens=spec.num_speculative_tokens,
-                force_accept_len=spec.force_accept_len)
+                force_accept_len=spec.force_accept_len, draft_vocab_size=spec.draft_vocab_size)
 
 
 def spec_header(specs: list) -> dict:

@@ -427,7 +427,8 @@ def _program_config(package_module: Any, cfg: EngineConfig, sampleable_vocab_siz
     spec = cfg.speculative
     speculative = {} if spec is None else dict(speculative_method=spec.method,
                                                num_speculative_tokens=spec.num_speculative_tokens,
-                                               force_accept_len=spec.force_accept_len)
+                                               force_accept_len=spec.force_accept_len,
+                                               draft_vocab_size=spec.draft_vocab_size)
     return program_config_cls(device=cfg.device, dtype=cfg.dtype, page_size=cfg.page_size, num_pages=num_pages,
                               num_slots=_num_slots(cfg), num_scratch=_num_scratch(cfg), max_model_len=cfg.max_model_len,
                               max_batch=cfg.max_concurrency, max_steps=_max_steps(cfg), **speculative,

@@ -77,6 +77,9 @@ def add_speculative_args(g, *, force_accept_len: bool = False, force_accept_help
     g.add_argument("--num-speculative-tokens", default=None, metavar="K",
                    help=f"drafts per speculative round, 1..{MAX_SPECULATIVE_TOKENS} (with --speculative-method; "
                         f"every request reserves K positions of --max-model-len)")
+    g.add_argument("--draft-vocab-size", default=None, metavar="N",
+                   help="drafts are the argmax over the first N token ids (the frequent ones): each draft step "
+                        "reads N rows of the output head instead of all; lossless at any N (default: all)")
     if force_accept_len:
         g.add_argument("--force-accept-len", default=None, metavar="L", nargs=force_accept_nargs,
                        help=force_accept_help or "benchmarking aid for synthetic weights: every speculative round "
@@ -98,7 +101,10 @@ def speculative_config(args: argparse.Namespace) -> SpeculativeConfig | None:
     method = getattr(args, "speculative_method", None)
     k = getattr(args, "num_speculative_tokens", None)
     forced = getattr(args, "force_accept_len", None)
+    vocab = getattr(args, "draft_vocab_size", None)
     if method is None:
+        if vocab is not None:
+            raise CLIError(f"--draft-vocab-size needs --speculative-method ({' | '.join(SPECULATIVE_METHODS)})")
         if k is not None:
             raise CLIError(f"--num-speculative-tokens needs --speculative-method ({' | '.join(SPECULATIVE_METHODS)})")
         if forced is not None:
@@ -112,7 +118,8 @@ def speculative_config(args: argparse.Namespace) -> SpeculativeConfig | None:
     k = _int_flag("--num-speculative-tokens", k, 1, MAX_SPECULATIVE_TOKENS, f"1..{MAX_SPECULATIVE_TOKENS}")
     forced = 0 if forced is None else _int_flag("--force-accept-len", forced, 0, k + 1,
                                                 f"0..{k + 1} (0: off; at most --num-speculative-tokens + 1)")
-    return SpeculativeConfig(method, k, forced)
+    vocab = 0 if vocab is None else _int_flag("--draft-vocab-size", vocab, 0, 1 << 24, "0.. (0: all)")
+    return SpeculativeConfig(method, k, forced, vocab)
 
 
 def engine_config(args: argparse.Namespace, purpose: Purpose = Purpose.GENERATION) -> EngineConfig:

@@ -119,6 +119,20 @@ def test_every_command_takes_the_speculative_flags(argv):
     assert speculative_config(_parse(*argv)) is None
 
 
+def test_draft_vocab_size_reaches_the_program_config():
+    from types import SimpleNamespace
+
+    from ninfer.engine.facade import _program_config
+    from ninfer.gateway.cli.common import engine_config
+    from ninfer.targets.qwen3_6.program.config import ProgramConfig
+
+    cfg = engine_config(_parse("serve", "--speculative-method", "mtp", "--num-speculative-tokens", "3",
+                               "--draft-vocab-size", "32768", "--device", "cpu"))
+    assert cfg.speculative == SpeculativeConfig("mtp", 3, 0, 32768)
+    pkg = SimpleNamespace(ProgramConfig=ProgramConfig)
+    assert _program_config(pkg, cfg.resolved(False), 1000).draft_vocab_size == 32768
+
+
 def test_force_accept_len_on_serve():
     from ninfer.gateway.cli.common import speculative_config
 
@@ -170,6 +184,9 @@ def test_score_takes_no_speculative_flags(capsys):
     (("--force-accept-len", "2"), "--force-accept-len needs --speculative-method (mtp) and --num-speculative-tokens"),
     (("--speculative-method", "mtp", "--num-speculative-tokens", "2", "--force-accept-len", "4"),
      "--force-accept-len must be an integer in 0..3 (0: off; at most --num-speculative-tokens + 1), got 4"),
+    (("--draft-vocab-size", "32768"), "--draft-vocab-size needs --speculative-method (mtp)"),
+    (("--speculative-method", "mtp", "--num-speculative-tokens", "2", "--draft-vocab-size", "-1"),
+     "--draft-vocab-size must be an integer in 0.. (0: all), got -1"),
 ])
 def test_bad_speculative_flags_are_one_line_errors(flags, message):
     from ninfer.gateway.cli.common import engine_config
