@@ -20,18 +20,21 @@ from ninfer.targets.qwen3_6.program.cuda_graphs import decode_body
 from support.host_guard import dense_moe, guarded_ops, no_host_data
 
 
-def _program(identity):
+def _program(identity, **spec):
     w = DummyWeights(identity, device="cpu", dtype=torch.float32, seed=5, std=0.2)
     pkg = importlib.import_module(w.package.module)
     prog = pkg.create_program(w, ProgramConfig(device="cpu", dtype="fp32", page_size=16, num_pages=64,
-                                               num_slots=4, max_model_len=256, max_batch=4, max_steps=2))
+                                               num_slots=4, max_model_len=256, max_batch=4, max_steps=2, **spec))
     assert prog.graphs is None                      # CPU: eager only
     return w, prog
 
 
+@pytest.mark.parametrize("mtp", [False, True])
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
-def test_decode_body_matches_eager_and_never_touches_the_host(identity):
-    w, prog = _program(identity)
+def test_decode_body_matches_eager_and_never_touches_the_host(identity, mtp):
+    # NOTE: with the MTP layer (speculation on) the body also writes the MTP KV of position - 1 and the anchors
+    #       at dst, as the eager step does (speculate.py).
+    w, prog = _program(identity, **(dict(speculative_method="mtp", num_speculative_tokens=1) if mtp else {}))
     from ninfer.ops.reference.moe import route_topk
     ops = reference_ops()._replace(
         moe_experts=dense_moe,
@@ -51,6 +54,11 @@ def test_decode_body_matches_eager_and_never_touches_the_host(identity):
     # eager reference of one decode step (no commit: abort leaves the slots as they were)
     batch, ref_logits = prog.decode_with_logits(hs, 1)
     prog.abort_pending(batch)
+    if mtp:                  # what the eager step wrote (its scratch entries are the ones `dst` names below)
+        mkv = [(prog._kv.k[-1, s.holding.table.pages[(s.frontier - 1) // 16], (s.frontier - 1) % 16].clone())
+               for s in seqs]
+        st0 = prog._state
+        anchors = st0.planes["mtp_hidden"][0, [st0.phys(st0.scratch_entry(i)) for i in range(len(seqs))]].clone()
     W = -(-prog.config.max_model_len // prog.config.page_size)
     tables = torch.zeros(B, W, dtype=torch.long)
     for r, s in enumerate(seqs):
@@ -62,11 +70,19 @@ def test_decode_body_matches_eager_and_never_touches_the_host(identity):
                           src=torch.tensor([st.phys(s.slot) for s in seqs]), dst=dst,
                           context_lens=pos + 1, block_tables=tables, rows=torch.arange(B),
                           fed=torch.zeros(B, dtype=torch.long))
+    if mtp:                  # so that only the body's own writes can make them equal again
+        prog._kv.k[-1].zero_()
+        prog._state.planes["mtp_hidden"][0, dst] = 0
     with no_host_data() as saved:
         prog.model.ops = guarded_ops(ops, saved)
         logits = decode_body(prog.model, prog._state, buf)
     prog.model.ops = ops
     torch.testing.assert_close(logits, ref_logits[:, 0], rtol=1e-5, atol=1e-5)
+    if mtp:
+        torch.testing.assert_close(prog._state.planes["mtp_hidden"][0, dst], anchors, rtol=1e-5, atol=1e-5)
+        for s, k in zip(seqs, mkv):
+            torch.testing.assert_close(prog._kv.k[-1, s.holding.table.pages[(s.frontier - 1) // 16],
+                                                  (s.frontier - 1) % 16], k, rtol=1e-5, atol=1e-5)
     # the provisional entries hold the stepped state; the committed slots are untouched by the copy
     assert torch.equal(prog._state.planes["recurrent"][:, dst].isfinite().all(), torch.tensor(True))
 

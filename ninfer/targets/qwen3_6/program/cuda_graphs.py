@@ -13,7 +13,8 @@ Page ids, state entries and positions are data in static buffers, never graph ke
     the previous step's tokens without a host round trip: step_ahead.py)
     graph body
       hidden = model.decode_static(..., src)                  (writes KV at positions; conv and delta
-                                                               rule read state at src, write it at dst)
+                                                               rule read state at src, write it at dst;
+                                                               with the MTP layer also its KV and anchor)
       logits = lm_head(hidden) in fp32  [B, V]                 (static output, overwritten per replay)
 
 Sampling stays outside (one host sync per round for the token ids). Graph-safety of the body: no
@@ -39,12 +40,20 @@ def decode_body(model: Qwen36Model, state: StateImageStore, g) -> torch.Tensor:
     each row's state at src and write the stepped state at its provisional entry dst: no separate
     copy; src, the committed slot, is never written), lm_head."""
     ids = torch.where(g.input_ids < 0, g.fed, g.input_ids)
-    known = {"conv", "recurrent"}
+    mtp = model.view.mtp is not None
+    known = {"conv", "recurrent", "mtp_hidden"} if mtp else {"conv", "recurrent"}
     for name, plane in state.planes.items():
         if name not in known:                 # a plane no decode op steps: copy it as before
             plane.index_copy_(1, g.dst, plane.index_select(1, g.src))
     hidden = model.decode_static(ids, g.positions, g.dst, g.block_tables, g.context_lens, g.rows,
                                  src_entries=g.src)
+    if mtp:
+        # NOTE: with the MTP layer, its KV of position - 1 (the anchor at src with this token) and the anchor
+        #       at dst (speculate.py); a step at position 0 has no such pair, and its write there is overwritten
+        #       by the next step's before anything reads it.
+        plane = state.planes["mtp_hidden"][0]
+        model.mtp_kv(plane.index_select(0, g.src), ids, (g.positions - 1).clamp_min(0), g.rows, g.block_tables)
+        plane.index_copy_(0, g.dst, hidden.to(plane.dtype))
     return model.logits(hidden)
 
 

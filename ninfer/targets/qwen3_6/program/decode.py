@@ -78,7 +78,7 @@ class DecodeOps:
         #       and one more step is launched before that sync (step_ahead.py).
         greedy = forced is None and all(self._sampler.plain_greedy(s.request.sampling) for s in seqs)
         plain = forced is None and all(self._sampler.plain(s.request.sampling) for s in seqs)
-        pipelined = plain and not keep_logits and not self.mtp_on and self._graphs_fit(seqs, [s.frontier + num_steps for s in seqs])
+        pipelined = plain and not keep_logits and self._graphs_fit(seqs, [s.frontier + num_steps for s in seqs])
         ahead = self.step_ahead.adopt(seqs, kind, pipelined)
         try:
             rec = self._pending.open(kind, [s.handle.seq_id for s in seqs], [], [num_steps] * B,
@@ -122,8 +122,9 @@ class DecodeOps:
                     for r, s in enumerate(seqs)]
             inputs = [[s.tokens[-1] if i == 0 else produced[r][i - 1]] for r, s in enumerate(seqs)]
             positions = [s.frontier + i for s in seqs]
-            # NOTE: with the MTP layer each step also writes its KV and anchor (speculate.py): eager.
-            logits = None if self.mtp_on else self._graph_step(seqs, inputs, positions, srcs, dsts)
+            # NOTE: with the MTP layer each step also writes its KV and anchor (speculate.py; the graph's body
+            #       does it too).
+            logits = self._graph_step(seqs, inputs, positions, srcs, dsts)
             if logits is None:
                 for dst, src in zip(dsts, srcs):
                     self._state.copy_entry(dst, src)

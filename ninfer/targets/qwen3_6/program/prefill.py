@@ -55,7 +55,7 @@ class PrefillOps:
             #       applies. The context cache makes this the common case: prefill stops at P - 1 to
             #       capture, leaving one token. Prompt log-probs need the hidden states: eager.
             graphed = (self._graph_step([s], [[s.tokens[start]]], [start], [s.slot], [entry])
-                       if final and n == 1 and s.request.prompt_logprobs is None and not self.mtp_on else None)
+                       if final and n == 1 and s.request.prompt_logprobs is None else None)
             if graphed is None and not keep_logits:
                 # NOTE: a short stage (over a prefix or not) replays a graph of the whole stage: such a stage
                 #       is host bound (prefill_graphs.py).

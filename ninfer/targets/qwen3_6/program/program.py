@@ -148,7 +148,7 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecod
         self.force_accept_len = config.force_accept_len   # a switch for benchmarks (ProgramConfig's meaning)
         # NOTE: last, after every large allocation: the graphs point into the pools and weights.
         self.graphs: DecodeGraphs | None = None
-        self.spec_graphs: SpecGraphs | None = None     # with the MTP layer, instead of the decode graphs
+        self.spec_graphs: SpecGraphs | None = None     # the speculative rounds' (with the MTP layer)
         self.graphs_enabled = True   # a switch for benchmarks and tests; eager when False
         # NOTE: the prefill graphs are captured on first use of each bucket (prefill_graphs.py).
         self.prefill_graphs: prefill_graphs.PrefillGraphs | None = None
@@ -163,10 +163,11 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecod
                                               self._sampler.sampleable, draft_vocab, config.max_batch,
                                               config.max_model_len, config.page_size, dev)
                 self.spec_graphs.capture()
-            else:
-                self.graphs = DecodeGraphs(self.model, self._state, config.max_batch, config.max_model_len,
-                                           config.page_size, dev)
-                self.graphs.capture()
+            # NOTE: with speculation too: a prompt's last token (after the context cache's capture point) and
+            #       control tokens are single steps.
+            self.graphs = DecodeGraphs(self.model, self._state, config.max_batch, config.max_model_len,
+                                       config.page_size, dev)
+            self.graphs.capture()
 
     # ---- switches and counters of the step-ahead (benchmarks and tests) -----------------------
     @property

@@ -1,7 +1,7 @@
 """CUDA graphs of a whole speculative round with the MTP drafter, one per exact batch size B in 1..max_batch.
 
-Captured once at Program start, like the decode graphs (cuda_graphs.py), which a Program with the MTP
-layer does not capture (every token it feeds goes through a round, a prefill stage or an eager step).
+Captured once at Program start, after the decode graphs (cuda_graphs.py), which a Program with the MTP layer
+keeps for its single steps (a prompt's last token, control tokens).
 
     static inputs of graph B (one int64 device buffer copied from a pinned host buffer by the first node)
       last [B]  frontier [B]  src [B]  dst [B * T]  block_tables [B, W]     (T = K + 1)

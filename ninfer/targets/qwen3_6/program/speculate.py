@@ -21,8 +21,8 @@ a committed one for j < c). Every path that feeds tokens keeps this invariant fo
     a sequence at frontier F >= 1 holds in its slot's mtp_hidden the final hidden state of position
     F - 1, and the MTP KV of every position below F - 1
 
-(prefill stages: `mtp_observe_stage`; decode and control steps outside rounds: `mtp_observe_step`;
-the prefill graphs: prefill_graphs.prefill_body). A checkpoint copies the image and shares the pages,
+(prefill stages: `mtp_observe_stage`; decode and control steps outside rounds: `mtp_observe_step`, and
+the decode graphs' body; the prefill graphs: prefill_graphs.prefill_body). A checkpoint copies the image and shares the pages,
 so a continuation drafts exactly as the producer would have. The drafts decide only how many tokens a
 round keeps, never which: a stale MTP state costs acceptance, not correctness.
 
