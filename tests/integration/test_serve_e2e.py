@@ -1,5 +1,6 @@
 """End to end: the real `ninfer serve` (demo model) on loopback, driven by the official `openai`
-client and by plain HTTP. One server for the module (max_concurrency 4, queue 8)."""
+client and by plain HTTP. One server for the module (max_concurrency 4, queue 8), plain and then with MTP
+speculative decoding."""
 from __future__ import annotations
 
 import json
@@ -19,10 +20,12 @@ MAX_BODY = 65536
 USER = [{"role": "user", "content": "Say hello."}]
 
 
-@pytest.fixture(scope="module")
-def server():
+# NOTE: the whole module runs twice: against a plain server and one with MTP speculation (3 drafts a round).
+@pytest.fixture(scope="module", params=[None, "3"], ids=["plain", "mtp3"])
+def server(request):
+    spec = ("--speculative-method", "mtp", "--num-speculative-tokens", request.param) if request.param else ()
     s = Server("--max-concurrency", "4", "--queue-size", "8", "--max-model-len", str(MAX_MODEL_LEN),
-               "--max-body-bytes", str(MAX_BODY), api_key=API_KEY)
+               "--max-body-bytes", str(MAX_BODY), *spec, api_key=API_KEY)
     try:
         s.wait_ready()
         yield s
