@@ -150,6 +150,12 @@ class RequestIntake:
             raise bad(f"max_tokens must be an integer >= 1, got {max_tokens!r}")
         if prompt.num_prompt_tokens < 1:
             raise bad("the prompt has no tokens")
+        if prompt.media:
+            # NOTE: the Program has no vision schedule yet: the placeholder tokens alone would reach the model
+            #       (two different images giving the same tokens), so a prompt with media is refused.
+            kinds = sorted({m.kind for m in prompt.media})
+            raise bad(f"this engine takes no {' or '.join(kinds)} input yet: the prompt has {len(prompt.media)} "
+                      f"media part(s); send text only")
         lookahead = self.lookahead
         if prompt.num_prompt_tokens + max_tokens + lookahead > self.max_model_len:
             if not lookahead:

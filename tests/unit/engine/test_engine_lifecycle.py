@@ -290,3 +290,15 @@ def test_fake_program_is_strict():
     with pytest.raises(InvariantError):
         p.decode([seq])                                 # stale handle
     p.check_integrity()
+
+
+def test_a_prompt_with_media_is_refused_at_submit():
+    # NOTE: without a vision schedule only the placeholder tokens would reach the model (two images, the same
+    #       tokens): refused, with nothing held.
+    from ninfer.contract.frontend import MediaPlaceholder, PreparedPrompt
+    core, prog, trace, _ = make_core(max_model_len=256)
+    prompt = PreparedPrompt(token_ids=(1, 2, 3, 4), media=(MediaPlaceholder("image", 1, 2, "d1"),))
+    with pytest.raises(EngineRequestError) as e:
+        core.submit(prompt, GREEDY, max_tokens=3)
+    assert e.value.kind is ErrorKind.INVALID_REQUEST and "no image input" in str(e.value)
+    assert core.capacity.used == 0 and not core.records
