@@ -17,7 +17,7 @@ import array
 import enum
 import hashlib
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol, Sequence
+from typing import Any, NamedTuple, Protocol, Sequence
 
 
 # --------------------------------------------------------------------------------------------
@@ -79,6 +79,18 @@ class TokenLogprob(NamedTuple):
 # Resources
 # --------------------------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
+class MediaInput:
+    """One image or video of a prompt, preprocessed on the host (the Frontend's work): its placeholder run
+    prompt_token_ids[offset:offset + length] is replaced by the vision tower's `length` output rows."""
+    kind: str                          # "image" | "video"
+    offset: int
+    length: int
+    digest: str                        # content identity (the media bytes' digest)
+    pixel_values: Any                  # host array [patches, channels x temporal x patch x patch], float32
+    grid_thw: tuple[int, int, int]     # patches along time, height, width (before the 2 x 2 merge)
+
+
+@dataclass(frozen=True, slots=True)
 class SequenceRequest:
     """Everything Program needs to plan and run one sequence's complete growth."""
     prompt_token_ids: tuple[int, ...]
@@ -86,6 +98,12 @@ class SequenceRequest:
     sampling: SamplingParams = SamplingParams()
     lookahead: int = 0
     prompt_logprobs: int | None = None     # None = off; k = log-prob of every prompt token + top-k
+    # Vision (a prompt with media). rope_positions: host int array [3, P], the prompt's MRoPE positions (None:
+    # text, every axis = the token's position); rope_delta: a token after the prompt at position p rotates as
+    # position p + rope_delta on every axis.
+    media: tuple[MediaInput, ...] = ()
+    rope_positions: Any = None
+    rope_delta: int = 0
     # Context cache (architecture.md §6, §10). publication: hold a publication slot from activation
     # so that the terminal step can publish one complete checkpoint. reconstruction_prefix: a prompt
     # frontier whose state is kept in that slot (the Frontend's reconstruction boundary of the prompt);

@@ -68,7 +68,8 @@ def test_decode_body_matches_eager_and_never_touches_the_host(identity, mtp):
     dst = torch.tensor([st.phys(st.scratch_entry(i)) for i in range(B)])      # free scratch entries
     buf = SimpleNamespace(input_ids=torch.tensor([s.tokens[-1] for s in seqs]), positions=pos,
                           src=torch.tensor([st.phys(s.slot) for s in seqs]), dst=dst,
-                          context_lens=pos + 1, block_tables=tables, rows=torch.arange(B),
+                          context_lens=pos + 1, delta=torch.zeros(B, dtype=torch.long), block_tables=tables,
+                          rows=torch.arange(B),
                           fed=torch.zeros(B, dtype=torch.long))
     if mtp:                  # so that only the body's own writes can make them equal again
         prog._kv.k[-1].zero_()
@@ -88,15 +89,16 @@ def test_decode_body_matches_eager_and_never_touches_the_host(identity, mtp):
 
 
 def test_static_inputs_fill_the_graph_layout():
-    """The host buffer of a decode graph gets ids, positions, src, dst, context lengths and each
-    row's pages at its row offset; entries past a row's pages are left as they were (never read)."""
+    """The host buffer of a decode graph gets ids, positions, src, dst, context lengths, rope deltas and
+    each row's pages at its row offset; entries past a row's pages are left as they were (never read)."""
     from ninfer.targets.qwen3_6.program.cuda_graphs import fill_static_inputs
 
     B, W = 3, 5
-    host = torch.full((5 * B + B * W,), -7, dtype=torch.long)
-    fill_static_inputs(host, W, [11, 12, 13], [4, 70, 0], [1, 2, 3], [9, 8, 7], [[5], [6, 2], [4, 4, 4, 4, 4]])
-    assert host[:5 * B].tolist() == [11, 12, 13, 4, 70, 0, 1, 2, 3, 9, 8, 7, 5, 71, 1]
-    tables = host[5 * B:].view(B, W).tolist()
+    host = torch.full((6 * B + B * W,), -7, dtype=torch.long)
+    fill_static_inputs(host, W, [11, 12, 13], [4, 70, 0], [1, 2, 3], [9, 8, 7], [[5], [6, 2], [4, 4, 4, 4, 4]],
+                       [0, -3, 5])
+    assert host[:6 * B].tolist() == [11, 12, 13, 4, 70, 0, 1, 2, 3, 9, 8, 7, 5, 71, 1, 0, -3, 5]
+    tables = host[6 * B:].view(B, W).tolist()
     assert tables == [[5, -7, -7, -7, -7], [6, 2, -7, -7, -7], [4, 4, 4, 4, 4]]
     with pytest.raises(ValueError, match="6 pages"):
         fill_static_inputs(host, W, [1], [1], [1], [1], [[0] * 6])
@@ -114,16 +116,17 @@ class _EagerGraphs:
     def fits(self, B, tables):
         return B <= self.max_batch and all(len(t) <= self.width for t in tables)
 
-    def run(self, input_ids, positions, src, dst, tables, fed=None):
+    def run(self, input_ids, positions, src, dst, tables, fed=None, deltas=None):
         from ninfer.targets.qwen3_6.program.cuda_graphs import fill_static_inputs
         B, W = len(positions), self.width
-        v = torch.zeros(5 * B + B * W, dtype=torch.long)
+        v = torch.zeros(6 * B + B * W, dtype=torch.long)
         if fed is not None:
             assert input_ids is None and fed.shape == (B,)
             input_ids = [-1] * B
-        fill_static_inputs(v, W, input_ids, positions, src, dst, tables)
+        fill_static_inputs(v, W, input_ids, positions, src, dst, tables, deltas)
         g = SimpleNamespace(input_ids=v[:B], positions=v[B:2 * B], src=v[2 * B:3 * B], dst=v[3 * B:4 * B],
-                            context_lens=v[4 * B:5 * B], block_tables=v[5 * B:].view(B, W), rows=torch.arange(B),
+                            context_lens=v[4 * B:5 * B], delta=v[5 * B:6 * B], block_tables=v[6 * B:].view(B, W),
+                            rows=torch.arange(B),
                             fed=fed.clone() if fed is not None else torch.zeros(B, dtype=torch.long))
         self.replays += 1
         return decode_body(self.model, self.state, g)

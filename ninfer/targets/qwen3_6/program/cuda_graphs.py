@@ -6,9 +6,10 @@ Page ids, state entries and positions are data in static buffers, never graph ke
 
     static inputs of graph B (one int64 device buffer; the graph's first node copies it from the graph's
     pinned host buffer, which `run` fills through a numpy view: no host-side copy launch per round)
-      input_ids [B]  positions [B]  src [B]  dst [B]  context_lens [B]  block_tables [B, W]
+      input_ids [B]  positions [B]  src [B]  dst [B]  context_lens [B]  delta [B]  block_tables [B, W]
       W = ceil(max_model_len / page_size) (fixed width; entries past a row's table are stale, never read)
       src / dst: physical state images (`StateImageStore.phys` of the Program's entry ids)
+      delta: the rope delta of a prompt with media (rotary position = position + delta; 0 for text)
     input_ids < 0 take the row's id from the graph's device buffer `fed` [B] instead (a step fed by
     the previous step's tokens without a host round trip: step_ahead.py)
     graph body
@@ -46,7 +47,7 @@ def decode_body(model: Qwen36Model, state: StateImageStore, g) -> torch.Tensor:
         if name not in known:                 # a plane no decode op steps: copy it as before
             plane.index_copy_(1, g.dst, plane.index_select(1, g.src))
     hidden = model.decode_static(ids, g.positions, g.dst, g.block_tables, g.context_lens, g.rows,
-                                 src_entries=g.src)
+                                 src_entries=g.src, rope_positions=g.positions + g.delta)
     if mtp:
         # NOTE: with the MTP layer, its KV of position - 1 (the anchor at src with this token) and the anchor
         #       at dst (speculate.py); a step at position 0 has no such pair, and its write there is overwritten
@@ -58,9 +59,11 @@ def decode_body(model: Qwen36Model, state: StateImageStore, g) -> torch.Tensor:
 
 
 def fill_static_inputs(host: "torch.Tensor | np.ndarray", W: int, input_ids: Sequence[int], positions: Sequence[int],
-                       src: Sequence[int], dst: Sequence[int], tables: Sequence[Sequence[int]]) -> None:
+                       src: Sequence[int], dst: Sequence[int], tables: Sequence[Sequence[int]],
+                       deltas: Sequence[int] | None = None) -> None:
     """Write one step's inputs into a graph's int64 host buffer in the `_Graph` layout: ids,
-    positions, src, dst, context lengths (positions + 1), then row r's pages at 5B + r*W.
+    positions, src, dst, context lengths (positions + 1), rope deltas (default 0), then row r's pages at
+    6B + r*W.
 
     NOTE: only each row's own pages are written; the entries past them keep stale ids, which no
           kernel reads (attention and the KV write stop at the row's context): padding every row
@@ -72,10 +75,11 @@ def fill_static_inputs(host: "torch.Tensor | np.ndarray", W: int, input_ids: Seq
     a[:B], a[B:2 * B], a[2 * B:3 * B], a[3 * B:4 * B] = input_ids, positions, src, dst
     a[4 * B:5 * B] = positions
     a[4 * B:5 * B] += 1
+    a[5 * B:6 * B] = 0 if deltas is None else deltas
     for r, t in enumerate(tables):
         if len(t) > W:
             raise ValueError(f"row {r} has {len(t)} pages; the graph's tables hold {W}")
-        o = 5 * B + r * W
+        o = 6 * B + r * W
         a[o:o + len(t)] = t
 
 
@@ -107,12 +111,13 @@ class PinnedInputs:
 
 class _Graph(PinnedInputs):
     def __init__(self, B: int, W: int, device: torch.device) -> None:
-        super().__init__(5 * B + B * W, device)
+        super().__init__(6 * B + B * W, device)
         self.B, self.W = B, W
         v = self.dev
         self.input_ids, self.positions = v[0:B], v[B:2 * B]
         self.src, self.dst, self.context_lens = v[2 * B:3 * B], v[3 * B:4 * B], v[4 * B:5 * B]
-        self.block_tables = v[5 * B:].view(B, W)
+        self.delta = v[5 * B:6 * B]
+        self.block_tables = v[6 * B:].view(B, W)
         self.rows = torch.arange(B, dtype=torch.long, device=device)
         self.fed = torch.zeros(B, dtype=torch.long, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -163,7 +168,8 @@ class DecodeGraphs:
         return B in self._graphs and all(len(t) <= self.width for t in tables)
 
     def run(self, input_ids: Sequence[int] | None, positions: Sequence[int], src: Sequence[int], dst: Sequence[int],
-            tables: Sequence[Sequence[int]], fed: torch.Tensor | None = None) -> torch.Tensor:
+            tables: Sequence[Sequence[int]], fed: torch.Tensor | None = None,
+            deltas: Sequence[int] | None = None) -> torch.Tensor:
         """Replay graph B = len(positions); returns its static fp32 logits [B, V] (valid until the next
         replay of the same B: clone to keep them). fed: the rows' input ids as a device tensor [B] (then
         input_ids is None), e.g. the previous step's tokens, copied into the graph's `fed` buffer on
@@ -174,7 +180,7 @@ class DecodeGraphs:
         if fed is not None:
             g.fed.copy_(fed)
             input_ids = [-1] * B
-        fill_static_inputs(g.host_np, self.width, input_ids, positions, src, dst, tables)
+        fill_static_inputs(g.host_np, self.width, input_ids, positions, src, dst, tables, deltas)
         g.graph.replay()
         self.replays += 1
         return g.logits

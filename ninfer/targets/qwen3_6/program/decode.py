@@ -156,17 +156,21 @@ class DecodeOps:
 
     def _forward(self, seqs: list[LiveSeq], inputs: list[list[int]], starts: list[int], entries: list[int]
                  ) -> torch.Tensor:
-        """Run the model over one packed batch; rows write KV at [start, start + len) of their pages."""
+        """Run the model over one packed batch; rows write KV at [start, start + len) of their pages. A row
+        inside a prompt with media takes its MRoPE positions and its media embeddings (media.py); a row past
+        one rotates at its position + the prompt's rope delta."""
         for s, toks, st in zip(seqs, inputs, starts):
             s.holding.table.ensure(st + len(toks))
         width = max(len(s.holding.table.pages) for s in seqs)
         dev = self.device
+        positions = torch.cat([torch.arange(st, st + len(toks), dtype=torch.long) for toks, st in zip(inputs, starts)])
+        rope, embeds = self.media_rows(seqs, [len(t) for t in inputs], starts, positions)
         fb = ForwardBatch(
             input_ids=torch.tensor([t for row in inputs for t in row], dtype=torch.long, device=dev),
-            positions=torch.cat([torch.arange(st, st + len(toks), dtype=torch.long)
-                                 for toks, st in zip(inputs, starts)]).to(dev),
+            positions=positions.to(dev),
             seqlens=tuple(len(t) for t in inputs),
             starts=tuple(starts),
             state_entries=torch.tensor([self._state.phys(e) for e in entries], dtype=torch.long, device=dev),
-            block_tables=torch.stack([s.holding.table.as_tensor(width) for s in seqs]).to(dev))
+            block_tables=torch.stack([s.holding.table.as_tensor(width) for s in seqs]).to(dev),
+            rope_positions=rope, embeds=embeds)
         return self.model.forward(fb)

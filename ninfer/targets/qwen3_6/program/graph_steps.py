@@ -35,7 +35,7 @@ class GraphStepOps:
         input ids on the device instead of `input_ids`. Entry ids go to the graph as physical images."""
         ph = self._state.phys
         return self.graphs.run(input_ids, positions, [ph(e) for e in srcs], [ph(e) for e in dsts],
-                               [s.holding.table.pages for s in seqs], fed=fed)
+                               [s.holding.table.pages for s in seqs], fed=fed, deltas=self.rope_deltas(seqs))
 
     def _graphs_fit(self, seqs: list[LiveSeq], ends: list[int]) -> bool:
         """Whether the rows' steps up to position ends[r] - 1 replay a decode graph (maps their pages)."""

@@ -89,6 +89,8 @@ class ForwardBatch(NamedTuple):
     state_entries: torch.Tensor        # [B] int64 StateImageStore entries, read and updated in place
     block_tables: torch.Tensor         # [B, W] int32 physical page ids
     rope_positions: torch.Tensor | None = None   # [3, N] MRoPE positions; None = text (all axes = positions)
+    embeds: tuple[torch.Tensor, torch.Tensor] | None = None   # (rows [M], values [M, H]): these token rows take
+                                                               # the given embeddings instead of the table's (media)
 
 
 def state_planes(dims, dtype: torch.dtype, mtp: bool = False) -> dict[str, tuple]:
@@ -128,6 +130,8 @@ class Qwen36Model:
         """Run every layer; return the post-final-norm hidden states [N, H] (also MTP's input)."""
         d = self.dims
         x = F.embedding(fb.input_ids, self.view.embed_tokens)
+        if fb.embeds is not None:
+            x = x.index_copy(0, fb.embeds[0], fb.embeds[1].to(x.dtype))
         pos = fb.rope_positions if fb.rope_positions is not None else fb.positions
         cos, sin = mrope_cos_sin(pos, head_dim=d.head_dim, partial_rotary_factor=d.partial_rotary_factor,
                                  mrope_section=d.mrope_section, rope_theta=d.rope_theta,
@@ -136,15 +140,18 @@ class Qwen36Model:
 
     def decode_static(self, input_ids: torch.Tensor, positions: torch.Tensor, state_entries: torch.Tensor,
                       block_tables: torch.Tensor, context_lens: torch.Tensor, rows: torch.Tensor,
-                      src_entries: torch.Tensor | None = None) -> torch.Tensor:
+                      src_entries: torch.Tensor | None = None, rope_positions: torch.Tensor | None = None
+                      ) -> torch.Tensor:
         """One text token per row from device tensors only (the CUDA-graph body): no host sync, no
         host-to-device copy, no branch on tensor values. input_ids/positions/state_entries/
         context_lens/rows [B] int64 (rows = arange(B)), block_tables [B, W] page ids.
         src_entries [B]: when given, the conv and delta-rule ops read each row's state there and
         write the stepped state at state_entries (src is never written: no separate state copy).
+        rope_positions [B]: the rotary position of each row's token on every axis (default: positions; after
+        media in the prompt it is the KV position + the prompt's rope delta).
         Same result as `forward` of a decode batch (text positions: every MRoPE axis = position)."""
         x = F.embedding(input_ids, self.view.embed_tokens)
-        theta = positions.float().unsqueeze(-1) * self._inv_freq          # [B, rot/2]
+        theta = (positions if rope_positions is None else rope_positions).float().unsqueeze(-1) * self._inv_freq
         emb = torch.cat([theta, theta], dim=-1)
         B = input_ids.shape[0]
         fb = ForwardBatch(input_ids, positions, (1,) * B, (), state_entries, block_tables)

@@ -54,9 +54,11 @@ class PrefillOps:
             #       the slot and written to the scratch entry): the decode graph of B=1 runs it when it
             #       applies. The context cache makes this the common case: prefill stops at P - 1 to
             #       capture, leaving one token. Prompt log-probs need the hidden states: eager.
+            # NOTE: a prompt with media takes its MRoPE positions and media rows: eager (media.py).
+            plain_text = not s.request.media and s.request.rope_positions is None
             graphed = (self._graph_step([s], [[s.tokens[start]]], [start], [s.slot], [entry])
-                       if final and n == 1 and s.request.prompt_logprobs is None else None)
-            if graphed is None and not keep_logits:
+                       if final and n == 1 and s.request.prompt_logprobs is None and plain_text else None)
+            if graphed is None and not keep_logits and plain_text:
                 # NOTE: a short stage (over a prefix or not) replays a graph of the whole stage: such a stage
                 #       is host bound (prefill_graphs.py).
                 graphed = self._prefill_graph(s, start, end, entry, final)

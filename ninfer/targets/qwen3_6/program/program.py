@@ -81,6 +81,7 @@ from ninfer.targets.qwen3_6.program.cuda_graphs import DecodeGraphs
 from ninfer.targets.qwen3_6.program.decode import DecodeOps
 from ninfer.targets.qwen3_6.program.graph_steps import GraphStepOps
 from ninfer.targets.qwen3_6.program.leaves import LeafSet
+from ninfer.targets.qwen3_6.program.media import MediaOps
 from ninfer.targets.qwen3_6.program.model import Qwen36Model, state_planes
 from ninfer.targets.qwen3_6.program.model_view import load_model_view
 from ninfer.targets.qwen3_6.program.prefill import PrefillOps
@@ -103,7 +104,8 @@ def _require_mtp(dims: Qwen36Dims, weights: Any) -> None:
                          "speculation")
 
 
-class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecodeOps, GraphStepOps, CommitOps):
+class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecodeOps, MediaOps, GraphStepOps,
+                    CommitOps):
     """Implements `ninfer.contract.program.CheckpointProgram` for any package of the Qwen3.6 family."""
 
     def __init__(self, dims: Qwen36Dims, leaves: LeafSet, weights: Any, config: ProgramConfig) -> None:
@@ -145,6 +147,8 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecod
         draft_vocab = min(config.draft_vocab_size or sampleable, sampleable)
         self.drafter: Drafter | None = MtpDrafter(config.num_speculative_tokens, draft_vocab) if spec else None
         self.spec_rounds = 0
+        # NOTE: the vision tower's encoder (`encode(MediaInput) -> [length, H]`); None: no media accepted.
+        self.vision = None
         self.force_accept_len = config.force_accept_len   # a switch for benchmarks (ProgramConfig's meaning)
         # NOTE: last, after every large allocation: the graphs point into the pools and weights.
         self.graphs: DecodeGraphs | None = None

@@ -49,7 +49,7 @@ class ResourceOps:
         bad = [t for t in request.prompt_token_ids if not (0 <= t < self.dims.vocab_size)]
         if bad:
             return Refusal(RefusalKind.INFEASIBLE, f"token id {bad[0]} outside the vocabulary 0..{self.dims.vocab_size - 1}")
-        return None
+        return self._validate_media(request)
 
     def plan_materialize(self, request: SequenceRequest, source: int | None = None, evictable: Sequence[int] = (),
                          host_bytes_free: int = 0) -> ResourcePlan | Refusal:

@@ -10,7 +10,7 @@ One sequence (`tokens` = prompt + committed output tokens):
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterator
 
 import torch
@@ -30,6 +30,7 @@ class LiveSeq:
     source: int | None = None      # the checkpoint it was materialized from (None: root)
     pub_target: int | None = None  # publication target: the frontier to keep in the publication slot
     pub_frontier: int | None = None  # the frontier whose state the publication slot holds
+    media_embeds: dict = field(default_factory=dict)   # media index -> the tower's rows not yet consumed (media.py)
 
     @property
     def num_prompt(self) -> int:

@@ -4,7 +4,8 @@ Captured once at Program start, after the decode graphs (cuda_graphs.py), which 
 keeps for its single steps (a prompt's last token, control tokens).
 
     static inputs of graph B (one int64 device buffer copied from a pinned host buffer by the first node)
-      last [B]  frontier [B]  src [B]  dst [B * T]  block_tables [B, W]     (T = K + 1)
+      last [B]  frontier [B]  src [B]  delta [B]  dst [B * T]  block_tables [B, W]     (T = K + 1)
+      (delta: the rope delta of a prompt with media; the verify rotates at position + delta)
     graph body (speculate.py for what each part means)
       draft     K MTP steps chained on the device; each draft is the argmax of the lm_head over the first
                 draft_vocab token ids, fed to the next step
@@ -46,7 +47,8 @@ def round_body(model: Qwen36Model, state: StateImageStore, g: "_Graph", sampleab
     ids = torch.cat([g.last[:, None], d], dim=1).flatten()
     pos = (g.frontier[:, None] + g.offsets[None, :]).flatten()
     dst = g.dst.view(B, T)
-    hidden = model.verify_static(ids, pos, g.token_rows, g.src, dst, g.block_tables)
+    cos_sin = model.text_rotary(pos + g.delta.repeat_interleave(T))
+    hidden = model.verify_static(ids, pos, g.token_rows, g.src, dst, g.block_tables, cos_sin=cos_sin)
     prev = torch.cat([anchor[:, None], hidden.view(B, T, -1)[:, :-1]], dim=1).flatten(0, 1)
     model.mtp_kv(prev, ids, pos - 1, g.token_rows, g.block_tables)
     plane.index_copy_(0, g.dst, hidden.to(plane.dtype))
@@ -57,12 +59,12 @@ def round_body(model: Qwen36Model, state: StateImageStore, g: "_Graph", sampleab
 class _Graph(PinnedInputs):
     def __init__(self, B: int, K: int, W: int, device: torch.device) -> None:
         T = K + 1
-        super().__init__(3 * B + B * T + B * W, device)
+        super().__init__(4 * B + B * T + B * W, device)
         self.B, self.K, self.W = B, K, W
         v = self.dev
-        self.last, self.frontier, self.src = v[0:B], v[B:2 * B], v[2 * B:3 * B]
-        self.dst = v[3 * B:3 * B + B * T]
-        self.block_tables = v[3 * B + B * T:].view(B, W)
+        self.last, self.frontier, self.src, self.delta = v[0:B], v[B:2 * B], v[2 * B:3 * B], v[3 * B:4 * B]
+        self.dst = v[4 * B:4 * B + B * T]
+        self.block_tables = v[4 * B + B * T:].view(B, W)
         self.rows = torch.arange(B, dtype=torch.long, device=device)
         self.token_rows = self.rows.repeat_interleave(T)
         self.offsets = torch.arange(T, dtype=torch.long, device=device)
@@ -70,13 +72,14 @@ class _Graph(PinnedInputs):
         self.out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     def fill(self, last: Sequence[int], frontier: Sequence[int], src: Sequence[int], dst: Sequence[int],
-             tables: Sequence[Sequence[int]]) -> None:
+             tables: Sequence[Sequence[int]], deltas: Sequence[int] | None = None) -> None:
         """Write one round's inputs into the pinned host buffer (only each row's own pages: the entries past
         them are stale and never read)."""
         a, B, T, W = self.host_np, self.B, self.K + 1, self.W
         a[:B], a[B:2 * B], a[2 * B:3 * B] = last, frontier, src
-        a[3 * B:3 * B + B * T] = dst
-        o = 3 * B + B * T
+        a[3 * B:4 * B] = 0 if deltas is None else deltas
+        a[4 * B:4 * B + B * T] = dst
+        o = 4 * B + B * T
         for r, t in enumerate(tables):
             if len(t) > W:
                 raise ValueError(f"row {r} has {len(t)} pages; the graph's tables hold {W}")
@@ -126,11 +129,12 @@ class SpecGraphs:
         return B in self._graphs and all(len(t) <= self.width for t in tables)
 
     def run(self, last: Sequence[int], frontier: Sequence[int], src: Sequence[int], dst: Sequence[int],
-            tables: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            tables: Sequence[Sequence[int]], deltas: Sequence[int] | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Replay graph B = len(last): (drafts [B, K], logits [B, T, V], argmax [B, T]), the static outputs."""
         g = self._graphs[len(last)]
         g.wait_reusable()
-        g.fill(last, frontier, src, dst, tables)
+        g.fill(last, frontier, src, dst, tables, deltas)
         g.graph.replay()
         self.replays += 1
         return g.out

@@ -145,7 +145,7 @@ class SpecDecodeOps:
                 drafts, logits, target = g.run(
                     [s.tokens[-1] for s in seqs], [s.frontier for s in seqs], [ph(s.slot) for s in seqs],
                     [ph(self._state.scratch_entry(e)) for r in range(B) for e in rec.scratch[r][:T]],
-                    [s.holding.table.pages for s in seqs])
+                    [s.holding.table.pages for s in seqs], self.rope_deltas(seqs))
             else:
                 drafts = self.drafter.propose(self, seqs)
                 logits = self._verify(seqs, rec, drafts)
@@ -177,7 +177,8 @@ class SpecDecodeOps:
         dst = torch.tensor([[ph(self._state.scratch_entry(e)) for e in rec.scratch[r][:T]] for r in range(B)],
                            dtype=torch.long, device=dev)
         tables = self.block_tables(seqs)
-        hidden = self.model.verify_static(ids, pos, rows, src, dst, tables, cos_sin=self.model.rotary(pos))
+        delta = torch.tensor(self.rope_deltas(seqs), dtype=torch.long, device=dev).repeat_interleave(T)
+        hidden = self.model.verify_static(ids, pos, rows, src, dst, tables, cos_sin=self.model.rotary(pos + delta))
         if self.mtp_on:
             plane = self._state.planes["mtp_hidden"][0]
             prev = torch.cat([plane.index_select(0, src)[:, None], hidden.view(B, T, -1)[:, :-1]], dim=1)
