@@ -30,11 +30,14 @@ class FinishReason(str, enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class MediaPlaceholder:
-    """One image/video placeholder run inside PreparedPrompt.token_ids (for the vision work)."""
+    """One image (or one temporal group of a video) placeholder run inside PreparedPrompt.token_ids."""
     kind: str                  # "image" | "video"
     offset: int                # index of the first placeholder token
     length: int                # number of placeholder tokens
     content_digest: str        # digest of the media bytes
+    pixel_values: Any = None   # host array [patches, C x T x P x P] float32 the vision tower reads (None: the
+                               # prompt was rendered without the media's pixels: it cannot be run)
+    grid_thw: tuple[int, int, int] = (0, 0, 0)   # patches along time, height, width (before the merge)
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,9 @@ class PreparedPrompt:
     # so a finished output may be reproduced too (see Preview.boundary).
     reconstruction_prefix: int | None = None
     preserve_thinking: bool = False
+    # MRoPE of a prompt with media: positions [3, P] (host int array) and the delta after the prompt
+    rope_positions: Any = None
+    rope_delta: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

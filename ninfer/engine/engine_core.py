@@ -191,7 +191,8 @@ class EngineCore:
         if hint is not None:
             self.warmup_lengths = tuple(hint(self.prefill_chunk_tokens, max_model_len - lookahead))
         self._publish_gauges()
-        self.intake.open(max_model_len, use_cache=self.rm.cache is not None, lookahead=lookahead)
+        self.intake.open(max_model_len, use_cache=self.rm.cache is not None, lookahead=lookahead,
+                         supports_media=bool(getattr(self.program, "supports_media", False)))
 
     def fail_startup(self, reason: str) -> None:
         self.intake.fail(reason)

@@ -49,6 +49,7 @@ class RequestIntake:
         self.request_timeout_s = request_timeout_s
         self.max_model_len = max_model_len        # capped by Program's own limit in `open`
         self.lookahead = 0                        # Program's speculative lookahead (set in `open`)
+        self.supports_media = False               # Program reads images and video (set in `open`)
         self.clock = clock
         self._cv = threading.Condition(threading.RLock())   # NOTE: re-entrant, handle finalizers wake us
         self._inbox: deque[RequestRecord] = deque()
@@ -101,7 +102,10 @@ class RequestIntake:
             rec = RequestRecord(request_id=rid, publication_order=next(self._order), prompt=prompt,
                                 sampling=sampling, max_tokens=max_tokens, options=output, session=session,
                                 ticket=ticket, submit_time=now, deadline=now + timeout,
-                                session_key=session_id, use_cache=bool(context_cache) and self._use_cache)
+                                session_key=session_id,
+                                # NOTE: the context cache keys on token ids, which a media prompt's placeholders
+                                #       do not tell apart: such a prompt neither reuses nor publishes.
+                                use_cache=bool(context_cache) and self._use_cache and not prompt.media)
             if sampling.logprobs is not None:
                 rec.logprobs = []
             if prompt_logprobs is not None:
@@ -151,11 +155,14 @@ class RequestIntake:
         if prompt.num_prompt_tokens < 1:
             raise bad("the prompt has no tokens")
         if prompt.media:
-            # NOTE: the Program has no vision schedule yet: the placeholder tokens alone would reach the model
-            #       (two different images giving the same tokens), so a prompt with media is refused.
+            # NOTE: without a vision schedule (or without the media's pixels) only the placeholder tokens would
+            #       reach the model, two different images giving the same tokens: refused.
             kinds = sorted({m.kind for m in prompt.media})
-            raise bad(f"this engine takes no {' or '.join(kinds)} input yet: the prompt has {len(prompt.media)} "
-                      f"media part(s); send text only")
+            if not self.supports_media:
+                raise bad(f"this model takes no {' or '.join(kinds)} input (it has no vision tower): the prompt has "
+                          f"{len(prompt.media)} media part(s); send text only")
+            if any(m.pixel_values is None for m in prompt.media):
+                raise bad("the prompt's media parts carry no pixels (render it with the media themselves)")
         lookahead = self.lookahead
         if prompt.num_prompt_tokens + max_tokens + lookahead > self.max_model_len:
             if not lookahead:
@@ -174,10 +181,12 @@ class RequestIntake:
             raise bad(f"prompt_logprobs must be in 0..{MAX_PROMPT_LOGPROBS}, got {prompt_logprobs!r}")
 
     # ================================ worker ============================================
-    def open(self, max_model_len: int, use_cache: bool, lookahead: int = 0) -> None:
-        """Program is attached: cap the request limit by Program's, take its lookahead, and start accepting."""
+    def open(self, max_model_len: int, use_cache: bool, lookahead: int = 0, supports_media: bool = False) -> None:
+        """Program is attached: cap the request limit by Program's, take its lookahead and whether it reads media,
+        and start accepting."""
         self.max_model_len = min(self.max_model_len, max_model_len)
         self.lookahead = lookahead
+        self.supports_media = supports_media
         self._use_cache = use_cache
         with self._cv:
             if self._availability.state is AvailabilityState.STARTING:

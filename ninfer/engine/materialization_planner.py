@@ -12,7 +12,7 @@ may name inactive checkpoints (offered least valuable first) that Program evicts
 """
 from __future__ import annotations
 
-from ninfer.contract.program import (InvariantError, Program, Refusal, ResourcePlan,
+from ninfer.contract.program import (InvariantError, MediaInput, Program, Refusal, ResourcePlan,
                                            SequenceRequest)
 from ninfer.engine.request_record import RequestRecord
 
@@ -26,10 +26,14 @@ class MaterializationPlanner:
     def sequence_request(self, rec: RequestRecord) -> SequenceRequest:
         # NOTE: a request with prompt_logprobs must compute every prompt position: its source is
         # always root, never a reused checkpoint (Program returns the log-probs from prefill).
-        return SequenceRequest(prompt_token_ids=rec.prompt.token_ids, max_output_tokens=rec.max_tokens,
+        p = rec.prompt
+        media = tuple(MediaInput(m.kind, m.offset, m.length, m.content_digest, m.pixel_values, m.grid_thw)
+                      for m in p.media)
+        return SequenceRequest(prompt_token_ids=p.token_ids, max_output_tokens=rec.max_tokens,
                                sampling=rec.sampling, lookahead=self.lookahead,
                                prompt_logprobs=rec.prompt_logprobs, publication=rec.use_cache,
-                               reconstruction_prefix=rec.prompt.reconstruction_prefix if rec.use_cache else None)
+                               reconstruction_prefix=p.reconstruction_prefix if rec.use_cache else None,
+                               media=media, rope_positions=p.rope_positions, rope_delta=p.rope_delta)
 
     def plan(self, rec: RequestRecord, source: int | None = None, evictable: tuple[int, ...] = (),
              host_bytes_free: int = 0) -> ResourcePlan | Refusal:

@@ -300,5 +300,5 @@ def test_a_prompt_with_media_is_refused_at_submit():
     prompt = PreparedPrompt(token_ids=(1, 2, 3, 4), media=(MediaPlaceholder("image", 1, 2, "d1"),))
     with pytest.raises(EngineRequestError) as e:
         core.submit(prompt, GREEDY, max_tokens=3)
-    assert e.value.kind is ErrorKind.INVALID_REQUEST and "no image input" in str(e.value)
+    assert e.value.kind is ErrorKind.INVALID_REQUEST and "takes no image input" in str(e.value)
     assert core.capacity.used == 0 and not core.records

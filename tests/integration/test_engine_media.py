@@ -1,0 +1,48 @@
+"""A prompt with media through the public Engine (tiny dense, fp32 on the CPU, a stand-in vision encoder): the
+Engine hands the media, the MRoPE positions and the rope delta to the Program, and the output equals the
+Program's own; such a prompt neither reuses nor publishes a checkpoint; a Program without vision refuses it."""
+from __future__ import annotations
+
+import pytest
+
+from ninfer import EngineConfig
+from ninfer.contract.frontend import MediaPlaceholder, OutputOptions, PreparedPrompt
+from ninfer.engine.facade import Engine
+from ninfer.config import EngineRequestError
+from support.program_util import tiny_parts
+
+from support.media_util import GREEDY, FakeEncoder, generate as _generate, media_request as _request
+
+
+def _prompt(req):
+    media = tuple(MediaPlaceholder(m.kind, m.offset, m.length, m.digest, pixel_values=[0.0], grid_thw=m.grid_thw)
+                  for m in req.media)
+    return PreparedPrompt(token_ids=req.prompt_token_ids, media=media, rope_positions=req.rope_positions,
+                          rope_delta=req.rope_delta)
+
+
+def test_engine_runs_a_prompt_with_media_as_the_program_does(tiny_artifact_path):
+    frontend, make_program = tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=64, num_slots=4,
+                                        max_model_len=128, max_batch=4)
+    ref_prog = make_program()
+    ref_prog.vision = FakeEncoder(ref_prog.dims.hidden_size)
+    want = _generate(ref_prog, _request(10), [18], 10)
+    prog = make_program()
+    prog.vision = FakeEncoder(prog.dims.hidden_size)
+    with Engine.from_program(prog, frontend, EngineConfig(max_model_len=128, prefill_chunk_tokens=7)) as eng:
+        assert eng.wait_ready(30).ready
+        for _ in range(2):
+            r = eng.submit(_prompt(_request(10)), GREEDY, max_tokens=10, output=OutputOptions(ignore_eos=True))
+            assert list(r.result().token_ids) == want
+        m = eng.metrics()
+        assert m.num_cache_hits == 0 and m.num_checkpoints_device == 0
+        assert m.pages_free == m.pages_total and m.slots_free == m.slots_total
+
+
+def test_an_engine_without_vision_refuses_media(tiny_artifact_path):
+    frontend, make_program = tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=64, num_slots=4,
+                                        max_model_len=128, max_batch=4)
+    with Engine.from_program(make_program(), frontend, EngineConfig(max_model_len=128)) as eng:
+        assert eng.wait_ready(30).ready
+        with pytest.raises(EngineRequestError, match="has no vision tower"):
+            eng.submit(_prompt(_request(10)), GREEDY, max_tokens=4)
