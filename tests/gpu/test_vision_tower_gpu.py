@@ -2,6 +2,9 @@
 of an entry as one batch) against the fp32 reference form, at the tiny and the real tower sizes; fp32 on CUDA
 against transformers' model.visual; no full [L, L] score matrix in memory for a 1024 x 1024 image.
 
+The rotary kernel (ninfer.ops.triton.vision_rope) against the PyTorch form also runs in Triton's CPU
+interpreter (TRITON_INTERPRET=1 NINFER_FAST_TEST_DEVICE=cpu, support/fast_env.py).
+
 Weights: unit-scale random tensors (LayerNorms 1 + 0.1 N(0, 1), small biases, matrices N(0, 1/fan_in)), so
 every part of the block moves the output (the HF initialisation's and DummyWeights' near-zero LayerNorm
 weights would not)."""
@@ -10,13 +13,15 @@ from __future__ import annotations
 import pytest
 import torch
 
+from support.fast_env import DEV, INTERPRET
 from support.numerics import rel_rms
-from ninfer.targets.qwen3_6.program.vision import VisionTower, load_vision_view
+from ninfer.targets.qwen3_6.program.vision import VisionTower, _rotate, load_vision_view
 from ninfer.targets.qwen3_6.schema import tensor_specs
 from ninfer.targets.registry import lookup
 from ninfer.testing.tiny_hf import hf_vision_config_kwargs
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+pytestmark = [pytest.mark.gpu]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 BF16_TOL = 5e-2          # bf16 against fp32, the same bound as the Program's bf16 logits (test_program_cuda)
 GRIDS = [(1, 6, 10), (1, 14, 8), (2, 4, 6)]
@@ -48,6 +53,7 @@ def pixels(dims, grids, device, seed: int = 1) -> torch.Tensor:
     return torch.randn(n, width, generator=torch.Generator(device=device).manual_seed(seed), device=device)
 
 
+@cuda
 @pytest.mark.parametrize("identity, grids", [
     ("qwen3_6-tiny-dense", GRIDS),
     ("qwen3_6-tiny-moe", GRIDS),
@@ -70,6 +76,7 @@ def test_bf16_fast_path_equals_the_fp32_reference(identity, grids):
     assert rel_rms(got32, ref) < 1e-4
 
 
+@cuda
 @pytest.mark.parametrize("moe", [False, True])
 def test_fp32_on_cuda_equals_hf_visual(moe):
     import transformers as tf
@@ -86,6 +93,7 @@ def test_fp32_on_cuda_equals_hf_visual(moe):
     assert rel_rms(got, ref) < 1e-4
 
 
+@cuda
 def test_a_1024_image_materialises_no_score_matrix():
     dims = lookup("qwen3_6-27b").dims
     tower = VisionTower(load_vision_view(dims, unit_weights(dims, "cuda"), "cuda", torch.bfloat16), dims, "cuda",
@@ -102,3 +110,23 @@ def test_a_1024_image_materialises_no_score_matrix():
     scores = dims.vision.num_heads * 4096 * 4096 * 2         # one bf16 [heads, L, L] matrix: 512 MiB
     assert out.shape == (1024, dims.vision.out_hidden_size) and torch.isfinite(out).all()
     assert added < scores // 2, f"{added / 2**20:.0f} MiB over the weights"
+
+
+@pytest.mark.parametrize("n, heads, dim, dtype", [(1, 2, 16, torch.float32), (37, 2, 16, torch.bfloat16),
+                                                  (200, 16, 72, torch.bfloat16), (65, 16, 72, torch.float32)])
+@pytest.mark.parametrize("strided", [False, True])
+@pytest.mark.skipif(not (torch.cuda.is_available() or INTERPRET), reason="needs CUDA or the Triton interpreter")
+def test_vision_rope_kernel_equals_the_torch_form(n, heads, dim, dtype, strided):
+    from ninfer.ops.triton.vision_rope import vision_rope_
+    g = torch.Generator(device=DEV).manual_seed(n)
+    base = torch.randn(n, 3 * heads * dim + (8 if strided else 0), generator=g, device=DEV).to(dtype)
+    qkv = base[:, :3 * heads * dim].view(n, 3, heads, dim)
+    ang = torch.rand(n, dim // 2, generator=g, device=DEV) * 40
+    emb = torch.cat([ang, ang], dim=-1)
+    cos, sin = emb.cos(), emb.sin()
+    want = _rotate(qkv[:, :2], cos, sin).to(dtype)
+    v_before, tail_before = qkv[:, 2].clone(), base[:, 3 * heads * dim:].clone()
+    vision_rope_(qkv, cos, sin)
+    tol = 0 if dtype == torch.float32 else 2 ** -7        # a bf16 rounding step of the stored value
+    torch.testing.assert_close(qkv[:, :2].float(), want.float(), rtol=tol, atol=tol + 1e-6)
+    assert torch.equal(qkv[:, 2], v_before) and torch.equal(base[:, 3 * heads * dim:], tail_before)

@@ -33,7 +33,9 @@ merged rows per entry, casts them to the LM dtype and `masked_scatter`s them, in
 Two attention forms, equal up to rounding: `reference` (plain fp32 softmax per frame, a [heads, L, L] score
 matrix: the CPU and test path) and `sdpa` (torch's scaled_dot_product_attention over the frames of one
 entry as one batch; on CUDA the flash / memory-efficient kernels, no [L, L] matrix in memory). The tower
-picks `sdpa` on CUDA, `reference` elsewhere, unless told.
+picks `sdpa` on CUDA, `reference` elsewhere, unless told. With `sdpa` on CUDA (Triton importable) the rotary
+runs as one kernel in place on the qkv rows (`ninfer.ops.triton.vision_rope`); otherwise, and always in the
+reference form, as the fp32 PyTorch form (`_rotate`).
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from typing import Any, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
+from ninfer.ops.opset import fast_available
 from ninfer.targets.qwen3_6.dims import Qwen36Dims, VisionDims
 from ninfer.targets.qwen3_6.program.model_view import tensor_getter
 from ninfer.targets.qwen3_6.schema import FP32_KEEP_SUFFIXES, tensor_specs
@@ -180,6 +183,10 @@ class VisionTower:
         if attention not in ("sdpa", "reference"):
             raise ValueError(f"attention must be 'sdpa' or 'reference', got {attention!r}")
         self.attention = attention
+        self._rope_ = None
+        if attention == "sdpa" and self.device.type == "cuda" and fast_available():
+            from ninfer.ops.triton.vision_rope import vision_rope_
+            self._rope_ = vision_rope_
         self.merge = v.spatial_merge_size
         self.heads = v.num_heads
         self.head_dim = v.hidden_size // v.num_heads
@@ -253,8 +260,12 @@ class VisionTower:
         C = self.vdims.hidden_size
         h = F.layer_norm(x, (C,), blk.norm1_weight, blk.norm1_bias, LN_EPS)
         qkv = F.linear(h, blk.qkv_weight, blk.qkv_bias).view(-1, 3, self.heads, self.head_dim)
-        qk = _rotate(qkv[:, :2], cos, sin).to(self.dtype)                                    # [N, 2, H, D]
-        q, k, v = qk[:, 0], qk[:, 1], qkv[:, 2]
+        if self._rope_ is not None:
+            self._rope_(qkv, cos, sin)
+            q, k, v = qkv.unbind(1)
+        else:
+            qk = _rotate(qkv[:, :2], cos, sin).to(self.dtype)                                # [N, 2, H, D]
+            q, k, v = qk[:, 0], qk[:, 1], qkv[:, 2]
         a = (self._attend_sdpa if self.attention == "sdpa" else self._attend_reference)(q, k, v, grids)
         x = x + F.linear(a, blk.proj_weight, blk.proj_bias)
         h = F.layer_norm(x, (C,), blk.norm2_weight, blk.norm2_bias, LN_EPS)
