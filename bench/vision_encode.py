@@ -14,7 +14,7 @@ the transformers model built from the identity's vision config (sdpa attention),
 
 Per identity and media: ninfer_ms and hf_ms (median over --reps calls after 2 untimed ones; CUDA events on the
 GPU, wall clock on the CPU), speedup = hf / ninfer, the peak memory each call adds over what it started with,
-the rel RMS of NInfer's output against transformers', the tower's FLOPs and their floor at the measured
+the tower's own bound of that (`activation_bytes`, what a workspace plan reserves), the rel RMS of NInfer's output against transformers', the tower's FLOPs and their floor at the measured
 matmul rate. Prints a table and one JSON line (`bench`: vision_encode); --out DIR also writes
 DIR/vision_encode.json.
 """
@@ -155,7 +155,8 @@ def bench_identity(identity: str, media: list[tuple[int, ...]], args, device: to
             row = {"identity": identity, "media": label, "grid": list(grid), "patches": n,
                    "tokens": n // v.spatial_merge_size ** 2, "dtype": str(dtype).replace("torch.", ""),
                    "ninfer_ms": time_ms(lambda: tower(pv, [grid]), args.reps, device),
-                   "ninfer_peak_mib": peak_mib(lambda: tower(pv, [grid]), device)}
+                   "ninfer_peak_mib": peak_mib(lambda: tower(pv, [grid]), device),
+                   "activation_bound_mib": tower.activation_bytes([grid]) / MiB}
             if hf is not None:
                 theirs = hf(pv, grid_thw=grid_t).pooler_output
                 row["rel_rms_vs_hf"] = ((ours.double() - theirs.double()).norm()
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                                         tflops * 1e12 if tflops else None, on_row))
         free_model(str(device))
     cols = ["identity", "media", "grid", "tokens", "ninfer_ms", "hf_ms", "speedup", "floor_ms", "ninfer_peak_mib",
-            "hf_peak_mib", "rel_rms_vs_hf"]
+            "activation_bound_mib", "hf_peak_mib", "rel_rms_vs_hf"]
     print_table(cols, [[str(r.get(c)) if c == "grid" else r.get(c) for c in cols] for r in rec.results])
     rec.finish()
     return 1 if rec.errors else 0

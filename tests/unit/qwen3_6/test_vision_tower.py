@@ -177,3 +177,16 @@ def test_vision_encode_bench_runs_on_the_cpu(capsys):
     assert rows[0]["grid"] == [1, 4, 6] and rows[1]["grid"] == [2, 2, 4] and rows[1]["tokens"] == 4
     assert all(r["ninfer_ms"] > 0 and r["hf_ms"] > 0 and r["rel_rms_vs_hf"] < 1e-5 for r in rows)
     assert not data["errors"]
+
+
+def test_activation_bytes_grows_with_the_media_and_counts_the_reference_scores():
+    dims = lookup("qwen3_6-27b").dims
+    view = None                                               # the bound reads dims only
+    sdpa = VisionTower(view, dims, "cpu", torch.bfloat16, attention="sdpa")
+    ref = VisionTower(view, dims, "cpu", torch.bfloat16, attention="reference")
+    image, video = [(1, 64, 64)], [(15, 28, 28)]
+    assert 0 < sdpa.activation_bytes([(1, 32, 32)]) < sdpa.activation_bytes(image) < sdpa.activation_bytes(video)
+    # the reference form holds a [heads, L, L] fp32 score matrix (and its softmax): over 1 GiB for the image
+    assert ref.activation_bytes(image) - sdpa.activation_bytes(image) > 2 * 16 * 4096 ** 2 * 4
+    with pytest.raises(ValueError, match="multiples of the merge size"):
+        sdpa.activation_bytes([(1, 3, 3)])

@@ -221,6 +221,26 @@ class VisionTower:
         emb = torch.cat([ang, ang], dim=-1)
         return emb.cos(), emb.sin()
 
+    def activation_bytes(self, grid_thw: Iterable) -> int:
+        """An upper bound of the memory one `forward` over these entries allocates beyond the weights (its
+        output included), for planning a workspace: the resident x, rotary tables and a cast copy of the
+        input, plus the largest of the phases (an entry's position table in fp32; a block: its qkv and
+        attention buffers or its MLP's two [N, I]; the merger), plus the forms' extras (the PyTorch rotary's
+        fp32 copies, the reference attention's [heads, L, L] scores)."""
+        grids = parse_grids(grid_thw, self.merge)
+        v, e = self.vdims, torch.empty((), dtype=self.dtype).element_size()
+        C, I, D, S, m2 = v.hidden_size, v.intermediate_size, self.head_dim, self.side, self.merge ** 2
+        n = sum(t * h * w for t, h, w in grids)
+        fixed = n * C * e + 2 * n * D * 4 + n * self.patch_dim * e
+        tables = max(S * S * C * 4 + 3 * h * S * C * 4 + 3 * h * w * C * 4 + 2 * h * w * D * 4 for _, h, w in grids)
+        block = max(5 * n * C * e, n * C * e + 2 * n * I * e)
+        if self._rope_ is None:
+            block += 3 * n * C * e + 8 * n * C * 4
+        if self.attention == "reference":
+            block += max(3 * h * w * C * 4 + 3 * v.num_heads * (h * w) ** 2 * 4 for _, h, w in grids)
+        merger = 3 * n * C * e + n // m2 * v.out_hidden_size * e
+        return fixed + max(tables, block, merger) + (8 << 20)
+
     # ---- forward ----
     @torch.no_grad()
     def forward(self, pixel_values: torch.Tensor, grid_thw: Sequence) -> torch.Tensor:
@@ -247,7 +267,7 @@ class VisionTower:
             sin[start:start + t * L].view(t, L, -1).copy_(s)
             start += t * L
         for blk in V.blocks:
-            x = self._block(x, blk, grids, cos, sin)
+            self._block(x, blk, grids, cos, sin)
         y = F.layer_norm(x, (C,), V.merger_norm_weight, V.merger_norm_bias, LN_EPS)
         y = y.view(-1, C * self.merge * self.merge)
         y = F.gelu(F.linear(y, V.merger_fc1_weight, V.merger_fc1_bias))
@@ -255,22 +275,26 @@ class VisionTower:
 
     __call__ = forward
 
-    def _block(self, x: torch.Tensor, blk: VisionBlockWeights, grids, cos: torch.Tensor,
-               sin: torch.Tensor) -> torch.Tensor:
+    def _block(self, x: torch.Tensor, blk: VisionBlockWeights, grids, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        """One block on x [N, C] in place (the residual adds; every other tensor is freed before the next)."""
         C = self.vdims.hidden_size
         h = F.layer_norm(x, (C,), blk.norm1_weight, blk.norm1_bias, LN_EPS)
         qkv = F.linear(h, blk.qkv_weight, blk.qkv_bias).view(-1, 3, self.heads, self.head_dim)
+        del h
         if self._rope_ is not None:
             self._rope_(qkv, cos, sin)
             q, k, v = qkv.unbind(1)
         else:
             qk = _rotate(qkv[:, :2], cos, sin).to(self.dtype)                                # [N, 2, H, D]
             q, k, v = qk[:, 0], qk[:, 1], qkv[:, 2]
+            del qk
         a = (self._attend_sdpa if self.attention == "sdpa" else self._attend_reference)(q, k, v, grids)
-        x = x + F.linear(a, blk.proj_weight, blk.proj_bias)
+        del q, k, v, qkv
+        x.add_(F.linear(a, blk.proj_weight, blk.proj_bias))
+        del a
         h = F.layer_norm(x, (C,), blk.norm2_weight, blk.norm2_bias, LN_EPS)
         h = F.gelu(F.linear(h, blk.fc1_weight, blk.fc1_bias), approximate="tanh")
-        return x + F.linear(h, blk.fc2_weight, blk.fc2_bias)
+        x.add_(F.linear(h, blk.fc2_weight, blk.fc2_bias))
 
     def _attend_reference(self, q, k, v, grids) -> torch.Tensor:
         """q, k, v [N, H, D] -> [N, H*D]: per frame softmax(q k^T / sqrt(D)) v in fp32."""
