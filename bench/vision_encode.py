@@ -13,9 +13,9 @@ Weights: `DummyWeights` of the identity (its vision group), loaded once into NIn
 the transformers model built from the identity's vision config (sdpa attention), so both run the same tensors.
 
 Per identity and media: ninfer_ms and hf_ms (median over --reps calls after 2 untimed ones; CUDA events on the
-GPU, wall clock on the CPU), speedup = hf / ninfer, the peak memory each call adds over what it started with,
-the tower's own bound of that (`activation_bytes`, what a workspace plan reserves), the rel RMS of NInfer's output against transformers', the tower's FLOPs and their floor at the measured
-matmul rate. Prints a table and one JSON line (`bench`: vision_encode); --out DIR also writes
+GPU, wall clock on the CPU), speedup = hf / ninfer, the peak memory each call adds over what it started with
+(CUDA) beside the tower's own bound of it (`activation_bytes`, what a workspace plan reserves), the rel RMS of
+NInfer's output against transformers', the tower's FLOPs and their floor at the measured matmul rate. Prints a table and one JSON line (`bench`: vision_encode); --out DIR also writes
 DIR/vision_encode.json.
 """
 from __future__ import annotations
@@ -167,7 +167,6 @@ def bench_identity(identity: str, media: list[tuple[int, ...]], args, device: to
         row["gflop"] = tower_flops(v, grid) / 1e9
         row["floor_ms"] = tower_flops(v, grid) / peak_flops * 1e3 if peak_flops else None
         on_row(row)
-    del tower, hf, weights
 
 
 def main(argv: list[str] | None = None) -> int:
