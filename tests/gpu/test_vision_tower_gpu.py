@@ -27,6 +27,15 @@ BF16_TOL = 5e-2          # bf16 against fp32, the same bound as the Program's bf
 GRIDS = [(1, 6, 10), (1, 14, 8), (2, 4, 6)]
 
 
+@pytest.fixture(autouse=True)
+def no_tf32():
+    """fp32 comparisons at 1e-4 need full fp32 GEMMs (TF32 keeps 10 mantissa bits)."""
+    old = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = old
+
+
 def unit_weights(dims, device, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator(device=device).manual_seed(seed)
     out = {}
