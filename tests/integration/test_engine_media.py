@@ -11,7 +11,7 @@ from ninfer.engine.facade import Engine
 from ninfer.config import EngineRequestError
 from support.program_util import tiny_parts
 
-from support.media_util import GREEDY, FakeEncoder, generate as _generate, media_request as _request
+from support.program_media import GREEDY, FakeEncoder, generate as _generate, media_request as _request
 
 
 def _prompt(req):

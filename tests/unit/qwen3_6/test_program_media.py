@@ -10,7 +10,7 @@ import torch
 
 from ninfer.contract.program import MediaInput, Refusal, SamplingParams, SequenceRequest
 from ninfer.targets.qwen3_6.program.model import ForwardBatch
-from support.media_util import FakeEncoder, generate as _generate, media_request as _request
+from support.program_media import FakeEncoder, generate as _generate, media_request as _request
 from support.numerics import rel_rms
 from support.program_util import tiny_program
 
@@ -94,3 +94,22 @@ def test_logits_agree_with_the_reference_forward(tiny_artifact_path):
     ref = _reference_logits(prog, req, out)
     assert rel_rms(lg[-1], ref[0]) < 1e-5
     assert rel_rms(dl[0], ref[1:4]) < 1e-5
+
+
+def test_the_artifact_vision_tower_encodes_each_media_input(tiny_artifact_path):
+    """A Program over an artifact with the vision group gets the tower as its encoder: a media input's rows are
+    the tower's output for its pixel values and grid (one image of 4 x 6 patches: 6 rows after the merge)."""
+    prog = tiny_program(lambda kind, layout="text": tiny_artifact_path(kind), "dense")
+    assert prog.supports_media
+    tower = prog.vision.tower
+    pv = np.random.default_rng(0).standard_normal((24, tower.view.patch_weight.shape[1])).astype(np.float32)
+    m = MediaInput("image", 3, 6, "img-a", pv, (1, 4, 6))
+    rows = prog.vision.encode(m)
+    assert rows.shape == (6, prog.dims.hidden_size) and torch.isfinite(rows).all()
+    torch.testing.assert_close(rows, tower.forward(torch.as_tensor(pv), [(1, 4, 6)]))
+    req = _request()
+    media = tuple(MediaInput(x.kind, x.offset, x.length, x.digest, pv if x.length == 6 else pv[:16], x.grid_thw)
+                  for x in req.media)
+    out = _generate(prog, SequenceRequest(req.prompt_token_ids, 6, GREEDY, media=media,
+                                          rope_positions=req.rope_positions, rope_delta=req.rope_delta), [18], 6)
+    assert len(out) == 6

@@ -67,6 +67,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import torch
+
 from ninfer.contract.program import InvariantError
 from ninfer.contract.scoring import ScoringWindow, WindowScores
 from ninfer.program.ledger import ResourceLedger
@@ -92,6 +94,31 @@ from ninfer.targets.qwen3_6.program.sequences import SequenceTable
 from ninfer.targets.qwen3_6.program.spec_graphs import SpecGraphs
 from ninfer.targets.qwen3_6.program.speculate import Drafter, MtpDrafter, SpecDecodeOps
 from ninfer.targets.qwen3_6.program.step_ahead import StepAhead
+
+
+def _tower_encoder(dims: Qwen36Dims, weights: Any, config: ProgramConfig) -> "TowerEncoder | None":
+    has = getattr(weights, "has_group", None)
+    present = has("vision") if callable(has) else any(str(n).startswith("visual.") for n in weights)
+    if dims.vision is None or not present:
+        return None
+    from ninfer.targets.qwen3_6.program.vision import VisionTower, load_vision_view
+    dev, dt = config.torch_device, config.torch_dtype
+    return TowerEncoder(VisionTower(load_vision_view(dims, weights, dev, dt), dims, dev, dt))
+
+
+class TowerEncoder:
+    """The Program's `vision` (media.py): one media input's rows from the vision tower, on the device."""
+
+    def __init__(self, tower: Any) -> None:
+        self.tower = tower
+
+    def encode(self, m: Any) -> torch.Tensor:
+        pv = torch.as_tensor(m.pixel_values, dtype=torch.float32).to(self.tower.device)
+        rows = self.tower.forward(pv, [tuple(m.grid_thw)])
+        if rows.shape[0] != m.length:
+            raise InvariantError(f"media at {m.offset}: the tower gave {rows.shape[0]} rows for {m.length} "
+                                 f"placeholder tokens (grid {tuple(m.grid_thw)})")
+        return rows
 
 
 def _require_mtp(dims: Qwen36Dims, weights: Any) -> None:
@@ -120,6 +147,8 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecod
         if spec:
             _require_mtp(dims, weights)
         view = load_model_view(dims, weights, dev, dt, mtp=spec)
+        # NOTE: the vision tower, when the artifact has one (media.py); loaded before the pools are sized.
+        self.vision = _tower_encoder(dims, weights, config) if config.purpose == "generation" else None
         num_scratch = sizing.num_scratch(config)
         num_pages = sizing.pool_pages(dims, config, num_scratch)
         self._ledger = ResourceLedger(num_pages, config.page_size, config.num_slots, config.max_model_len)
@@ -147,8 +176,6 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecod
         draft_vocab = min(config.draft_vocab_size or sampleable, sampleable)
         self.drafter: Drafter | None = MtpDrafter(config.num_speculative_tokens, draft_vocab) if spec else None
         self.spec_rounds = 0
-        # NOTE: the vision tower's encoder (`encode(MediaInput) -> [length, H]`); None: no media accepted.
-        self.vision = None
         self.force_accept_len = config.force_accept_len   # a switch for benchmarks (ProgramConfig's meaning)
         # NOTE: last, after every large allocation: the graphs point into the pools and weights.
         self.graphs: DecodeGraphs | None = None
