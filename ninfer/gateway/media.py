@@ -42,6 +42,7 @@ import http.client
 import io
 import ipaddress
 import os
+import re
 import socket
 import ssl
 import time
@@ -294,9 +295,10 @@ def address_refused(addr: str) -> str | None:
     ip = ipaddress.ip_address(addr.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    for what, bad in (("loopback", ip.is_loopback), ("private", ip.is_private),
-                      ("link-local", ip.is_link_local), ("multicast", ip.is_multicast),
-                      ("reserved", ip.is_reserved), ("unspecified", ip.is_unspecified),
+    # NOTE: the specific classes first: ipaddress counts most of them as private too
+    for what, bad in (("loopback", ip.is_loopback), ("link-local", ip.is_link_local),
+                      ("multicast", ip.is_multicast), ("unspecified", ip.is_unspecified),
+                      ("reserved", ip.is_reserved), ("private", ip.is_private),
                       ("non-global", not ip.is_global)):
         if bad:
             return what
@@ -333,7 +335,7 @@ def _check_url(url: str, policy: MediaPolicy) -> tuple[str, str, int, str]:
         for a in addrs:
             why = address_refused(a)
             if why is not None:
-                raise MediaError(f"the media host {host!r} resolves to a {why} address; refused")
+                raise MediaError(f"the media host {host!r} resolves to {a} ({why} address); refused")
     return scheme, host, port, addrs[0]
 
 
@@ -443,10 +445,13 @@ def decode_image(data: bytes, source: str, limits: MediaLimits) -> MediaItem:
             im = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
     except UnidentifiedImageError:
         raise MediaError("the image is not a supported format (PNG, JPEG, WebP, GIF, BMP) or is corrupt") from None
-    except Image.DecompressionBombError:
-        raise MediaError(f"the image's size is over the limit of {limits.max_image_pixels} pixels") from None
+    except Image.DecompressionBombError as e:
+        # NOTE: Pillow's own guard (its MAX_IMAGE_PIXELS, left as it is) read the header first
+        claimed = re.search(r"\((\d+) pixels\)", str(e))
+        raise MediaError(f"the image is {claimed.group(1) + ' pixels' if claimed else 'a decompression bomb'}, "
+                         f"over the limit of {limits.max_image_pixels} (--max-image-pixels)") from None
     except (OSError, ValueError, SyntaxError) as e:
-        raise MediaError(f"the image is corrupt: {e}") from None
+        raise MediaError(f"the image is corrupt or truncated: {e}") from None
     with im:
         w, h = im.size                                # NOTE: from the header; nothing decoded yet
         _check_pixels(w, h, limits, "image")
