@@ -61,6 +61,9 @@ DEFAULT_MAX_IMAGE_PIXELS = 50_000_000            # a 48-megapixel photo passes
 DEFAULT_MAX_VIDEO_FRAMES = 256
 DEFAULT_VIDEO_FPS = 2.0
 DEFAULT_MAX_VIDEO_PIXELS = 1 << 29               # over all kept frames (~1.6 GB of RGB)
+# NOTE: frames are decoded in order up to the last kept one, so the video's own frames x frame
+# pixels bound the decode work (1 << 35: about 9 minutes of 1080p at 30 fps).
+DEFAULT_MAX_VIDEO_DECODE_PIXELS = 1 << 35
 DEFAULT_TIMEOUT_S = 10.0
 DEFAULT_MAX_BYTES = 32 * 1024 * 1024
 DEFAULT_MAX_REDIRECTS = 3
@@ -113,6 +116,7 @@ class MediaLimits:
     max_video_frames: int = DEFAULT_MAX_VIDEO_FRAMES      # frames kept per video (sampling clamps to it)
     video_fps: float = DEFAULT_VIDEO_FPS                  # frames sampled per second of video
     max_video_pixels: int = DEFAULT_MAX_VIDEO_PIXELS      # kept frames x frame pixels, per video
+    max_video_decode_pixels: int = DEFAULT_MAX_VIDEO_DECODE_PIXELS   # the video's frames x frame pixels
 
     def __post_init__(self):
         for kind, n in self.per_prompt.items():
@@ -120,7 +124,7 @@ class MediaLimits:
                 raise ValueError(f"limit_mm_per_prompt: unknown modality {kind!r} (image, video)")
             if isinstance(n, bool) or not isinstance(n, int) or n < 0:
                 raise ValueError(f"limit_mm_per_prompt[{kind!r}] must be an integer >= 0, got {n!r}")
-        for name in ("max_image_pixels", "max_video_frames", "max_video_pixels"):
+        for name in ("max_image_pixels", "max_video_frames", "max_video_pixels", "max_video_decode_pixels"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
@@ -165,7 +169,8 @@ class MediaPolicy:
 
 
 def parse_limit_mm_per_prompt(text: str) -> dict[str, int]:
-    """vLLM's JSON form: '{"image": 4, "video": 1}' (a modality left out keeps its default)."""
+    """vLLM's JSON form: '{"image": 4, "video": 1}' or '{"image": {"count": 4}}' (a modality left out
+    keeps its default)."""
     import json
     try:
         value = json.loads(text)
@@ -177,6 +182,8 @@ def parse_limit_mm_per_prompt(text: str) -> dict[str, int]:
     for kind, n in value.items():
         if kind not in MEDIA_KINDS:
             raise ValueError(f"unknown modality {kind!r} (image, video)")
+        if isinstance(n, dict):                   # vLLM's newer form: {"image": {"count": 4, ...}}
+            n = n.get("count")
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise ValueError(f"{kind!r} must be an integer >= 0, got {n!r}")
         out[kind] = n
@@ -339,11 +346,16 @@ def _check_url(url: str, policy: MediaPolicy) -> tuple[str, str, int, str]:
     return scheme, host, port, addrs[0]
 
 
+def tls_context() -> ssl.SSLContext:
+    """The system's trust store, certificate and host name verification on (tests replace it)."""
+    return ssl.create_default_context()
+
+
 class _PinnedHTTPS(http.client.HTTPSConnection):
     """HTTPS to a checked address, verifying the certificate against the URL's host name."""
 
     def __init__(self, address: str, host: str, port: int, timeout: float):
-        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        super().__init__(host, port, timeout=timeout, context=tls_context())
         self._address = address
 
     def connect(self):
@@ -391,7 +403,9 @@ def fetch(url: str, policy: MediaPolicy) -> bytes:
             while True:
                 if time.monotonic() > deadline:
                     raise MediaError(f"fetching the media timed out after {policy.timeout_s:g}s")
-                chunk = resp.read1(65536) if hasattr(resp, "read1") else resp.read(65536)
+                if conn.sock is not None:
+                    conn.sock.settimeout(max(0.01, deadline - time.monotonic()))
+                chunk = resp.read1(65536)
                 if not chunk:
                     break
                 size += len(chunk)
@@ -541,6 +555,9 @@ def decode_video(data: bytes, source: str, limits: MediaLimits) -> MediaItem:
         container.close()
     if total < 1:
         raise MediaError("the video has no frames")
+    if total * w * h > limits.max_video_decode_pixels:
+        raise MediaError(f"the video is too long to decode: {total} frames of {w}x{h} "
+                         f"(at most {limits.max_video_decode_pixels} frame pixels in all)")
     wanted = sample_indices(total, source_fps, limits, w * h)
     keep = {int(i): k for k, i in enumerate(wanted)}
     frames = np.empty((len(wanted), h, w, 3), np.uint8)
@@ -567,3 +584,72 @@ def decode_video(data: bytes, source: str, limits: MediaLimits) -> MediaItem:
     fps = len(wanted) / (total / source_fps)
     return MediaItem(kind="video", digest=digest, source=source, frames=frames, fps=fps, source_fps=source_fps,
                      total_frames=total, frame_indices=tuple(int(i) for i in wanted))
+
+
+# ---------------------------------------------------------------------------------------------
+# Python API messages
+# ---------------------------------------------------------------------------------------------
+class MediaPartError(MediaError):
+    """A MediaError of one content part; `param` names it (messages[i].content[j])."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(f"{param}: {message}")
+        self.param = param
+
+
+def _part_source(part: Mapping) -> tuple[str, Any] | None:
+    """(kind, source) of an image/video part in any of the accepted spellings, else None."""
+    t = part.get("type")
+    for kind in MEDIA_KINDS:
+        if t == f"{kind}_url" or (t is None and f"{kind}_url" in part):
+            field_ = part.get(f"{kind}_url")
+            return kind, field_.get("url") if isinstance(field_, Mapping) else field_
+        if t == kind or (t is None and kind in part):
+            for key in (kind, "url", "path"):           # transformers also spells them url / path
+                if part.get(key) is not None:
+                    return kind, part[key]
+            return kind, None
+    return None
+
+
+def attach_media(messages: list, policy: MediaPolicy) -> list:
+    """Python API messages -> copies whose image/video parts carry their decoded MediaItem.
+
+    Accepts {"type": "image", "image": bytes | PIL image | [H, W, 3] uint8 array | URL | path},
+    {"type": "image_url", "image_url": {"url": ...}}, and the same for video ([T, H, W, 3] arrays);
+    a part that already carries MEDIA_KEY is kept. Each becomes {"type": kind, kind: source,
+    MEDIA_KEY: item}. Raises MediaPartError naming the part (counts, a system message, the source).
+    """
+    out, counts = [], {k: 0 for k in MEDIA_KINDS}
+    todo: list[tuple[int, int, str, Any, str]] = []
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, Mapping) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            found = _part_source(part) if isinstance(part, Mapping) and MEDIA_KEY not in part else None
+            if found is None:
+                continue
+            kind, source = found
+            param = f"messages[{i}].content[{j}]"
+            if m.get("role") in ("system", "developer"):
+                raise MediaPartError(f"a {m.get('role')} message cannot contain {kind}s", param)
+            counts[kind] += 1
+            if counts[kind] > policy.limits.limit(kind):
+                raise MediaPartError(f"at most {policy.limits.limit(kind)} {kind}(s) per prompt", param)
+            todo.append((i, j, kind, source, param))
+    items = {}
+    for i, j, kind, source, param in todo:
+        try:
+            items[(i, j)] = load_media(kind, source, policy)
+        except MediaError as e:
+            raise MediaPartError(str(e), param) from None
+    for i, m in enumerate(messages):
+        if not any(key[0] == i for key in items):
+            out.append(m)
+            continue
+        content = [({"type": items[(i, j)].kind, items[(i, j)].kind: items[(i, j)].source,
+                     MEDIA_KEY: items[(i, j)]} if (i, j) in items else part)
+                   for j, part in enumerate(m["content"])]
+        out.append({**m, "content": content})
+    return out

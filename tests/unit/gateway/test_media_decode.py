@@ -137,6 +137,10 @@ def test_video_sampling_limits():
     # the kept frames x frame pixels budget clamps the count too
     budget = M.MediaPolicy(limits=M.MediaLimits(max_video_pixels=64 * 48 * 5))
     assert len(M.load_media("video", raw, budget).frame_indices) == 5
+    # the video's own frames x frame pixels bound the decode work
+    work = M.MediaPolicy(limits=M.MediaLimits(max_video_decode_pixels=64 * 48 * 39))
+    with pytest.raises(M.MediaError, match="too long to decode: 40 frames of 64x48"):
+        M.load_media("video", raw, work)
 
 
 @pytest.mark.parametrize("make, words", [
@@ -158,8 +162,39 @@ def test_video_frame_size_is_checked_from_the_header():
 
 def test_limit_mm_per_prompt_parsing():
     assert M.parse_limit_mm_per_prompt('{"image": 4, "video": 0}') == {"image": 4, "video": 0}
+    assert M.parse_limit_mm_per_prompt('{"image": {"count": 3}, "video": 2}') == {"image": 3, "video": 2}
     assert M.parse_limit_mm_per_prompt('{"image": 2}') == {"image": 2, "video": M.DEFAULT_LIMIT_PER_PROMPT["video"]}
     for text, words in [("{bad", "not JSON"), ("[1]", "JSON object"), ('{"audio": 1}', "unknown modality"),
                         ('{"image": -1}', ">= 0"), ('{"image": 1.5}', ">= 0"), ('{"image": true}', ">= 0")]:
         with pytest.raises(ValueError, match=words):
             M.parse_limit_mm_per_prompt(text)
+
+
+def test_attach_media_for_python_api_messages(tmp_path):
+    from PIL import Image
+
+    png = image_bytes()
+    (tmp_path / "a.png").write_bytes(png)
+    msgs = [{"role": "system", "content": "be brief"},
+            {"role": "user", "content": [
+                {"type": "image", "image": png}, {"type": "image", "image": Image.new("RGB", (5, 4))},
+                {"type": "image", "image": np.zeros((3, 2, 3), np.uint8)},
+                {"type": "image_url", "image_url": {"url": data_url(png, "image/png")}},
+                {"type": "image", "path": "a.png"}, {"type": "text", "text": "and"},
+                {"type": "video", "video": video_bytes(frames=8)}]}]
+    policy = M.MediaPolicy(allowed_local_path=tmp_path)
+    out = M.attach_media(msgs, policy)
+    assert out[0] is msgs[0] and msgs[1]["content"][0] == {"type": "image", "image": png}   # input untouched
+    parts = out[1]["content"]
+    assert [p["type"] for p in parts] == ["image"] * 5 + ["text", "video"]
+    assert [p[M.MEDIA_KEY].size for p in parts[:5]] == [(32, 24), (5, 4), (2, 3), (32, 24), (32, 24)]
+    assert parts[0][M.MEDIA_KEY].digest == parts[3][M.MEDIA_KEY].digest == parts[4][M.MEDIA_KEY].digest
+    assert parts[6][M.MEDIA_KEY].frames.shape[0] == 4
+    assert M.attach_media(out, policy)[1]["content"][0] is parts[0]          # already attached: kept
+    with pytest.raises(M.MediaPartError, match=r"messages\[1\].content\[4\]: local files are not allowed") as e:
+        M.attach_media(msgs, M.MediaPolicy())
+    assert e.value.param == "messages[1].content[4]"
+    with pytest.raises(M.MediaPartError, match=r"messages\[1\].content\[1\]: at most 1 image"):
+        M.attach_media(msgs, M.MediaPolicy(limits=M.MediaLimits(per_prompt={"image": 1, "video": 1})))
+    with pytest.raises(M.MediaPartError, match=r"messages\[0\].content\[0\]: a system message cannot contain images"):
+        M.attach_media([{"role": "system", "content": [{"type": "image", "image": png}]}], policy)

@@ -191,3 +191,48 @@ def test_load_file_reads_what_the_cli_names(tmp_path):
         M.load_file("image", tmp_path / "b.png", M.MediaPolicy())
     with pytest.raises(M.MediaError, match="not a regular file"):
         M.load_file("image", tmp_path, M.MediaPolicy())
+
+
+def _tls_server(tmp_path, name: str):
+    """A loopback HTTPS server with a self-signed certificate for `name` (skips without openssl)."""
+    import shutil
+    import ssl
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not installed")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+                    "-days", "1", "-subj", f"/CN={name}", "-addext", f"subjectAltName=DNS:{name}"],
+                   check=True, capture_output=True)
+    srv = RecordingServer({"/a.png": send_body(PNG, "image/png")})
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    srv.httpd.socket = ctx.wrap_socket(srv.httpd.socket, server_side=True)
+    return srv, cert
+
+
+def test_https_goes_to_the_checked_address_and_verifies_the_host_name(monkeypatch, tmp_path):
+    import ssl
+
+    srv, cert = _tls_server(tmp_path, "img.example.com")
+    _loopback_is_public(monkeypatch)
+    _resolve_to(monkeypatch, {"img.example.com": ["127.0.0.1"], "other.example.com": ["127.0.0.1"]})
+    policy = M.MediaPolicy(allowed_domains=("img.example.com", "other.example.com"))
+    with srv:
+        # an unknown issuer is refused: certificates are verified
+        with pytest.raises(M.MediaError, match="fetching the media failed: SSLCertVerificationError"):
+            M.fetch(f"https://img.example.com:{srv.port}/a.png", policy)
+        monkeypatch.setattr(M, "tls_context", lambda: ssl.create_default_context(cafile=str(cert)))
+        assert M.fetch(f"https://img.example.com:{srv.port}/a.png", policy) == PNG
+        # the certificate must name the URL's host, not merely the address connected to
+        with pytest.raises(M.MediaError, match="SSLCertVerificationError"):
+            M.fetch(f"https://other.example.com:{srv.port}/a.png", policy)
+    assert srv.requests == ["/a.png"]
+
+
+def test_https_to_a_plain_http_server_fails_cleanly():
+    with RecordingServer({"/a.png": send_body(PNG)}) as srv:
+        policy = M.MediaPolicy(allow_remote=True, allow_private_addresses=True, timeout_s=2)
+        with pytest.raises(M.MediaError, match="fetching the media failed: SSL"):
+            M.fetch(f"https://127.0.0.1:{srv.port}/a.png", policy)
