@@ -213,7 +213,7 @@ def load_media(kind: str, source: Any, policy: MediaPolicy) -> MediaItem:
         return decode(kind, data, f"data:{mime}", policy.limits)
     if scheme in ("http", "https"):
         return decode(kind, fetch(source, policy), source, policy.limits)
-    if scheme == "file" or scheme == "" or (len(scheme) == 1 and os.name == "nt"):
+    if scheme in ("file", ""):
         return decode(kind, read_local(source, policy), source, policy.limits)
     raise MediaError(f"unsupported URL scheme {scheme!r}: use data:, http(s): or file:")
 
@@ -267,21 +267,32 @@ def read_local(source: str, policy: MediaPolicy) -> bytes:
         path_text = urllib.parse.unquote(parsed.path)
     else:
         path_text = source
-    path = Path(path_text).expanduser()
+    path = Path(path_text)
     if not path.is_absolute():
         path = root / path
     try:
-        real = path.resolve(strict=True)
+        # NOTE: containment first, whether or not the file exists (no existence oracle outside root)
+        real = path.resolve(strict=False)
     except (OSError, RuntimeError):
-        raise MediaError(f"no such file under the allowed media path: {path_text}") from None
+        raise MediaError(f"cannot resolve the media path {path_text}") from None
     if not real.is_relative_to(root):
         raise MediaError(f"{path_text} is outside the allowed media path")
+    if not real.exists():
+        raise MediaError(f"no such file under the allowed media path: {path_text}")
     if not real.is_file():
         raise MediaError(f"{path_text} is not a regular file")
-    size = real.stat().st_size
-    if size > policy.max_bytes:
-        raise MediaError(f"{path_text} has {size} bytes, over the limit of {policy.max_bytes}")
-    with open(real, "rb") as f:
+    try:
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise MediaError(f"cannot read {path_text}: {e.strerror}") from None
+    with os.fdopen(fd, "rb") as f:
+        # NOTE: what was opened is checked again (a path swapped after the check stays refused)
+        opened = Path(f"/proc/self/fd/{fd}")
+        if opened.exists() and not Path(os.readlink(opened)).is_relative_to(root):
+            raise MediaError(f"{path_text} is outside the allowed media path")
+        size = os.fstat(fd).st_size
+        if size > policy.max_bytes:
+            raise MediaError(f"{path_text} has {size} bytes, over the limit of {policy.max_bytes}")
         data = f.read(policy.max_bytes + 1)
     if len(data) > policy.max_bytes:
         raise MediaError(f"{path_text} is over the limit of {policy.max_bytes} bytes")

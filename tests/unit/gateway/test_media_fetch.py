@@ -168,7 +168,7 @@ def test_local_files_only_inside_the_allowed_directory(tmp_path):
     assert M.load_media("image", f"file://{root}/sub/../sub/a.png", policy).size == (32, 24)
     for src in (f"file://{outside}", str(outside), "../secret.png", f"file://{root}/../secret.png",
                 f"file://{root}/link.png", f"file://{root}/dirlink/secret.png", "sub/../../secret.png",
-                f"file://{root}/%2e%2e/secret.png"):
+                f"file://{root}/%2e%2e/secret.png", f"file://{tmp_path}/missing.png", "../nope/x.png"):
         with pytest.raises(M.MediaError, match="outside the allowed media path"):
             M.load_media("image", src, policy)
     with pytest.raises(M.MediaError, match="no such file"):
