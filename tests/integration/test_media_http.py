@@ -229,3 +229,23 @@ def test_bad_requests_leak_no_thread_or_descriptor(client):
         for body in bad:
             assert c.post("/v1/chat/completions", json=body).status_code == 400
     assert len(os.listdir("/proc/self/fd")) <= fds and threading.active_count() <= threads
+
+
+def test_streamed_requests_get_the_same_400_before_any_event(client):
+    c, _ = client
+    r = c.post("/v1/chat/completions", json=chat(image(data_url(b"junk", "image/png")), stream=True))
+    assert r.headers["content-type"].startswith("application/json")
+    assert_400(r, "messages[0].content[0].image_url", "not a supported format")
+
+
+def test_media_in_any_turn_of_the_conversation(client, seen):
+    c, _ = client
+    body = {"model": "m", "messages": [
+        {"role": "user", "content": [image(PNG_URL), TEXT]},
+        {"role": "assistant", "content": "A red square."},
+        {"role": "user", "content": [{"type": "text", "text": "And this?"},
+                                     {"type": "image_url", "image_url": PNG_URL}]}]}
+    r = c.post("/tokenize", json=body)
+    assert r.status_code == 200 and r.json()["tokens"].count(IMAGE_PAD_ID) == 2, r.text
+    first, last = seen[-1][0]["content"], seen[-1][2]["content"]
+    assert first[0][M.MEDIA_KEY].digest == last[1][M.MEDIA_KEY].digest      # the same bytes, the same identity
