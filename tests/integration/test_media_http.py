@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -228,6 +229,10 @@ def test_bad_requests_leak_no_thread_or_descriptor(client):
     for _ in range(4):
         for body in bad:
             assert c.post("/v1/chat/completions", json=body).status_code == 400
+    deadline = time.monotonic() + 3.0
+    while (len(os.listdir("/proc/self/fd")) > fds or threading.active_count() > threads) \
+            and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert len(os.listdir("/proc/self/fd")) <= fds and threading.active_count() <= threads
 
 

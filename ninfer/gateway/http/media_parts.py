@@ -4,7 +4,7 @@ Accepted parts (OpenAI's, and vLLM's video extension):
     {"type": "image_url", "image_url": {"url": "data:image/png;base64,..." | "https://..." | "file:///..."}}
     {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,..." | ...}}
 (`image_url` / `video_url` may also be the URL string itself.) Where a URL may point is the
-server's `MediaPolicy` (ninfer/gateway/media.py); by default only data: URLs.
+server's `MediaPolicy` (ninfer/gateway/media/); by default only data: URLs.
 
 Order of the checks, cheapest first, so that a request refused anyway fetches nothing:
   1. every part: its type, its URL field, an image or video in a system message (400)

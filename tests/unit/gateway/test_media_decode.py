@@ -1,4 +1,4 @@
-"""Media decoding (ninfer/gateway/media.py): images in each supported format, videos sampled as
+"""Media decoding (ninfer/gateway/media/): images in each supported format, videos sampled as
 transformers' Qwen3-VL processor samples them, and every bad input refused with a MediaError that
 names the problem (unsupported, corrupt, truncated, over a limit, a decompression bomb's header)."""
 from __future__ import annotations

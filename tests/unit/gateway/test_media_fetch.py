@@ -1,4 +1,4 @@
-"""Where media may come from (ninfer/gateway/media.py): http(s) only when allowed, never to a private,
+"""Where media may come from (ninfer/gateway/media/): http(s) only when allowed, never to a private,
 loopback, link-local, multicast or reserved address (checked after DNS, each redirect again), within
 the redirect, byte and time limits; local files only inside the allowed directory. All offline: DNS
 is replaced, and the only server is on loopback."""
@@ -11,6 +11,7 @@ import time
 import pytest
 
 from ninfer.gateway import media as M
+from ninfer.gateway.media import sources as S
 from support.media_util import (RecordingServer, image_bytes, redirect, send_body, send_unsized, stall)
 
 PNG = image_bytes()
@@ -24,14 +25,14 @@ def _resolve_to(monkeypatch, table: dict[str, list[str]]):
         if host not in table:
             raise OSError("no such host")
         return table[host]
-    monkeypatch.setattr(M, "resolve", fake)
+    monkeypatch.setattr(S, "resolve", fake)
     return calls
 
 
 def _loopback_is_public(monkeypatch):
     """Let the loopback test server stand for a public host (only 127.0.0.1; every other check stays)."""
-    real = M.address_refused
-    monkeypatch.setattr(M, "address_refused", lambda a: None if a == "127.0.0.1" else real(a))
+    real = S.address_refused
+    monkeypatch.setattr(S, "address_refused", lambda a: None if a == "127.0.0.1" else real(a))
 
 
 @pytest.mark.parametrize("addr, what", [
@@ -148,6 +149,10 @@ def test_fetch_leaves_no_socket_or_thread_open():
             M.fetch(f"{srv.base}/ok", policy)
             with pytest.raises(M.MediaError):
                 M.fetch(f"{srv.base}/big", policy)
+        # NOTE: the loopback server (same process) closes its side a moment after the client
+        deadline = time.monotonic() + 3.0
+        while (fds() > before_fds or threading.active_count() > before_threads) and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert fds() <= before_fds and threading.active_count() <= before_threads
 
 
@@ -223,7 +228,7 @@ def test_https_goes_to_the_checked_address_and_verifies_the_host_name(monkeypatc
         # an unknown issuer is refused: certificates are verified
         with pytest.raises(M.MediaError, match="fetching the media failed: SSLCertVerificationError"):
             M.fetch(f"https://img.example.com:{srv.port}/a.png", policy)
-        monkeypatch.setattr(M, "tls_context", lambda: ssl.create_default_context(cafile=str(cert)))
+        monkeypatch.setattr(S, "tls_context", lambda: ssl.create_default_context(cafile=str(cert)))
         assert M.fetch(f"https://img.example.com:{srv.port}/a.png", policy) == PNG
         # the certificate must name the URL's host, not merely the address connected to
         with pytest.raises(M.MediaError, match="SSLCertVerificationError"):
