@@ -21,9 +21,17 @@ def is_pil(obj) -> bool:
 
 
 def decode(kind: str, data: bytes, source: str, limits: MediaLimits) -> MediaItem:
-    if kind == "image":
-        return decode_image(data, source, limits)
-    return decode_video(data, source, limits)
+    """Bytes -> MediaItem; whatever a decoder raises on hostile bytes becomes a MediaError."""
+    try:
+        if kind == "image":
+            return decode_image(data, source, limits)
+        return decode_video(data, source, limits)
+    except MediaError:
+        raise
+    except MemoryError:
+        raise MediaError(f"the {kind} is too large to decode") from None
+    except Exception as e:  # noqa: BLE001 - decoders raise many types (struct.error, IndexError, ...)
+        raise MediaError(f"the {kind} is corrupt ({type(e).__name__})") from None
 
 
 def _check_pixels(w: int, h: int, limits: MediaLimits, what: str) -> None:

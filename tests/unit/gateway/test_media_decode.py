@@ -198,3 +198,31 @@ def test_attach_media_for_python_api_messages(tmp_path):
         M.attach_media(msgs, M.MediaPolicy(limits=M.MediaLimits(per_prompt={"image": 1, "video": 1})))
     with pytest.raises(M.MediaPartError, match=r"messages\[0\].content\[0\]: a system message cannot contain images"):
         M.attach_media([{"role": "system", "content": [{"type": "image", "image": png}]}], policy)
+
+
+@pytest.mark.parametrize("kind, make", [
+    ("image", lambda: image_bytes("PNG", (16, 16))), ("image", lambda: image_bytes("JPEG", (16, 16))),
+    ("image", lambda: image_bytes("GIF", (16, 16))), ("image", lambda: image_bytes("WEBP", (16, 16))),
+    ("image", lambda: image_bytes("BMP", (16, 16))), ("video", lambda: video_bytes(frames=6)),
+    ("video", lambda: video_bytes("webm", "libvpx", frames=6)),
+], ids=["png", "jpeg", "gif", "webp", "bmp", "mp4", "webm"])
+def test_mutated_bytes_decode_or_raise_media_error_only(kind, make):
+    """Seeded byte flips, cuts and splices: each input decodes or is a MediaError, never another exception."""
+    raw = make()
+    rng = np.random.default_rng(1234)
+    for _ in range(40):
+        data = bytearray(raw)
+        op = rng.integers(3)
+        if op == 0:
+            for pos in rng.integers(0, len(data), size=int(rng.integers(1, 8))):
+                data[pos] = int(rng.integers(256))
+        elif op == 1:
+            data = data[:int(rng.integers(1, len(data)))]
+        else:
+            a = int(rng.integers(0, len(data)))
+            data[a:a] = bytes(rng.integers(0, 256, size=int(rng.integers(1, 64)), dtype=np.uint8))
+        try:
+            item = M.load_media(kind, bytes(data), POLICY)
+        except M.MediaError:
+            continue
+        assert item.kind == kind
