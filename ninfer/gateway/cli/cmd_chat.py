@@ -5,7 +5,8 @@ so each turn reuses the previous one's checkpoint instead of computing the histo
 (`--no-prefix-cache` turns the cache off).
 
 Commands: /reset (forget the conversation), /system TEXT (set the system message and reset),
-/think on|off (thinking mode), /help, /exit. Reasoning is shown dimmed before the answer.
+/think on|off (thinking mode), /image PATH and /video PATH (attach a file to the next message),
+/help, /exit. Reasoning is shown dimmed before the answer.
 Ctrl-C cancels the answer being generated (the turn is dropped) and returns to the prompt;
 Ctrl-D (end of input) exits.
 """
@@ -21,7 +22,7 @@ from ninfer.gateway.cli.common import (add_engine_args, add_model_arg, add_sampl
                                engine_config, open_engine, output_room, resolve_model, room_note, sampling_params,
                                use_color)
 
-HELP = ("commands: /reset  /system TEXT  /think on|off  /help  /exit    "
+HELP = ("commands: /reset  /system TEXT  /think on|off  /image PATH  /video PATH  /help  /exit    "
         "(Ctrl-C cancels an answer, Ctrl-D exits)")
 
 
@@ -45,6 +46,7 @@ class ChatSession:
         self.color = use_color(sys.stdout)
         self.session_base = args.session or f"chat-{uuid.uuid4().hex[:12]}"
         self.resets = 0
+        self.attached: list[dict] = []        # image/video parts for the next user message
 
     @property
     def session_id(self) -> str:
@@ -63,6 +65,7 @@ class ChatSession:
             return False
         if cmd == "/reset":
             self.history.clear()
+            self.attached.clear()
             self.resets += 1
             print("[conversation reset]")
         elif cmd == "/system":
@@ -76,17 +79,38 @@ class ChatSession:
             else:
                 self.think = rest == "on"
                 print(f"[thinking {rest}]")
+        elif cmd in ("/image", "/video"):
+            self.attach(cmd[1:], rest)
         elif cmd == "/help":
             print(HELP)
         else:
             print(f"unknown command {cmd}; {HELP}")
         return True
 
+    def attach(self, kind: str, path: str) -> None:
+        from ninfer.gateway.cli.cmd_generate import media_parts
+        from ninfer.gateway.cli.main import CLIError
+        from ninfer.gateway.media import MEDIA_KEY
+
+        if not path:
+            print(f"usage: /{kind} PATH")
+            return
+        try:
+            part = media_parts([path] if kind == "image" else [], [path] if kind == "video" else [])[0]
+        except CLIError as e:
+            print(f"error: {str(e).removeprefix(f'--{kind} {path}: ')}", file=sys.stderr)
+            return
+        self.attached.append(part)
+        w, h = part[MEDIA_KEY].size
+        print(f"[{kind} attached to the next message: {path} ({w}x{h})]")
+
     def answer(self, text: str) -> None:
         from ninfer.config import (EngineRequestError, GenerationDelta, GenerationError, GenerationResult,
                                   OutputOptions)
 
-        turn = self.history + [{"role": "user", "content": text}]
+        content = [*self.attached, {"type": "text", "text": text}] if self.attached else text
+        turn = self.history + [{"role": "user", "content": content}]
+        self.attached = []                    # NOTE: attachments belong to this message, sent or not
         head = [{"role": "system", "content": self.system}] if self.system else []
         try:
             prompt = self.engine.frontend.prepare_chat(head + turn,

@@ -2,7 +2,8 @@
 
 Content goes to stdout; reasoning (thinking) goes to stderr, dimmed on a terminal, so that
 `ninfer generate ... > out.txt` keeps only the answer. A usage line ends on stderr.
-`--json` prints one JSON object (text, reasoning, tool_calls, finish_reason, usage) instead; with
+`--image PATH` (repeatable) and `--video PATH` (with --chat) put images and a video before the prompt
+in the user message. `--json` prints one JSON object (text, reasoning, tool_calls, finish_reason, usage) instead; with
 speculative decoding its usage also has num_spec_rounds, num_spec_accepted_tokens and
 mean_acceptance_length (tokens per round).
 """
@@ -27,20 +28,41 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--system", default=None, help="system message (with --chat)")
     p.add_argument("--think", choices=("on", "off"), default="on",
                    help="thinking mode of the chat template (with --chat; default: on)")
+    p.add_argument("--image", action="append", default=[], metavar="PATH",
+                   help="an image file (PNG, JPEG, WebP, GIF, BMP) before the prompt (with --chat; repeatable)")
+    p.add_argument("--video", action="append", default=[], metavar="PATH",
+                   help="a video file (MP4, WebM) before the prompt (with --chat)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     add_sampling_args(p, max_tokens=256)
     add_engine_args(p)
 
 
-def _prompt(engine, args):
+def media_parts(images: list[str], videos: list[str]) -> list[dict]:
+    """Decoded image/video content parts of files named on the command line (CLIError: one line)."""
+    from ninfer.gateway.media import MEDIA_KEY, MediaError, MediaPolicy, load_file
+
+    policy = MediaPolicy()
+    parts = []
+    for kind, paths in (("image", images), ("video", videos)):
+        for path in paths:
+            try:
+                item = load_file(kind, path, policy)
+            except MediaError as e:
+                raise CLIError(f"--{kind} {path}: {e}") from None
+            parts.append({"type": kind, kind: item.source, MEDIA_KEY: item})
+    return parts
+
+
+def _prompt(engine, args, parts=()):
     from ninfer.config import OutputOptions
 
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not args.chat:
         return engine.frontend.prepare_text(text), OutputOptions(stop=tuple(args.stop), parse_reasoning=False,
                                                                  parse_tool_calls=False)
+    content = [*parts, {"type": "text", "text": text}] if parts else text
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
-        [{"role": "user", "content": text}]
+        [{"role": "user", "content": content}]
     prompt = engine.frontend.prepare_chat(messages, chat_template_kwargs={"enable_thinking": args.think == "on"})
     return prompt, OutputOptions(stop=tuple(args.stop), parse_tool_calls=False)
 
@@ -51,13 +73,18 @@ def run(args: argparse.Namespace) -> int:
     max_tokens = check_max_tokens(args.max_tokens)
     if args.system and not args.chat:
         raise CLIError("--system needs --chat")
+    if (args.image or args.video) and not args.chat:
+        raise CLIError(f"--{'image' if args.image else 'video'} needs --chat (media go into a chat message)")
+    if len(args.video) > 1:
+        raise CLIError("--video may be given once")
+    parts = media_parts(args.image, args.video)     # NOTE: a bad file fails before the model loads
     sampling_params(args)                 # NOTE: a bad sampling flag fails before the model loads
     config = engine_config(args)
     path, _, _ = resolve_model(args.model, config=config)
     engine = open_engine(path, config)
     try:
         try:
-            prompt, output = _prompt(engine, args)
+            prompt, output = _prompt(engine, args, parts)
         except ValueError as e:
             raise CLIError(str(e)) from None
         limit = output_room(engine, prompt.num_prompt_tokens)

@@ -3,7 +3,8 @@
 Request flow (one HTTP request):
   1. auth (Bearer key: GuardMiddleware), readiness, body size, JSON, schema (400 naming the field),
      model (404): parsing.py
-  2. convert.py: messages/prompt -> PreparedPrompt, SamplingParams, OutputOptions, max_tokens
+  2. media_parts.py: image/video parts -> decoded MediaItems (ninfer/gateway/media/; 400 naming
+     the part); convert.py: messages/prompt -> PreparedPrompt, SamplingParams, OutputOptions, max_tokens
   3. engine.submit per choice (n > 1: n requests); a refusal at submit maps to 429/503/400: runs.py
   4. events -> a response body (routes_completions.py), or SSE chunks (streams.py); a client that
      goes away closes its handles, which cancels the requests and gives their capacity back

@@ -11,6 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ninfer.gateway.http.errors import APIError, bad_request
+from ninfer.gateway.http.media_parts import PART_KINDS
+from ninfer.gateway.media import MEDIA_KEY
 from ninfer.gateway.http.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _Sampling
 from ninfer.gateway.http.tools import ToolPlan, plan_tools
 from ninfer.config import OutputOptions, PreparedPrompt, SamplingParams
@@ -71,6 +73,31 @@ def _text_of(msg: ChatMessage, i: int) -> str:
     return "\n".join(texts)
 
 
+def _parts_with_media(msg: ChatMessage, i: int, media: Mapping) -> list[dict]:
+    """Content parts in order: text parts as they are, each image/video part as the Frontend's
+    `{"type": kind, kind: source, MEDIA_KEY: MediaItem}` (the template renders its placeholder)."""
+    out = []
+    for j, part in enumerate(msg.content):
+        if part.type == "text":
+            out.append({"type": "text", "text": part.text})
+        elif part.type in PART_KINDS and (i, j) in media:
+            item = media[(i, j)]
+            out.append({"type": item.kind, item.kind: item.source, MEDIA_KEY: item})
+        else:
+            supported = "'text', 'image_url', 'video_url'" if part.type not in PART_KINDS else "'text'"
+            raise bad_request(f"content parts of type {part.type!r} are not supported; only {supported}",
+                              param=f"messages[{i}].content[{j}].type")
+    return out
+
+
+def _content(msg: ChatMessage, i: int, media: Mapping | None):
+    """A string (text parts joined by newlines), or with media the list of parts."""
+    if media and not isinstance(msg.content, (str, type(None))) and \
+            any(p.type in PART_KINDS for p in msg.content):
+        return _parts_with_media(msg, i, media)
+    return _text_of(msg, i)
+
+
 def _arguments(args: str | dict, param: str) -> dict:
     if isinstance(args, dict):
         return args
@@ -83,12 +110,16 @@ def _arguments(args: str | dict, param: str) -> dict:
     return value
 
 
-def frontend_messages(messages: list[ChatMessage], instruction: str | None = None) -> list[dict]:
-    """OpenAI messages -> the chat template's message dicts (arguments as JSON objects)."""
+def frontend_messages(messages: list[ChatMessage], instruction: str | None = None,
+                      media: Mapping | None = None) -> list[dict]:
+    """OpenAI messages -> the chat template's message dicts (arguments as JSON objects).
+
+    media: (message index, part index) -> MediaItem from `media_parts.acquire`; without it an
+    image or video part is refused."""
     out: list[dict] = []
     for i, m in enumerate(messages):
         role = "system" if m.role == "developer" else m.role
-        d: dict = {"role": role, "content": _text_of(m, i)}
+        d: dict = {"role": role, "content": _content(m, i, media)}
         if role == "assistant":
             reasoning = m.reasoning_content if m.reasoning_content is not None else m.reasoning
             if reasoning is not None:
@@ -107,7 +138,7 @@ def frontend_messages(messages: list[ChatMessage], instruction: str | None = Non
             d["name"] = m.name
         out.append(d)
     if instruction:
-        if out and out[0]["role"] == "system":
+        if out and out[0]["role"] == "system" and isinstance(out[0]["content"], str):
             out[0] = {**out[0], "content": (out[0]["content"] + "\n\n" + instruction).lstrip()}
         else:
             out.insert(0, {"role": "system", "content": instruction})
@@ -194,12 +225,12 @@ def frontend_call(fn, *args, param: str, what: str = "cannot prepare the prompt"
         raise bad_request(f"{what}: {e}", param=param) from None
 
 
-def plan_chat(frontend, req: ChatCompletionRequest, limits: ModelLimits) -> ChatPlan:
+def plan_chat(frontend, req: ChatCompletionRequest, limits: ModelLimits, media: Mapping | None = None) -> ChatPlan:
     if req.response_format and req.response_format.get("type", "text") != "text":
         raise bad_request("response_format other than 'text' is not supported (no constrained decoding)",
                           param="response_format")
     tools = plan_tools(req)
-    messages = frontend_messages(req.messages, tools.instruction)
+    messages = frontend_messages(req.messages, tools.instruction, media)
     kwargs = dict(req.chat_template_kwargs or {})
     prompt = frontend_call(frontend.prepare_chat, messages, tools=list(tools.tools) or None,
                             chat_template_kwargs=kwargs or None, param="messages")

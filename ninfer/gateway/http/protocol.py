@@ -28,7 +28,8 @@ class TextPart(_Model):
 
 
 class OtherPart(_Model):
-    """Any non-text content part; rejected with a clear message during conversion."""
+    """Any non-text content part: `image_url` and `video_url` are fetched and decoded by media_parts.py,
+    any other type is rejected with a clear message during conversion."""
     model_config = ConfigDict(extra="allow")
     type: str
 

@@ -1,7 +1,8 @@
 """POST /v1/chat/completions and /v1/completions.
 
   1. readiness, body, schema, model (`parsing.parse`)
-  2. convert.py: messages/prompt -> PreparedPrompt, SamplingParams, OutputOptions, max_tokens
+  2. media_parts.py: image/video parts fetched and decoded under the server's MediaPolicy (400 naming
+     the part); convert.py: messages/prompt -> PreparedPrompt, SamplingParams, OutputOptions, max_tokens
   3. engine.submit per choice (`runs.submit_all`; n > 1: n requests)
   4. stream: an SSE body (`streams.py`); otherwise wait for every choice, then one response body
 """
@@ -13,6 +14,7 @@ from fastapi.responses import Response
 from ninfer.gateway.http import responses as R
 from ninfer.gateway.http.convert import plan_chat, plan_completion
 from ninfer.gateway.http.echo import echo_choice, echo_usage
+from ninfer.gateway.http.media_parts import acquire_async
 from ninfer.gateway.http.parsing import parse
 from ninfer.gateway.http.protocol import ChatCompletionRequest, CompletionRequest
 from ninfer.gateway.http.runs import finished_runs, submit_all
@@ -24,7 +26,8 @@ def add_completion_routes(app: FastAPI, state: GatewayState) -> None:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         engine, req = await parse(state, request, ChatCompletionRequest)
-        plan = plan_chat(engine.frontend, req, state.limits)
+        media = await acquire_async(req.messages, state.media)
+        plan = plan_chat(engine.frontend, req, state.limits, media)
         rid, created, model_name = R.new_id("chatcmpl"), R.now(), state.model_name
         runs = submit_all(state, engine, plan.calls, rid)
         if req.stream:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from ninfer.gateway.http import responses as R
 from ninfer.gateway.http.convert import ModelLimits
 from ninfer.gateway.http.errors import not_ready
+from ninfer.gateway.media import MediaPolicy
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 SYNTHETIC_FINGERPRINT = "ninfer-synthetic-weights"
@@ -25,6 +26,7 @@ class GatewayState:
     inflight: set = field(default_factory=set)       # open GenerationHandles (drain cancels them)
     synthetic: bool = False                          # dummy weights: every response says so
     warming: bool = False                            # the serve warmup runs (health: starting)
+    media: MediaPolicy = field(default_factory=MediaPolicy)   # where images/videos may come from, limits
 
     @property
     def fingerprint(self) -> str | None:
