@@ -17,6 +17,7 @@ import io
 import json
 import shutil
 import struct
+import sys
 import types
 import zlib
 
@@ -80,26 +81,46 @@ def _tv_normalize(t, mean, std, inplace=False):
         torch.as_tensor(std, dtype=t.dtype).view(-1, 1, 1))
 
 
+_FAST_IMAGE_MODULE = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+
+
 @pytest.fixture(scope="module")
-def hf_video():
-    """(make_video_processor(cfg), Qwen3VLProcessor class) with the torchvision calls stood in."""
+def torchvision_backend():
+    """transformers' torchvision-backed classes with the torchvision calls stood in: yields
+    (Qwen3VLVideoProcessor class, Qwen3VLProcessor class, Qwen2VLImageProcessor (the Fast) class)."""
     import transformers.image_processing_backends as ipb
     import transformers.video_processing_utils as vpu
     from transformers.image_utils import PILImageResampling
 
-    shim = types.SimpleNamespace(InterpolationMode=_Mode, resize=_tv_resize, normalize=_tv_normalize,
-                                 grayscale_to_rgb=lambda x: x)
+    shim = types.ModuleType("torchvision.transforms.v2.functional")
+    shim.InterpolationMode, shim.resize, shim.normalize = _Mode, _tv_resize, _tv_normalize
+    shim.grayscale_to_rgb = lambda x: x
     mp = pytest.MonkeyPatch()
     mp.setattr(ipb, "tvF", shim, raising=False)
     mp.setattr(vpu, "tvF", shim, raising=False)
     mp.setattr(ipb, "pil_torch_interpolation_mapping", {PILImageResampling.BICUBIC: _Mode.BICUBIC}, raising=False)
-    mod = importlib.import_module("transformers.models.qwen3_vl.video_processing_qwen3_vl")
-    proc = importlib.import_module("transformers.models.qwen3_vl.processing_qwen3_vl").Qwen3VLProcessor
+    # the Fast image module imports torchvision's functional at the top (for annotations only)
+    for name in ("torchvision", "torchvision.transforms", "torchvision.transforms.v2"):
+        mp.setitem(sys.modules, name, types.ModuleType(name))
+    mp.setitem(sys.modules, "torchvision.transforms.v2.functional", shim)
+    try:
+        video = importlib.import_module("transformers.models.qwen3_vl.video_processing_qwen3_vl").Qwen3VLVideoProcessor
+        proc = importlib.import_module("transformers.models.qwen3_vl.processing_qwen3_vl").Qwen3VLProcessor
+        fast = importlib.import_module(_FAST_IMAGE_MODULE).Qwen2VLImageProcessor
+        yield video, proc, fast
+    finally:
+        mp.undo()
+        sys.modules.pop(_FAST_IMAGE_MODULE, None)
+
+
+@pytest.fixture(scope="module")
+def hf_video(torchvision_backend):
+    """(make_video_processor(cfg), Qwen3VLProcessor class, Qwen3VLVideoProcessor class)."""
+    video, proc, _ = torchvision_backend
 
     def make(cfg: dict = FAMILY_VIDEO_CONFIG):
-        return mod.Qwen3VLVideoProcessor(**cfg)
-    yield make, proc, mod
-    mp.undo()
+        return video(**cfg)
+    return make, proc, video
 
 
 def _encode(im: Image.Image, fmt: str, **kw) -> bytes:
@@ -172,6 +193,23 @@ def test_rgb_array_and_pil_image_match_transformers(hf_image, name):
     ref = hf_image()(images=Image.fromarray(arr))
     _assert_same(preprocess_image(arr, FAMILY), ref["pixel_values"], ref["image_grid_thw"])
     _assert_same(preprocess_image(Image.fromarray(arr), FAMILY), ref["pixel_values"], ref["image_grid_thw"])
+
+
+@pytest.mark.parametrize("name", sorted(ARRAY_CASES) + ["rgba_png", "palette_gif"])
+def test_torchvision_backend_matches_the_fast_processor(torchvision_backend, name):
+    """image_backend="torchvision" equals Qwen2VLImageProcessor, the class the official config names."""
+    fast = torchvision_backend[2](**FAMILY_IMAGE_CONFIG)
+    cfg = VisionPreprocessConfig.from_dicts(None, None, image_backend="torchvision")
+    if name in ARRAY_CASES:
+        image = RNG.integers(0, 256, (*ARRAY_CASES[name], 3), dtype=np.uint8)
+        ref = fast(images=Image.fromarray(image))
+    else:
+        image = ENCODED_CASES[name]()
+        ref = _hf_on_bytes(fast, image)
+    ours = preprocess_image(image, cfg)
+    _assert_same(ours, ref["pixel_values"], ref["image_grid_thw"])
+    pil = preprocess_image(image, FAMILY)
+    assert pil.grid_thw == ours.grid_thw
 
 
 def test_larger_than_max_pixels_is_downscaled(hf_image):
@@ -346,6 +384,24 @@ def test_truncated_and_unsupported_encodings():
         preprocess_image(png, FAMILY, formats=("JPEG",))
 
 
+@pytest.mark.parametrize("name", ["rgba_png", "palette_gif", "jpeg_exif_rotated", "webp", "bmp"])
+def test_damaged_encodings_raise_only_value_error(name):
+    """Flipped or cut bytes anywhere: either a valid image comes out or a ValueError, never another error."""
+    data = ENCODED_CASES[name]()
+    rng = np.random.default_rng(7)
+    for trial in range(24):
+        bad = bytearray(data)
+        for pos in rng.integers(0, len(bad), size=1 + trial % 4):
+            bad[pos] ^= int(rng.integers(1, 256))
+        if trial % 3 == 0:
+            bad = bad[: int(rng.integers(1, len(bad)))]
+        try:
+            out = preprocess_image(bytes(bad), FAMILY, max_image_pixels=4_000_000)
+        except ValueError:
+            continue
+        assert out.pixel_values.shape[1] == 1536 and np.isfinite(out.pixel_values).all()
+
+
 # ---------------------------------------------------------------------------------------------
 # Videos
 # ---------------------------------------------------------------------------------------------
@@ -359,11 +415,11 @@ def test_frame_sampling_matches_transformers(hf_video):
         for total in (1, 2, 3, 5, 8, 30, 61, 300, 1001, 20000):
             for fps in (1.0, 7.5, 23.976, 29.97, 30.0, 60.0, None):
                 md = VideoMetadata(total_num_frames=total, fps=fps)
-                want = mod.Qwen3VLVideoProcessor.sample_frames(fake, md)
+                want = mod.sample_frames(fake, md)
                 assert np.array_equal(sample_frame_indices(total, cfg, fps), want), (total, fps)
     fixed = VisionPreprocessConfig.from_dicts(None, {**FAMILY_VIDEO_CONFIG, "fps": None, "num_frames": 6})
     fake = types.SimpleNamespace(fps=None, min_frames=4, max_frames=768)
-    want = mod.Qwen3VLVideoProcessor.sample_frames(fake, VideoMetadata(total_num_frames=50, fps=25.0), num_frames=6)
+    want = mod.sample_frames(fake, VideoMetadata(total_num_frames=50, fps=25.0), num_frames=6)
     assert np.array_equal(sample_frame_indices(50, fixed, 25.0), want)
 
 

@@ -26,6 +26,10 @@ Images (transformers' `Qwen2VLImageProcessorPil`, the PIL backend):
      temporal_patch_size times, flattened in (channel, time, row, column) order; the patch sequence
      is merge-block-major: for each merge_size x merge_size block (row-major over blocks), its
      patches row-major. pixel_values [gh*gw, C*T*P*P], grid_thw (1, gh, gw).
+  `image_backend="torchvision"` instead reproduces `Qwen2VLImageProcessor` (the "Fast" class the
+  checkpoint's image_processor_type names, which transformers picks when torchvision is installed,
+  as under vLLM): steps 3 and 4 become the video path's steps 4 and 5 (torch's uint8 bicubic and the
+  fused normalisation). Both backends give the same grid; pixel values differ slightly.
 
 Videos (transformers' `Qwen3VLVideoProcessor`, which runs on torch/torchvision):
   1. Input: uint8 frames [T, H, W, 3] (RGB) and the source frame rate `fps` (None: 24, as
@@ -92,6 +96,7 @@ VIDEO_PREPROCESSOR_CONFIG = "video_preprocessor_config.json"
 ALLOWED_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
 _BICUBIC = 3    # PIL.Image.Resampling.BICUBIC, the value transformers stores as "resample"
+IMAGE_BACKENDS = ("pil", "torchvision")
 
 # The official Qwen3.6 files (qwen3_6.md 2.3), used when a file is absent.
 FAMILY_IMAGE_CONFIG: dict[str, Any] = {
@@ -195,6 +200,7 @@ class VisionPreprocessConfig:
     image_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     image_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     rescale_factor: float = 1 / 255
+    image_backend: str = "pil"              # "pil" | "torchvision" (see the module docstring)
     # videos
     video_min_pixels: int = 4096
     video_max_pixels: int = 25165824
@@ -219,8 +225,13 @@ class VisionPreprocessConfig:
         """Length of one pixel_values row: 3 * temporal_patch_size * patch_size^2."""
         return 3 * self.temporal_patch_size * self.patch_size * self.patch_size
 
+    def __post_init__(self) -> None:
+        if self.image_backend not in IMAGE_BACKENDS:
+            raise ValueError(f"image_backend must be one of {', '.join(IMAGE_BACKENDS)}, got {self.image_backend!r}")
+
     @classmethod
-    def from_dicts(cls, image_cfg: Mapping | None = None, video_cfg: Mapping | None = None) -> "VisionPreprocessConfig":
+    def from_dicts(cls, image_cfg: Mapping | None = None, video_cfg: Mapping | None = None, *,
+                   image_backend: str = "pil") -> "VisionPreprocessConfig":
         """From the parsed preprocessor_config.json / video_preprocessor_config.json (None: absent)."""
         im = _merged(image_cfg, _IMAGE_CLASS_DEFAULTS, FAMILY_IMAGE_CONFIG, PREPROCESSOR_CONFIG)
         vd = _merged(video_cfg, _VIDEO_CLASS_DEFAULTS, FAMILY_VIDEO_CONFIG, VIDEO_PREPROCESSOR_CONFIG)
@@ -247,14 +258,16 @@ class VisionPreprocessConfig:
         min_frames = _as_int(vd, "min_frames", VIDEO_PREPROCESSOR_CONFIG)
         max_frames = _as_int(vd, "max_frames", VIDEO_PREPROCESSOR_CONFIG)
         if min_frames > max_frames:
-            raise ValueError(f"{VIDEO_PREPROCESSOR_CONFIG}: min_frames ({min_frames}) exceeds max_frames ({max_frames})")
-        std, vstd = _as_triple(im, "image_std", PREPROCESSOR_CONFIG), _as_triple(vd, "image_std", VIDEO_PREPROCESSOR_CONFIG)
+            raise ValueError(f"{VIDEO_PREPROCESSOR_CONFIG}: min_frames ({min_frames}) exceeds "
+                             f"max_frames ({max_frames})")
+        std = _as_triple(im, "image_std", PREPROCESSOR_CONFIG)
+        vstd = _as_triple(vd, "image_std", VIDEO_PREPROCESSOR_CONFIG)
         if 0.0 in std or 0.0 in vstd:
             raise ValueError("image_std must not contain 0")
         return cls(
             **geometry, min_pixels=lo, max_pixels=hi,
             image_mean=_as_triple(im, "image_mean", PREPROCESSOR_CONFIG), image_std=std,
-            rescale_factor=float(im["rescale_factor"]),
+            rescale_factor=float(im["rescale_factor"]), image_backend=image_backend,
             video_min_pixels=vlo, video_max_pixels=vhi,
             video_mean=_as_triple(vd, "image_mean", VIDEO_PREPROCESSOR_CONFIG), video_std=vstd,
             video_rescale_factor=float(vd["rescale_factor"]),
@@ -265,7 +278,8 @@ class VisionPreprocessConfig:
             max_video_tokens=_as_int(vd, "max_video_tokens", VIDEO_PREPROCESSOR_CONFIG))
 
     @classmethod
-    def from_resources(cls, resources: Mapping[str, bytes | str]) -> "VisionPreprocessConfig":
+    def from_resources(cls, resources: Mapping[str, bytes | str], *,
+                       image_backend: str = "pil") -> "VisionPreprocessConfig":
         """From an artifact's frontend resources (`Artifact.frontend_resources()`); absent files
         take the family values."""
         def load(name: str) -> Any:
@@ -276,7 +290,7 @@ class VisionPreprocessConfig:
                 return json.loads(raw.decode("utf-8") if isinstance(raw, (bytes, bytearray)) else raw)
             except ValueError as e:
                 raise ValueError(f"{name} is not valid JSON: {e}") from None
-        return cls.from_dicts(load(PREPROCESSOR_CONFIG), load(VIDEO_PREPROCESSOR_CONFIG))
+        return cls.from_dicts(load(PREPROCESSOR_CONFIG), load(VIDEO_PREPROCESSOR_CONFIG), image_backend=image_backend)
 
     def check_tower(self, *, patch_size: int, temporal_patch_size: int, spatial_merge_size: int) -> None:
         """Raise ValueError when the preprocessing geometry does not fit the vision tower's config."""
@@ -449,7 +463,7 @@ def _open_encoded(data: bytes, max_image_pixels: int | None, formats: Sequence[s
         raise ValueError(f"image is too large to decode safely: {e}") from None
     except Image.UnidentifiedImageError:
         raise ValueError(_unsupported_message(data, formats)) from None
-    except (OSError, SyntaxError, ValueError) as e:
+    except Exception as e:      # noqa: BLE001 - a decoder plugin's failure on untrusted bytes
         raise ValueError(f"image data is corrupt or truncated: {e}") from None
     _check_pixels(im.width, im.height, max_image_pixels)
     try:
@@ -457,7 +471,7 @@ def _open_encoded(data: bytes, max_image_pixels: int | None, formats: Sequence[s
         im = ImageOps.exif_transpose(im)
     except Image.DecompressionBombError as e:
         raise ValueError(f"image is too large to decode safely: {e}") from None
-    except (OSError, SyntaxError, ValueError, EOFError) as e:
+    except Exception as e:      # noqa: BLE001 - a decoder plugin's failure on untrusted bytes
         raise ValueError(f"image data is corrupt or truncated ({im.format}): {e}") from None
     return im
 
@@ -486,10 +500,10 @@ def _to_rgb_array(im) -> np.ndarray:
             rgb = Image.alpha_composite(white, rgba).convert("RGB")
         else:
             rgb = im.convert("RGB")
-    except (OSError, SyntaxError, EOFError) as e:
-        raise ValueError(f"image data is corrupt or truncated: {e}") from None
     except ValueError as e:
         raise ValueError(f"image mode {im.mode} cannot be converted to RGB: {e}") from None
+    except Exception as e:      # noqa: BLE001 - a lazily opened image decodes here
+        raise ValueError(f"image data is corrupt or truncated: {e}") from None
     return np.asarray(rgb)
 
 
@@ -499,6 +513,14 @@ def _normalize_rescaled(x_u8: np.ndarray, scale: float, mean, std) -> np.ndarray
     m = np.asarray(mean, dtype=np.float32).reshape(-1, 1, 1)
     s = np.asarray(std, dtype=np.float32).reshape(-1, 1, 1)
     return (x - m) / s
+
+
+def _normalize_fused(x_u8: np.ndarray, rescale: float, mean, std) -> np.ndarray:
+    """The torchvision backend: (float32(x) - mean/rescale) / (std/rescale), all float32, [N, C, H, W]."""
+    scale = np.float32(1.0 / rescale)
+    m = (np.asarray(mean, dtype=np.float32) * scale).reshape(1, -1, 1, 1)
+    s = (np.asarray(std, dtype=np.float32) * scale).reshape(1, -1, 1, 1)
+    return (x_u8.astype(np.float32) - m) / s
 
 
 def _patchify_image(img: np.ndarray, patch: int, merge: int, temporal: int) -> tuple[np.ndarray, int, int]:
@@ -535,8 +557,12 @@ def preprocess_image(image: Any, cfg: VisionPreprocessConfig, *, max_image_pixel
     height, width = rgb.shape[:2]
     _check_pixels(width, height, None)
     rh, rw = smart_resize(height, width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
-    resized = np.asarray(Image.fromarray(rgb).resize((rw, rh), resample=_BICUBIC))
-    x = _normalize_rescaled(resized.transpose(2, 0, 1), cfg.rescale_factor, cfg.image_mean, cfg.image_std)
+    if cfg.image_backend == "pil":
+        resized = np.asarray(Image.fromarray(rgb).resize((rw, rh), resample=_BICUBIC))
+        x = _normalize_rescaled(resized.transpose(2, 0, 1), cfg.rescale_factor, cfg.image_mean, cfg.image_std)
+    else:
+        resized = resize_uint8_bicubic_torch(rgb, rh, rw)
+        x = _normalize_fused(resized[None].transpose(0, 3, 1, 2), cfg.rescale_factor, cfg.image_mean, cfg.image_std)[0]
     pixel_values, gh, gw = _patchify_image(x, cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size)
     return ImageInput(pixel_values=pixel_values, grid_thw=(1, gh, gw))
 
@@ -550,7 +576,8 @@ def sample_frame_indices(total_num_frames: int, cfg: VisionPreprocessConfig, fps
 
     fps: the source frame rate (None: 24, transformers' fallback).
     """
-    if isinstance(total_num_frames, bool) or not isinstance(total_num_frames, (int, np.integer)) or total_num_frames <= 0:
+    if (isinstance(total_num_frames, bool) or not isinstance(total_num_frames, (int, np.integer))
+            or total_num_frames <= 0):
         raise ValueError(f"a video needs at least one frame, got {total_num_frames!r}")
     total = int(total_num_frames)
     if not cfg.do_sample_frames:
@@ -568,7 +595,8 @@ def sample_frame_indices(total_num_frames: int, cfg: VisionPreprocessConfig, fps
 def _source_fps(fps: float | None) -> float:
     if fps is None:
         return 24.0
-    if isinstance(fps, bool) or not isinstance(fps, (int, float, np.floating, np.integer)) or not math.isfinite(fps) or fps <= 0:
+    if (isinstance(fps, bool) or not isinstance(fps, (int, float, np.floating, np.integer))
+            or not math.isfinite(fps) or fps <= 0):
         raise ValueError(f"video fps must be a positive number, got {fps!r}")
     return float(fps)
 
@@ -641,10 +669,14 @@ def _resample_axis(x: np.ndarray, axis: int, out_size: int, precision: int | Non
     return np.clip(acc, 0, 255).astype(np.uint8)
 
 
-def resize_uint8_bicubic_torch(frames: np.ndarray, height: int, width: int, *, precision: int | None = None) -> np.ndarray:
+def resize_uint8_bicubic_torch(frames: np.ndarray, height: int, width: int, *,
+                               precision: int | None = None) -> np.ndarray:
     """Antialiased bicubic resize of uint8 [..., H, W, C] frames, bit-exact with
     torch.nn.functional.interpolate(mode="bicubic", antialias=True) on uint8 (CPU) and so with
-    torchvision's resize. precision=22 gives Pillow's BICUBIC instead."""
+    torchvision's resize. precision=22 gives Pillow's BICUBIC instead.
+
+    Cost: each pass does (taps per output sample) multiply-adds per output sample, taps about
+    4 * max(1, in/out) + 1, so roughly 4 per input sample when shrinking; pure numpy, int32."""
     if frames.dtype != np.uint8 or frames.ndim < 3:
         raise ValueError(f"frames must be uint8 [..., H, W, C], got {frames.dtype} {frames.shape}")
     out = _resample_axis(frames, frames.ndim - 2, width, precision)      # width pass first
@@ -697,10 +729,7 @@ def preprocess_video(frames: np.ndarray, cfg: VisionPreprocessConfig, fps: float
     rh, rw = smart_resize_video(n, height, width, tp, factor, cfg.video_min_pixels, max_pixels)
     if (rh, rw) != (height, width):
         frames = resize_uint8_bicubic_torch(frames, rh, rw)
-    scale = np.float32(1.0 / cfg.video_rescale_factor)
-    mean = (np.asarray(cfg.video_mean, dtype=np.float32) * scale).reshape(1, 3, 1, 1)
-    std = (np.asarray(cfg.video_std, dtype=np.float32) * scale).reshape(1, 3, 1, 1)
-    x = (frames.transpose(0, 3, 1, 2).astype(np.float32) - mean) / std
+    x = _normalize_fused(frames.transpose(0, 3, 1, 2), cfg.video_rescale_factor, cfg.video_mean, cfg.video_std)
     pixel_values, gt, gh, gw = _patchify_video(x, cfg.patch_size, cfg.merge_size, tp)
     return VideoInput(pixel_values=pixel_values, grid_thw=(gt, gh, gw),
                       frame_indices=tuple(int(i) for i in indices), source_fps=source_fps,
