@@ -97,6 +97,7 @@ ALLOWED_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
 _BICUBIC = 3    # PIL.Image.Resampling.BICUBIC, the value transformers stores as "resample"
 IMAGE_BACKENDS = ("pil", "torchvision")
+_BLOCK_ELEMENTS = 1 << 18      # resampler working-set size (elements of one output block)
 
 # The official Qwen3.6 files (qwen3_6.md 2.3), used when a file is absent.
 FAMILY_IMAGE_CONFIG: dict[str, Any] = {
@@ -507,20 +508,29 @@ def _to_rgb_array(im) -> np.ndarray:
     return np.asarray(rgb)
 
 
-def _normalize_rescaled(x_u8: np.ndarray, scale: float, mean, std) -> np.ndarray:
-    """The PIL backend: float32(float64(x) * scale), then (x - mean) / std in float32 (channels first)."""
-    x = (x_u8.astype(np.float64) * scale).astype(np.float32)
-    m = np.asarray(mean, dtype=np.float32).reshape(-1, 1, 1)
-    s = np.asarray(std, dtype=np.float32).reshape(-1, 1, 1)
-    return (x - m) / s
+# Normalisation is a per-channel function of the uint8 value, so it is tabulated (3 x 256 float32,
+# computed with exactly the reference's float operations) and applied to the uint8 patch rows.
+
+def _table_rescaled(scale: float, mean, std) -> np.ndarray:
+    """The PIL backend: float32(float64(v) * scale), then (v - mean) / std in float32."""
+    v = (np.arange(256, dtype=np.float64) * scale).astype(np.float32)
+    m = np.asarray(mean, dtype=np.float32).reshape(-1, 1)
+    s = np.asarray(std, dtype=np.float32).reshape(-1, 1)
+    return (v[None, :] - m) / s
 
 
-def _normalize_fused(x_u8: np.ndarray, rescale: float, mean, std) -> np.ndarray:
-    """The torchvision backend: (float32(x) - mean/rescale) / (std/rescale), all float32, [N, C, H, W]."""
+def _table_fused(rescale: float, mean, std) -> np.ndarray:
+    """The torchvision backend: (float32(v) - mean/rescale) / (std/rescale), all in float32."""
     scale = np.float32(1.0 / rescale)
-    m = (np.asarray(mean, dtype=np.float32) * scale).reshape(1, -1, 1, 1)
-    s = (np.asarray(std, dtype=np.float32) * scale).reshape(1, -1, 1, 1)
-    return (x_u8.astype(np.float32) - m) / s
+    m = (np.asarray(mean, dtype=np.float32) * scale).reshape(-1, 1)
+    s = (np.asarray(std, dtype=np.float32) * scale).reshape(-1, 1)
+    return (np.arange(256, dtype=np.float32)[None, :] - m) / s
+
+
+def _normalize_rows(rows_u8: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """uint8 patch rows [N, C*T*P*P] (channel-major columns) -> float32 through the channel's table."""
+    channel = np.repeat(np.arange(table.shape[0]), rows_u8.shape[1] // table.shape[0])
+    return table[channel[None, :], rows_u8]
 
 
 def _patchify_image(img: np.ndarray, patch: int, merge: int, temporal: int) -> tuple[np.ndarray, int, int]:
@@ -559,12 +569,12 @@ def preprocess_image(image: Any, cfg: VisionPreprocessConfig, *, max_image_pixel
     rh, rw = smart_resize(height, width, cfg.factor, cfg.min_pixels, cfg.max_pixels)
     if cfg.image_backend == "pil":
         resized = np.asarray(Image.fromarray(rgb).resize((rw, rh), resample=_BICUBIC))
-        x = _normalize_rescaled(resized.transpose(2, 0, 1), cfg.rescale_factor, cfg.image_mean, cfg.image_std)
+        table = _table_rescaled(cfg.rescale_factor, cfg.image_mean, cfg.image_std)
     else:
         resized = resize_uint8_bicubic_torch(rgb, rh, rw)
-        x = _normalize_fused(resized[None].transpose(0, 3, 1, 2), cfg.rescale_factor, cfg.image_mean, cfg.image_std)[0]
-    pixel_values, gh, gw = _patchify_image(x, cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size)
-    return ImageInput(pixel_values=pixel_values, grid_thw=(1, gh, gw))
+        table = _table_fused(cfg.rescale_factor, cfg.image_mean, cfg.image_std)
+    rows, gh, gw = _patchify_image(resized.transpose(2, 0, 1), cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size)
+    return ImageInput(pixel_values=_normalize_rows(rows, table), grid_thw=(1, gh, gw))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -653,20 +663,27 @@ def _resample_axis(x: np.ndarray, axis: int, out_size: int, precision: int | Non
         return x
     xmin, iw, p = _aa_bicubic_int_weights(in_size, out_size, precision)
     acc_t = np.int32 if p <= 16 else np.int64
-    oshape = list(x.shape)
-    oshape[axis] = out_size
-    acc = np.full(oshape, 1 << (p - 1), dtype=acc_t)
-    tmp = np.empty(oshape, dtype=acc_t)
-    bshape = [-1 if i == axis else 1 for i in range(x.ndim)]
-    for k in range(iw.shape[1]):
-        wk = iw[:, k].astype(acc_t)
-        if not wk.any():
-            continue
-        idx = np.minimum(xmin + k, in_size - 1)     # zero weights where the window is shorter
-        np.multiply(np.take(x, idx, axis=axis), wk.reshape(bshape), out=tmp)
-        acc += tmp
-    np.right_shift(acc, p, out=acc)
-    return np.clip(acc, 0, 255).astype(np.uint8)
+    lead, trail = x.shape[:axis], x.shape[axis + 1:]
+    n_lead, n_trail = math.prod(lead), math.prod(trail)
+    flat = x.reshape(n_lead, in_size, n_trail)
+    out = np.empty((n_lead, out_size, n_trail), dtype=np.uint8)
+    # blocks small enough for the temporaries to stay in cache
+    cols = min(n_trail, max(1, _BLOCK_ELEMENTS // out_size))
+    rows = max(1, _BLOCK_ELEMENTS // (out_size * cols))
+    taps = [(np.minimum(xmin + k, in_size - 1), iw[:, k].astype(acc_t).reshape(1, -1, 1))
+            for k in range(iw.shape[1]) if iw[:, k].any()]      # zero weights where the window is shorter
+    for r in range(0, n_lead, rows):
+        for c in range(0, n_trail, cols):
+            block = flat[r:r + rows, :, c:c + cols]
+            acc = np.full((block.shape[0], out_size, block.shape[2]), 1 << (p - 1), dtype=acc_t)
+            tmp = np.empty_like(acc)
+            for idx, wk in taps:
+                np.multiply(np.take(block, idx, axis=1), wk, out=tmp)
+                acc += tmp
+            np.right_shift(acc, p, out=acc)
+            np.clip(acc, 0, 255, out=acc)
+            out[r:r + rows, :, c:c + cols] = acc
+    return out.reshape(*lead, out_size, *trail)
 
 
 def resize_uint8_bicubic_torch(frames: np.ndarray, height: int, width: int, *,
@@ -729,8 +746,8 @@ def preprocess_video(frames: np.ndarray, cfg: VisionPreprocessConfig, fps: float
     rh, rw = smart_resize_video(n, height, width, tp, factor, cfg.video_min_pixels, max_pixels)
     if (rh, rw) != (height, width):
         frames = resize_uint8_bicubic_torch(frames, rh, rw)
-    x = _normalize_fused(frames.transpose(0, 3, 1, 2), cfg.video_rescale_factor, cfg.video_mean, cfg.video_std)
-    pixel_values, gt, gh, gw = _patchify_video(x, cfg.patch_size, cfg.merge_size, tp)
+    rows, gt, gh, gw = _patchify_video(frames.transpose(0, 3, 1, 2), cfg.patch_size, cfg.merge_size, tp)
+    pixel_values = _normalize_rows(rows, _table_fused(cfg.video_rescale_factor, cfg.video_mean, cfg.video_std))
     return VideoInput(pixel_values=pixel_values, grid_thw=(gt, gh, gw),
                       frame_indices=tuple(int(i) for i in indices), source_fps=source_fps,
                       timestamps=frame_timestamps(indices, source_fps, tp))
