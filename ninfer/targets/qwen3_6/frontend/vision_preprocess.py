@@ -38,7 +38,9 @@ Videos (transformers' `Qwen3VLVideoProcessor`, which runs on torch/torchvision):
      n = clamp(int(T / source_fps * cfg.fps), min_frames, max_frames) and at most T; with a fixed
      `cfg.num_frames` (and no fps), n = num_frames; with neither, n = min(max(T, min_frames),
      max_frames). indices = round-half-even(linspace(0, T-1, n)). `do_sample_frames: false` keeps
-     every frame. Callers that decode only the sampled frames pass them with `frame_indices`.
+     every frame (timestamps then use indices 0..T-1; transformers' processor has no indices to
+     time them and fails). Callers that decode only the sampled frames pass them with
+     `frame_indices`. `max_frame_pixels` refuses frames larger than a limit.
   3. (h, w) = smart_resize_video(n, H, W, ...): the image rule over the whole clip's pixel count
      (t_bar*h*w against min/max pixels, t_bar = round(n / temporal_patch_size) * temporal_patch_size;
      frames thinner than the factor are first scaled up to it); with `cap_pixels_per_frame`, the
