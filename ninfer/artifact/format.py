@@ -29,7 +29,8 @@ DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in DTYPES.items()}
 STORAGE_DTYPES = ("bf16", "fp32")
 
 # Keys of `Artifact.frontend_resources()`; the first three are required in every artifact.
-RESOURCE_NAMES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json")
+RESOURCE_NAMES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json",
+                  "preprocessor_config.json", "video_preprocessor_config.json")
 REQUIRED_RESOURCES = RESOURCE_NAMES[:3]
 
 

@@ -117,7 +117,8 @@ def write_artifact(path: str | os.PathLike, identity: str | TargetPackage,
                Each is cast to `dtype` (default: the package's storage dtype), except fp32
                `linear_attn.A_log` / `linear_attn.norm.weight`, which stay fp32.
     resources  {"tokenizer.json", "tokenizer_config.json", "chat_template.jinja"} required,
-               "generation_config.json" optional; raw bytes.
+               "generation_config.json", "preprocessor_config.json" and
+               "video_preprocessor_config.json" optional; raw bytes.
     groups     tensor groups stored; default: required groups plus every optional group (mtp,
                vision) of which a tensor was given. Every tensor of a stored group is required.
     eos_token_ids  default: `eos_token_id` of generation_config.json.

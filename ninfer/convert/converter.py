@@ -45,9 +45,15 @@ def _load_json(path: Path, what: str) -> dict:
         raise ConvertError(f"{path.name} is not valid JSON: {e}") from None
 
 
+# The image / video processor settings (optional; checked here, stored verbatim). An artifact
+# without them preprocesses with the Qwen3.6 family values (vision_preprocess.py).
+_PREPROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
+
+
 def frontend_resources(src: Path) -> dict[str, bytes]:
-    """tokenizer.json, tokenizer_config.json, a chat template (file or tokenizer_config field) and
-    generation_config.json (optional) as raw bytes."""
+    """tokenizer.json, tokenizer_config.json, a chat template (file or tokenizer_config field), and
+    generation_config.json, preprocessor_config.json and video_preprocessor_config.json (optional)
+    as raw bytes."""
     out = {}
     for name in ("tokenizer.json", "tokenizer_config.json"):
         p = src / name
@@ -66,9 +72,16 @@ def frontend_resources(src: Path) -> dict[str, bytes]:
             raise ConvertError(f"no chat template in {src}: neither chat_template.jinja nor a "
                                "chat_template string in tokenizer_config.json")
         out["chat_template.jinja"] = inline.encode()
-    gen = src / "generation_config.json"
-    if gen.is_file():
-        out["generation_config.json"] = gen.read_bytes()
+    for name in ("generation_config.json", *_PREPROCESSOR_FILES):
+        p = src / name
+        if p.is_file():
+            out[name] = p.read_bytes()
+    if any(name in out for name in _PREPROCESSOR_FILES):
+        from ninfer.targets.qwen3_6.frontend.vision_preprocess import VisionPreprocessConfig
+        try:
+            VisionPreprocessConfig.from_resources(out)
+        except ValueError as e:
+            raise ConvertError(f"vision preprocessing config in {src}: {e}") from None
     return out
 
 
@@ -191,7 +204,7 @@ def convert(src_dir: str | Path, out_path: str | Path, *, target: str | None = N
         total = sum(_nbytes(shapes[n], present[n][1]) for n in order)
         files = sorted(["config.json", *source.files, *[p.name for p in src.iterdir() if p.name in (
             "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-            "generation_config.json")]])
+            "generation_config.json", *_PREPROCESSOR_FILES)]])
         hasher = _Hasher(src, files)
         hasher.start()
 
