@@ -9,7 +9,7 @@ from ninfer import EngineConfig
 from ninfer.contract.frontend import MediaPlaceholder, OutputOptions, PreparedPrompt
 from ninfer.engine.facade import Engine
 from ninfer.config import EngineRequestError
-from support.program_util import tiny_parts
+from support.program_util import tiny_parts, tiny_program
 
 from support.program_media import GREEDY, FakeEncoder, generate as _generate, media_request as _request
 
@@ -40,9 +40,10 @@ def test_engine_runs_a_prompt_with_media_as_the_program_does(tiny_artifact_path)
 
 
 def test_an_engine_without_vision_refuses_media(tiny_artifact_path):
-    frontend, make_program = tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=64, num_slots=4,
-                                        max_model_len=128, max_batch=4)
-    with Engine.from_program(make_program(), frontend, EngineConfig(max_model_len=128)) as eng:
+    frontend, _ = tiny_parts(tiny_artifact_path, "dense")
+    text_only = tiny_program(tiny_artifact_path, "dense", num_pages=64, num_slots=4, max_model_len=128, max_batch=4)
+    assert not text_only.supports_media                  # the text-layout artifact has no vision tower
+    with Engine.from_program(text_only, frontend, EngineConfig(max_model_len=128)) as eng:
         assert eng.wait_ready(30).ready
         with pytest.raises(EngineRequestError, match="has no vision tower"):
             eng.submit(_prompt(_request(10)), GREEDY, max_tokens=4)
