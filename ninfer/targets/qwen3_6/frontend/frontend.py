@@ -9,14 +9,17 @@ It owns no queue and no model state; Engine drives the OutputSession.
 from __future__ import annotations
 
 import array
+import dataclasses
 import functools
 import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
 from .chat_template import ChatTemplate, normalize_messages
+from .media_prompt import MediaPromptError, expand_media, raw_media_parts
 from .session import OutputSession
 from .tokenizer import Qwen36Tokenizer
+from .vision_preprocess import VisionPreprocessConfig
 from ninfer.contract.frontend import MediaPlaceholder, OutputOptions, PreparedPrompt, PromptError
 
 IM_START_ID = 248045
@@ -114,12 +117,15 @@ def _tool_call_arguments_as_objects(messages: list[dict]) -> list[dict]:
 
 class Qwen36Frontend:
     def __init__(self, tokenizer: Qwen36Tokenizer, chat_template: ChatTemplate | None,
-                 eos_token_ids: Sequence[int], sampling_defaults: Mapping[str, float] | None = None):
+                 eos_token_ids: Sequence[int], sampling_defaults: Mapping[str, float] | None = None,
+                 vision_config: VisionPreprocessConfig | None = None):
         self.tokenizer = tokenizer
         self.chat_template = chat_template
         self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos_token_ids))
         # NOTE: generation_config.json's sampling fields; Gateways use them for fields a request omits.
         self.sampling_defaults: dict[str, float] = dict(sampling_defaults or {})
+        # NOTE: the image/video preprocessing (the artifact's preprocessor configs, else the family's values).
+        self.vision_config = vision_config or VisionPreprocessConfig.from_dicts()
 
     @classmethod
     def from_resources(cls, resources: Mapping[str, bytes]) -> "Qwen36Frontend":
@@ -137,7 +143,8 @@ class Qwen36Frontend:
             tid = tokenizer.token_to_id(config["eos_token"])
             if tid is not None and tid not in eos:
                 eos.insert(0, tid)
-        return cls(tokenizer, template, eos or DEFAULT_EOS, _sampling_defaults(gen))
+        return cls(tokenizer, template, eos or DEFAULT_EOS, _sampling_defaults(gen),
+                   VisionPreprocessConfig.from_resources(resources))
 
     @classmethod
     @functools.cache
@@ -185,18 +192,27 @@ class Qwen36Frontend:
 
     def prepare_chat(self, messages, tools=None, chat_template_kwargs=None,
                      add_generation_prompt: bool = True) -> PreparedPrompt:
+        raw = raw_media_parts(messages)
         msgs, kwargs = self._chat_inputs(messages, tools, chat_template_kwargs)
         text = self.chat_template.render(msgs, tools=tools, add_generation_prompt=add_generation_prompt,
                                          **kwargs)
         ids = tuple(self.tokenizer.encode(text))
-        media = self._placeholders(ids, _media_parts(msgs))
+        rope = None
+        if raw:
+            try:
+                ids, media, rope, delta = expand_media(ids, raw, self.vision_config, self.tokenizer.encode)
+            except MediaPromptError as e:
+                raise PromptError(str(e)) from None
+        else:
+            media = self._placeholders(ids, _media_parts(msgs))
         rp = None
         if add_generation_prompt:
             start = len(ids) - 1 - ids[::-1].index(IM_START_ID) if IM_START_ID in ids else -1
             if start >= 0 and ids[start:start + 3] == ASSISTANT_HEADER:
                 rp = start + 3
-        return self._prompt(ids, media, reconstruction_prefix=rp,
-                            preserve_thinking=kwargs.get("preserve_thinking") is True)
+        prompt = self._prompt(ids, media, reconstruction_prefix=rp,
+                              preserve_thinking=kwargs.get("preserve_thinking") is True)
+        return prompt if rope is None else dataclasses.replace(prompt, rope_positions=rope, rope_delta=delta)
 
     def prepare_text(self, text: str) -> PreparedPrompt:
         if not isinstance(text, str):
