@@ -13,12 +13,15 @@ import pytest
 
 from ninfer.config import EngineConfig
 from ninfer.gateway import media as M
+from ninfer.targets.qwen3_6.frontend.vision_preprocess import VisionPreprocessConfig, preprocess_image
 from support.fakes import FakeProgram
 from support.media_util import RecordingServer, data_url, image_bytes, png_claiming, send_body, video_bytes
 
 IMAGE_PAD_ID = 248056
 PNG = image_bytes("PNG", (32, 24), (10, 20, 30))
 PNG_URL = data_url(PNG, "image/png")
+# NOTE: the Frontend expands an image's placeholder to one pad per merged patch
+PER = preprocess_image(PNG, VisionPreprocessConfig.from_dicts()).num_tokens(2)
 MP4_URL = data_url(video_bytes(frames=20, fps=10), "video/mp4")
 
 
@@ -110,7 +113,7 @@ def test_tokenize_counts_the_placeholders(client, seen):
     c, _ = client
     r = c.post("/tokenize", json={"model": "m", "messages": chat(image(PNG_URL), image(PNG_URL), TEXT)["messages"]})
     assert r.status_code == 200, r.text
-    assert r.json()["tokens"].count(IMAGE_PAD_ID) == 2
+    assert r.json()["tokens"].count(IMAGE_PAD_ID) == 2 * PER
     assert [p.get(M.MEDIA_KEY) is not None for p in seen[-1][-1]["content"]] == [True, True, False]
 
 
@@ -192,7 +195,7 @@ def test_default_flags_fetch_no_url_and_read_no_file(client, tmp_path):
         # the same server is reachable when a policy lets it be (the check above is not vacuous)
         state.media = M.MediaPolicy(allow_remote=True, allow_private_addresses=True)
         r = c.post("/tokenize", json={"model": "m", "messages": chat(image(f"{srv.base}/a.png"))["messages"]})
-        assert r.status_code == 200 and r.json()["tokens"].count(IMAGE_PAD_ID) == 1, r.text
+        assert r.status_code == 200 and r.json()["tokens"].count(IMAGE_PAD_ID) == PER, r.text
         assert srv.requests == ["/a.png"]
 
 
@@ -251,6 +254,6 @@ def test_media_in_any_turn_of_the_conversation(client, seen):
         {"role": "user", "content": [{"type": "text", "text": "And this?"},
                                      {"type": "image_url", "image_url": PNG_URL}]}]}
     r = c.post("/tokenize", json=body)
-    assert r.status_code == 200 and r.json()["tokens"].count(IMAGE_PAD_ID) == 2, r.text
+    assert r.status_code == 200 and r.json()["tokens"].count(IMAGE_PAD_ID) == 2 * PER, r.text
     first, last = seen[-1][0]["content"], seen[-1][2]["content"]
     assert first[0][M.MEDIA_KEY].digest == last[1][M.MEDIA_KEY].digest      # the same bytes, the same identity

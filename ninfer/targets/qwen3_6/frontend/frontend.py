@@ -16,7 +16,7 @@ import json
 from typing import Any, Mapping, Sequence
 
 from .chat_template import ChatTemplate, normalize_messages
-from .media_prompt import MediaPromptError, expand_media, raw_media_parts
+from .media_prompt import MediaPromptError, expand_media, has_pixels, raw_media_parts
 from .session import OutputSession
 from .tokenizer import Qwen36Tokenizer
 from .vision_preprocess import VisionPreprocessConfig
@@ -198,7 +198,7 @@ class Qwen36Frontend:
                                          **kwargs)
         ids = tuple(self.tokenizer.encode(text))
         rope = None
-        if raw:
+        if raw and has_pixels(raw):
             try:
                 ids, media, rope, delta = expand_media(ids, raw, self.vision_config, self.tokenizer.encode)
             except MediaPromptError as e:

@@ -59,6 +59,12 @@ def raw_media_parts(messages: Any) -> list[tuple[str, Any, str]]:
     return out
 
 
+def has_pixels(parts: Sequence[tuple[str, Any, str]]) -> bool:
+    """Whether every media part carries its pixels (not a URL or a path the Gateway has not fetched): only then
+    can the prompt be expanded and run; otherwise it is only rendered (one placeholder per part)."""
+    return all(not isinstance(p, (str, dict)) and p is not None for _, p, _ in parts)
+
+
 def _preprocess(kind: str, payload: Any, cfg: VisionPreprocessConfig, where: str):
     if isinstance(payload, (str, dict)) or payload is None:
         raise MediaPromptError(f"{where}: a {kind} given as {type(payload).__name__} must be fetched first "
