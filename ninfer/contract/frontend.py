@@ -62,6 +62,12 @@ class PreparedPrompt:
     def num_prompt_tokens(self) -> int:
         return len(self.token_ids)
 
+    def identity_token_ids(self) -> tuple[int, ...]:
+        """The ids the context cache keys prefixes on: the token ids, each media run replaced by ids of its
+        content (`ninfer.contract.program.identity_token_ids`)."""
+        from ninfer.contract.program import identity_token_ids
+        return identity_token_ids(self.token_ids, [(m.offset, m.length, m.content_digest) for m in self.media])
+
 
 @dataclass(frozen=True, slots=True)
 class ToolCall:

@@ -104,6 +104,10 @@ class SequenceRequest:
     media: tuple[MediaInput, ...] = ()
     rope_positions: Any = None
     rope_delta: int = 0
+
+    def identity_prompt(self) -> tuple[int, ...]:
+        """The prompt's ids as prefix identities see them (`identity_token_ids`)."""
+        return identity_token_ids(self.prompt_token_ids, [(m.offset, m.length, m.digest) for m in self.media])
     # Context cache (architecture.md §6, §10). publication: hold a publication slot from activation
     # so that the terminal step can publish one complete checkpoint. reconstruction_prefix: a prompt
     # frontier whose state is kept in that slot (the Frontend's reconstruction boundary of the prompt);
@@ -127,6 +131,19 @@ class RefusalKind(enum.Enum):
 class Refusal(NamedTuple):
     kind: RefusalKind
     reason: str                        # names the resource and the numbers
+
+
+def identity_token_ids(token_ids: Sequence[int], runs: Sequence[tuple[int, int, str]] = ()) -> tuple[int, ...]:
+    """The ids a prefix's identity is taken over: the token ids, with each media placeholder run (offset,
+    length, content digest) replaced by negative ids derived from its media's digest, so that two prompts
+    with the same placeholders but different images never share a checkpoint."""
+    if not runs:
+        return tuple(token_ids)
+    out = list(token_ids)
+    for offset, length, digest in runs:
+        h = int(hashlib.blake2b(digest.encode(), digest_size=7).hexdigest(), 16)
+        out[offset:offset + length] = [-1 - h - k for k in range(length)]
+    return tuple(out)
 
 
 def prefix_digest(token_ids: Sequence[int]) -> str:

@@ -102,10 +102,7 @@ class RequestIntake:
             rec = RequestRecord(request_id=rid, publication_order=next(self._order), prompt=prompt,
                                 sampling=sampling, max_tokens=max_tokens, options=output, session=session,
                                 ticket=ticket, submit_time=now, deadline=now + timeout,
-                                session_key=session_id,
-                                # NOTE: the context cache keys on token ids, which a media prompt's placeholders
-                                #       do not tell apart: such a prompt neither reuses nor publishes.
-                                use_cache=bool(context_cache) and self._use_cache and not prompt.media)
+                                session_key=session_id, use_cache=bool(context_cache) and self._use_cache)
             if sampling.logprobs is not None:
                 rec.logprobs = []
             if prompt_logprobs is not None:

@@ -97,7 +97,7 @@ class ResourceManager:
             return self.planner.plan(rec)
         source = None
         if _may_reuse(rec):
-            hit = cache.find_source(rec.prompt.token_ids)
+            hit = cache.find_source(rec.prompt.identity_token_ids())
             source = hit.checkpoint_id if hit is not None else None
         host_free = self._host_bytes_free()
         plan = self.planner.plan(rec, source, tuple(cache.eviction_order(exclude=(source,) if source else ())),
@@ -237,7 +237,7 @@ class ResourceManager:
     def _adopt_terminal_checkpoint(self, rec: RequestRecord, result: ResourceResult,
                                    last_tokens: tuple[int, ...]) -> None:
         info = result.checkpoint
-        expected = tuple(rec.prompt.token_ids) + tuple(rec.output_token_ids) + tuple(last_tokens)
+        expected = rec.prompt.identity_token_ids() + tuple(rec.output_token_ids) + tuple(last_tokens)
         if info.frontier > len(expected) or prefix_digest(expected[:info.frontier]) != info.digest:
             raise InvariantError(f"terminal checkpoint of request {rec.request_id} proves a prefix that is not "
                                  f"its prompt + output")
@@ -257,7 +257,7 @@ class ResourceManager:
         if cache is None or not rec.use_cache or rec.sequence is None:
             return None
         f = rec.num_computed_tokens
-        digest = prefix_digest(rec.prompt.token_ids[:f])
+        digest = prefix_digest(rec.prompt.identity_token_ids()[:f])
         if cache.has_digest(digest) is not None:
             return None
         retention = RetentionClass.PROMPT if f == rec.num_prompt_tokens - 1 else RetentionClass.STRIDE

@@ -1,6 +1,6 @@
 """A prompt with media through the public Engine (tiny dense, fp32 on the CPU, a stand-in vision encoder): the
 Engine hands the media, the MRoPE positions and the rope delta to the Program, and the output equals the
-Program's own; such a prompt neither reuses nor publishes a checkpoint; a Program without vision refuses it."""
+Program's own, also when it reuses the checkpoint of the same prompt; a Program without vision refuses it."""
 from __future__ import annotations
 
 import pytest
@@ -35,8 +35,8 @@ def test_engine_runs_a_prompt_with_media_as_the_program_does(tiny_artifact_path)
             r = eng.submit(_prompt(_request(10)), GREEDY, max_tokens=10, output=OutputOptions(ignore_eos=True))
             assert list(r.result().token_ids) == want
         m = eng.metrics()
-        assert m.num_cache_hits == 0 and m.num_checkpoints_device == 0
-        assert m.pages_free == m.pages_total and m.slots_free == m.slots_total
+        assert m.num_cache_hits == 1                    # the second run reused the first one's prompt
+        assert m.running == 0 and m.outstanding == 0
 
 
 def test_an_engine_without_vision_refuses_media(tiny_artifact_path):

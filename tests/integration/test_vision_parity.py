@@ -94,3 +94,32 @@ def test_greedy_through_the_engine_equals_transformers(tiny_artifact_path):
         assert eng.wait_ready(30).ready
         r = eng.submit(prompt, GREEDY, max_tokens=64, output=OutputOptions(ignore_eos=True)).result()
     assert list(r.token_ids) == want
+
+
+def _chat_turns(frontend, eng, image):
+    first = [{"role": "user", "content": [{"type": "image", "image": image}, {"type": "text", "text": "What is it?"}]}]
+    kw = dict(chat_template_kwargs={"enable_thinking": False})
+    r1 = eng.submit(frontend.prepare_chat(first, **kw), GREEDY, max_tokens=6,
+                    output=OutputOptions(ignore_eos=True)).result()
+    second = first + [{"role": "assistant", "content": r1.text}, {"role": "user", "content": "And the colour?"}]
+    r2 = eng.submit(frontend.prepare_chat(second, **kw), GREEDY, max_tokens=6,
+                    output=OutputOptions(ignore_eos=True)).result()
+    return list(r1.token_ids), list(r2.token_ids), r1.usage.num_reused_tokens, r2.usage.num_reused_tokens
+
+
+def test_a_chat_with_an_image_reuses_the_cache_and_equals_a_cache_off_run(tiny_artifact_path):
+    frontend, make_program = tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=96, num_slots=8,
+                                        max_model_len=512, max_batch=2)
+    a, b = _png(64, 96, 1), _png(64, 96, 5)              # same size, different pixels: the same placeholders
+    runs = {}
+    for cache in (False, True):
+        cfg = EngineConfig(max_model_len=512, prefill_chunk_tokens=64, prefix_cache=cache)
+        with Engine.from_program(make_program(), frontend, cfg) as eng:
+            assert eng.wait_ready(30).ready
+            runs[cache] = _chat_turns(frontend, eng, a)
+            other = _chat_turns(frontend, eng, b)
+    assert runs[True][:2] == runs[False][:2]
+    assert runs[True][3] > 70 and runs[False][3] == 0    # turn two reused turn one's image and answer
+    # NOTE: another image reuses at most the tokens before its placeholders (<|im_start|>user\n<|vision_start|>),
+    #       never the first image's rows; its own second turn reuses its first
+    assert other[2] <= 4 and other[3] > 70

@@ -111,7 +111,7 @@ class CheckpointOps:
             F = c.info.frontier
             if request.prompt_logprobs is not None:
                 raise InvariantError("a request asking for prompt log-probs must be computed from root")
-            if not (1 <= F < len(request.prompt_token_ids)) or request.prompt_token_ids[:F] != c.tokens:
+            if not (1 <= F < len(request.prompt_token_ids)) or request.identity_prompt()[:F] != c.tokens:
                 raise InvariantError(f"checkpoint {source} (frontier {F}) does not prove a strict prefix "
                                      f"of the prompt ({len(request.prompt_token_ids)} tokens)")
             shared = self._shared_pages(F) if c.holding.on_device else 0
@@ -206,7 +206,7 @@ class CheckpointOps:
         cid = next(self._ckpt_ids)
         holding = self._ledger.capture(s.handle.seq_id, cid, s.frontier)
         self._state.copy_entry(holding.slot, s.slot)
-        info = self._publish(holding, tuple(s.tokens[: s.frontier]), "capture", s)
+        info = self._publish(holding, self.identity_tokens(s, s.frontier), "capture", s)
         return ResourceResult(ok=True, resource_revision=self._ledger.revision, checkpoint=info,
                               evicted=evicted, offloaded=offloaded)
 
@@ -279,7 +279,7 @@ class CheckpointOps:
         cid = next(self._ckpt_ids)
         holding, _ = self._ledger.retain(s.handle.seq_id, cid, frontier, use_pub)
         self._seqs.remove(s.handle.seq_id)
-        info = self._publish(holding, tuple(s.tokens[:frontier]), "terminal", s)
+        info = self._publish(holding, self.identity_tokens(s, frontier), "terminal", s)
         return ResourceResult(ok=True, resource_revision=self._ledger.revision, checkpoint=info)
 
     # ---- placement and deletion ------------------------------------------------------------

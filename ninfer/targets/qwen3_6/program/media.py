@@ -6,6 +6,9 @@ tokens, the MRoPE positions of the prompt, and the rope delta after it.
                          KV position)
     request.rope_delta   a token at KV position p >= P rotates at p + rope_delta on every axis
 
+Prefix identity: checkpoints are keyed on `identity_tokens` (each media run as ids of its content), so the
+same image reuses a checkpoint and a different one never does.
+
 A prefill stage [start, end) that overlaps a media run takes that run's rows from the tower's output, computed
 once per sequence when the first stage reaches the run (a stage may split a run: the later stage slices the
 same rows) and dropped when a stage has consumed the run's last row. Stages of a prompt with media run the
@@ -82,6 +85,13 @@ class MediaOps:
         if rows:
             embeds = (torch.cat(rows).to(self.device), torch.cat(values))
         return rope.to(self.device), embeds
+
+    def identity_tokens(self, s: LiveSeq, n: int) -> tuple[int, ...]:
+        """The first n ids of the sequence as a checkpoint's identity sees them: media runs as ids of their
+        content (`ninfer.contract.program.identity_token_ids`), then the output tokens."""
+        if not s.request.media:
+            return tuple(s.tokens[:n])
+        return s.request.identity_prompt()[:n] + tuple(s.tokens[s.num_prompt:n])
 
     def rope_deltas(self, seqs: Sequence[LiveSeq]) -> list[int]:
         return [s.request.rope_delta for s in seqs]
