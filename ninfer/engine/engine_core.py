@@ -192,7 +192,8 @@ class EngineCore:
             self.warmup_lengths = tuple(hint(self.prefill_chunk_tokens, max_model_len - lookahead))
         self._publish_gauges()
         self.intake.open(max_model_len, use_cache=self.rm.cache is not None, lookahead=lookahead,
-                         supports_media=bool(getattr(self.program, "supports_media", False)))
+                         supports_media=bool(getattr(self.program, "supports_media", False)),
+                         media_patch_limit=int(getattr(self.program, "media_patch_limit", 0)))
 
     def fail_startup(self, reason: str) -> None:
         self.intake.fail(reason)

@@ -50,6 +50,7 @@ class RequestIntake:
         self.max_model_len = max_model_len        # capped by Program's own limit in `open`
         self.lookahead = 0                        # Program's speculative lookahead (set in `open`)
         self.supports_media = False               # Program reads images and video (set in `open`)
+        self.media_patch_limit = 0                # patches of the largest media input Program admits
         self.clock = clock
         self._cv = threading.Condition(threading.RLock())   # NOTE: re-entrant, handle finalizers wake us
         self._inbox: deque[RequestRecord] = deque()
@@ -160,6 +161,11 @@ class RequestIntake:
                           f"{len(prompt.media)} media part(s); send text only")
             if any(m.pixel_values is None for m in prompt.media):
                 raise bad("the prompt's media parts carry no pixels (render it with the media themselves)")
+            for i, m in enumerate(prompt.media):
+                n = m.grid_thw[0] * m.grid_thw[1] * m.grid_thw[2]
+                if n > self.media_patch_limit:
+                    raise bad(f"media part {i} ({m.kind}) has {n} patches, over the {self.media_patch_limit} the "
+                              f"vision tower is planned for (send a smaller {m.kind})")
         lookahead = self.lookahead
         if prompt.num_prompt_tokens + max_tokens + lookahead > self.max_model_len:
             if not lookahead:
@@ -178,12 +184,14 @@ class RequestIntake:
             raise bad(f"prompt_logprobs must be in 0..{MAX_PROMPT_LOGPROBS}, got {prompt_logprobs!r}")
 
     # ================================ worker ============================================
-    def open(self, max_model_len: int, use_cache: bool, lookahead: int = 0, supports_media: bool = False) -> None:
-        """Program is attached: cap the request limit by Program's, take its lookahead and whether it reads media,
-        and start accepting."""
+    def open(self, max_model_len: int, use_cache: bool, lookahead: int = 0, supports_media: bool = False,
+             media_patch_limit: int = 0) -> None:
+        """Program is attached: cap the request limit by Program's, take its lookahead, whether it reads media
+        and the largest media input it is planned for, and start accepting."""
         self.max_model_len = min(self.max_model_len, max_model_len)
         self.lookahead = lookahead
         self.supports_media = supports_media
+        self.media_patch_limit = media_patch_limit
         self._use_cache = use_cache
         with self._cv:
             if self._availability.state is AvailabilityState.STARTING:

@@ -47,3 +47,15 @@ def test_an_engine_without_vision_refuses_media(tiny_artifact_path):
         assert eng.wait_ready(30).ready
         with pytest.raises(EngineRequestError, match="has no vision tower"):
             eng.submit(_prompt(_request(10)), GREEDY, max_tokens=4)
+
+
+def test_media_over_the_planned_workspace_is_refused_at_submit(tiny_artifact_path):
+    frontend, make_program = tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=64, num_slots=4,
+                                        max_model_len=128, max_batch=4, max_media_patches=20)
+    prog = make_program()
+    assert prog.media_patch_limit == 20
+    with Engine.from_program(prog, frontend, EngineConfig(max_model_len=128)) as eng:
+        assert eng.wait_ready(30).ready
+        with pytest.raises(EngineRequestError, match="media part 0 \\(image\\) has 24 patches, over the 20"):
+            eng.submit(_prompt(_request(10)), GREEDY, max_tokens=4)
+        assert eng.metrics().outstanding == 0

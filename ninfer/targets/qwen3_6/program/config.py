@@ -48,6 +48,9 @@ class ProgramConfig:
                    produce the accepted drafts and one token of the target's); the artifact must hold the
                    MTP weights (speculate.py)
     num_speculative_tokens  K, 1..7 with a method, 0 without; fixed at start (graph shapes, lookahead)
+    max_media_patches  the largest image or video group the vision tower is planned for, in 16 x 16 patches
+                   (65536: the family's 16.8M-pixel image): its activations are set aside before the KV pool is
+                   sized, and a larger one is refused
     draft_vocab_size  the drafts are the argmax over token ids < this (0: the whole sampleable vocabulary): the
                    lm_head rows a draft step reads. Byte-level BPE ids follow the merge rank, so a prefix of the
                    ids holds the frequent tokens; verification is unchanged, so any value is lossless
@@ -78,6 +81,7 @@ class ProgramConfig:
     num_speculative_tokens: int = 0
     force_accept_len: int = 0
     draft_vocab_size: int = 0
+    max_media_patches: int = 65536
 
     def __post_init__(self) -> None:
         resolve_dtype(self.dtype)
@@ -114,6 +118,8 @@ class ProgramConfig:
         if not (0 <= self.force_accept_len <= self.num_speculative_tokens + 1):
             raise ValueError(f"force_accept_len must be 0 (off) or in 1..{self.num_speculative_tokens + 1}, "
                              f"got {self.force_accept_len}")
+        if self.max_media_patches < 1:
+            raise ValueError(f"max_media_patches must be >= 1, got {self.max_media_patches}")
         if self.draft_vocab_size < 0:
             raise ValueError(f"draft_vocab_size must be >= 0 (0 = the whole vocabulary), got {self.draft_vocab_size}")
         if self.speculative_method and self.max_steps < self.num_speculative_tokens + 1:

@@ -33,12 +33,30 @@ class MediaOps:
     def supports_media(self) -> bool:
         return self.vision is not None
 
+    @property
+    def media_patch_limit(self) -> int:
+        """Patches (t x h x w) of the largest media input admitted (0: none); the tower's workspace is planned
+        for it at start."""
+        return self.config.max_media_patches if self.vision is not None else 0
+
+    def media_workspace_bytes(self) -> int:
+        """The tower's activations for the largest admitted media input: a square grid of media_patch_limit
+        patches (the bound grows with the patch count; a square has the largest position tables)."""
+        if self.vision is None:
+            return 0
+        side = max(2, int(self.config.max_media_patches ** 0.5) // 2 * 2)
+        return self.vision.tower.activation_bytes([(1, side, side)])
+
     def _validate_media(self, request: SequenceRequest) -> Refusal | None:
         P = len(request.prompt_token_ids)
         if request.media and self.vision is None:
             return Refusal(RefusalKind.INFEASIBLE, "this model has no vision tower: the prompt's media cannot be read")
         end = 0
         for i, m in enumerate(request.media):
+            t, h, w = m.grid_thw
+            if t * h * w > self.media_patch_limit:
+                return Refusal(RefusalKind.INFEASIBLE, f"media {i}: {t * h * w} patches ({t}x{h}x{w}) over the "
+                                                       f"{self.media_patch_limit} the vision tower is planned for")
             if m.offset < end or m.length < 1 or m.offset + m.length > P:
                 return Refusal(RefusalKind.INFEASIBLE, f"media {i}: placeholder run [{m.offset}, "
                                                        f"{m.offset + m.length}) overlaps another or leaves the prompt")

@@ -150,7 +150,8 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecod
         # NOTE: the vision tower, when the artifact has one (media.py); loaded before the pools are sized.
         self.vision = _tower_encoder(dims, weights, config) if config.purpose == "generation" else None
         num_scratch = sizing.num_scratch(config)
-        num_pages = sizing.pool_pages(dims, config, num_scratch)
+        # NOTE: the vision tower's workspace for the largest admitted media is set aside first (media.py).
+        num_pages = sizing.pool_pages(dims, config, num_scratch, workspace_bytes=self.media_workspace_bytes())
         self._ledger = ResourceLedger(num_pages, config.page_size, config.num_slots, config.max_model_len)
         self._pending = PendingLedger(num_scratch)
         # NOTE: one page more than the ledger owns where prefill graphs may run: their padding's KV goes

@@ -52,7 +52,8 @@ def free_device_bytes(device: torch.device) -> tuple[int, int]:
     return torch.cuda.mem_get_info(device)
 
 
-def pool_pages(dims: Qwen36Dims, config: ProgramConfig, num_scratch: int, mem_get_info: Any = None) -> int:
+def pool_pages(dims: Qwen36Dims, config: ProgramConfig, num_scratch: int, mem_get_info: Any = None,
+               workspace_bytes: int = 0) -> int:
     """KV pages of the pool: `config.num_pages`, or on CUDA with `kv_memory_fraction` > 0 at most
     that share of the memory free once the weights are loaded, less the StateImage entries.
     mem_get_info: stands in for `free_device_bytes` (tests)."""
@@ -65,7 +66,7 @@ def pool_pages(dims: Qwen36Dims, config: ProgramConfig, num_scratch: int, mem_ge
                       * (spec[2] if len(spec) > 2 else len(dims.gdn_layers))
                       for spec in state_planes(dims, config.torch_dtype, bool(config.speculative_method)).values())
     entries = config.num_slots + num_scratch
-    budget = int(free * config.kv_memory_fraction) - entries * entry_bytes
+    budget = int(free * config.kv_memory_fraction) - entries * entry_bytes - workspace_bytes
     pages = min(config.num_pages, max(0, budget) // page_bytes)
     if pages * config.page_size < config.max_model_len:
         raise ValueError(f"kv_memory_fraction {config.kv_memory_fraction} of {free / 2**30:.1f} GiB free leaves "
