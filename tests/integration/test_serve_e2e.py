@@ -337,3 +337,23 @@ def test_load_32_streaming_clients_with_disconnects(server):
     assert httpx.get(server.base + "/health").status_code == 200
     log = server.log_text()
     assert log.count("finish=") >= sum(r[0] == 200 for r in results)
+
+
+@pytest.mark.parametrize("where", ["field", "chat_template_kwargs"])
+def test_thinking_budget_caps_the_reasoning(client, where):
+    budget = 3
+    kw = {"thinking_budget": budget} if where == "field" else {}
+    ctk = {"enable_thinking": True, **({"thinking_budget": budget} if where != "field" else {})}
+    r = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=24, temperature=0.0,
+                                       extra_body={"chat_template_kwargs": ctk, "ignore_eos": True, **kw})
+    assert r.usage.completion_tokens_details.reasoning_tokens <= budget
+    assert r.usage.completion_tokens == 24
+
+
+def test_a_bad_thinking_budget_is_a_400(server):
+    r = httpx.post(server.base + "/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                   json={"model": MODEL, "messages": USER, "chat_template_kwargs": {"thinking_budget": "x"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs.thinking_budget"
+    r = httpx.post(server.base + "/v1/chat/completions", headers={"Authorization": f"Bearer {API_KEY}"},
+                   json={"model": MODEL, "messages": USER, "thinking_budget": -1})
+    assert r.status_code == 400 and "thinking_budget" in r.json()["error"]["param"]

@@ -30,6 +30,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     add_model_arg(p)
     p.add_argument("--system", default=None, help="initial system message")
     p.add_argument("--think", choices=("on", "off"), default="on", help="thinking mode (default: on)")
+    p.add_argument("--thinking-budget", type=int, default=None, metavar="N",
+                   help="close each answer's reasoning after N tokens (default: no cap)")
     p.add_argument("--session", default=None, metavar="NAME",
                    help="context-cache session key of this conversation (default: a fresh one per chat)")
     add_sampling_args(p, max_tokens=1024)
@@ -125,7 +127,8 @@ class ChatSession:
             return
         try:
             handle = self.engine.submit(prompt, sampling_params(self.args, self.engine.frontend.sampling_defaults),
-                                        max_tokens=min(self.args.max_tokens, room), output=OutputOptions(),
+                                        max_tokens=min(self.args.max_tokens, room),
+                                        output=OutputOptions(thinking_budget=self.args.thinking_budget),
                                         session_id=self.session_id)
         except EngineRequestError as e:
             print(f"error: {e}", file=sys.stderr)
@@ -197,6 +200,8 @@ class _CtrlC:
 
 def run(args: argparse.Namespace) -> int:
     check_max_tokens(args.max_tokens)
+    if args.thinking_budget is not None and args.thinking_budget < 0:
+        raise CLIError(f"--thinking-budget must be >= 0, got {args.thinking_budget}")
     sampling_params(args)                 # NOTE: a bad sampling flag fails before the model loads
     config = engine_config(args)
     path, name, _ = resolve_model(args.model, config=config)

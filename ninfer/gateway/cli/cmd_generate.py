@@ -32,6 +32,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
                    help="an image file (PNG, JPEG, WebP, GIF, BMP) before the prompt (with --chat; repeatable)")
     p.add_argument("--video", action="append", default=[], metavar="PATH",
                    help="a video file (MP4, WebM) before the prompt (with --chat)")
+    p.add_argument("--thinking-budget", type=int, default=None, metavar="N",
+                   help="with --chat and --think on: close the reasoning after N tokens and answer (default: no cap)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
     add_sampling_args(p, max_tokens=256)
     add_engine_args(p)
@@ -64,7 +66,7 @@ def _prompt(engine, args, parts=()):
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
         [{"role": "user", "content": content}]
     prompt = engine.frontend.prepare_chat(messages, chat_template_kwargs={"enable_thinking": args.think == "on"})
-    return prompt, OutputOptions(stop=tuple(args.stop), parse_tool_calls=False)
+    return prompt, OutputOptions(stop=tuple(args.stop), parse_tool_calls=False, thinking_budget=args.thinking_budget)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -73,6 +75,8 @@ def run(args: argparse.Namespace) -> int:
     max_tokens = check_max_tokens(args.max_tokens)
     if args.system and not args.chat:
         raise CLIError("--system needs --chat")
+    if args.thinking_budget is not None and (args.thinking_budget < 0 or not args.chat or args.think != "on"):
+        raise CLIError("--thinking-budget needs --chat with --think on and a value >= 0")
     if (args.image or args.video) and not args.chat:
         raise CLIError(f"--{'image' if args.image else 'video'} needs --chat (media go into a chat message)")
     if len(args.video) > 1:

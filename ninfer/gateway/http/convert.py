@@ -225,6 +225,14 @@ def frontend_call(fn, *args, param: str, what: str = "cannot prepare the prompt"
         raise bad_request(f"{what}: {e}", param=param) from None
 
 
+def _thinking_budget(req: ChatCompletionRequest, in_kwargs) -> int | None:
+    """The request's thinking budget: the top-level field, else chat_template_kwargs.thinking_budget."""
+    if in_kwargs is not None and (isinstance(in_kwargs, bool) or not isinstance(in_kwargs, int) or in_kwargs < 0):
+        raise bad_request(f"thinking_budget must be an integer >= 0, got {in_kwargs!r}",
+                          param="chat_template_kwargs.thinking_budget")
+    return req.thinking_budget if req.thinking_budget is not None else in_kwargs
+
+
 def plan_chat(frontend, req: ChatCompletionRequest, limits: ModelLimits, media: Mapping | None = None) -> ChatPlan:
     if req.response_format and req.response_format.get("type", "text") != "text":
         raise bad_request("response_format other than 'text' is not supported (no constrained decoding)",
@@ -232,12 +240,13 @@ def plan_chat(frontend, req: ChatCompletionRequest, limits: ModelLimits, media: 
     tools = plan_tools(req)
     messages = frontend_messages(req.messages, tools.instruction, media)
     kwargs = dict(req.chat_template_kwargs or {})
+    budget = _thinking_budget(req, kwargs.pop("thinking_budget", None))
     prompt = frontend_call(frontend.prepare_chat, messages, tools=list(tools.tools) or None,
                             chat_template_kwargs=kwargs or None, param="messages")
     max_tokens = _max_tokens(req.max_completion_tokens or req.max_tokens, prompt, limits, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     output = _output_options(req, limits, tools=tools.tools, parse_tool_calls=tools.parse,
-                             parse_reasoning=True)
+                             parse_reasoning=True, thinking_budget=budget)
     calls = tuple(EngineCall(i, 0, prompt, sampling_params(req, limits, logprobs, i), output, max_tokens,
                              session_id=req.session_id)
                   for i in range(req.n))

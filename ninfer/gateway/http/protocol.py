@@ -159,6 +159,9 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None
     response_format: dict | None = None
+    # the reasoning's length cap in tokens: when spent, the reasoning is closed and the answer follows
+    # (also accepted as chat_template_kwargs.thinking_budget). NInfer extension.
+    thinking_budget: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def _check(self) -> "ChatCompletionRequest":

@@ -167,7 +167,9 @@ class OutputSession:
                 self._drain(st, out)
                 st.terminal, st.finish_reason = True, FinishReason.STOP
                 break
-            if st.parser.in_reasoning:
+            if st.parser.in_reasoning and not control:
+                # NOTE: the forced close of a thinking budget is not the model's reasoning: a budget of N
+                #       leaves exactly N reasoning tokens.
                 st.num_reasoning += 1
             text = self._decode(st, tok)
             res, st.held = stops.feed(st.held, text, self._stops, self.options.include_stop_str)
