@@ -28,6 +28,11 @@ class FinishReason(str, enum.Enum):
     ERROR = "error"
 
 
+# NOTE: the key under which a Gateway attaches its decoded media item to a chat content part for the Frontend
+#       (an object with `kind`, `image` or `frames`, `source_fps`, `frame_indices`, `digest`).
+MEDIA_KEY = "_ninfer_media"
+
+
 @dataclass(frozen=True, slots=True)
 class MediaPlaceholder:
     """One image (or one temporal group of a video) placeholder run inside PreparedPrompt.token_ids."""

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-MEDIA_KEY = "_ninfer_media"
+from ninfer.contract.frontend import MEDIA_KEY  # noqa: F401  (re-exported: the Gateway's name for it)
 MEDIA_KINDS = ("image", "video")
 
 DEFAULT_LIMIT_PER_PROMPT = {"image": 8, "video": 1}

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ninfer.contract.frontend import MediaPlaceholder
+from ninfer.contract.frontend import MEDIA_KEY, MediaPlaceholder
 from .mrope import IMAGE_PAD_ID, VIDEO_PAD_ID, MediaGrid, rope_positions
 from .vision_preprocess import VisionPreprocessConfig, preprocess_image, preprocess_video, video_groups
 from .vocab import SPECIAL_START_ID, SPECIAL_TOKENS
@@ -28,7 +28,6 @@ from .vocab import SPECIAL_START_ID, SPECIAL_TOKENS
 VISION_START_ID = SPECIAL_START_ID + SPECIAL_TOKENS.index("<|vision_start|>")
 VISION_END_ID = SPECIAL_START_ID + SPECIAL_TOKENS.index("<|vision_end|>")
 
-MEDIA_KEY = "_ninfer_media"          # the decoded item a Gateway attaches to a content part
 
 
 class MediaPromptError(ValueError):
