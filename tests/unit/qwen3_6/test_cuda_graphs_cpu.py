@@ -17,6 +17,7 @@ from ninfer.targets.dummy_weights import DummyWeights
 from ninfer.targets.qwen3_6.program.config import ProgramConfig
 from ninfer.targets.qwen3_6.program.cuda_graphs import decode_body
 
+from support.eager_graphs import EagerGraphs
 from support.host_guard import dense_moe, guarded_ops, no_host_data
 
 
@@ -104,34 +105,6 @@ def test_static_inputs_fill_the_graph_layout():
         fill_static_inputs(host, W, [1], [1], [1], [1], [[0] * 6])
 
 
-class _EagerGraphs:
-    """`DecodeGraphs`' run contract on the CPU: the inputs go through `fill_static_inputs` into the
-    `_Graph` buffer layout and `decode_body` runs eagerly on views of it (no capture, no pinned memory)."""
-
-    def __init__(self, prog, max_batch: int) -> None:
-        self.model, self.state, self.ops = prog.model, prog._state, prog.model.ops
-        self.width = -(-prog.config.max_model_len // prog.config.page_size)
-        self.max_batch, self.replays = max_batch, 0
-
-    def fits(self, B, tables):
-        return B <= self.max_batch and all(len(t) <= self.width for t in tables)
-
-    def run(self, input_ids, positions, src, dst, tables, fed=None, deltas=None):
-        from ninfer.targets.qwen3_6.program.cuda_graphs import fill_static_inputs
-        B, W = len(positions), self.width
-        v = torch.zeros(6 * B + B * W, dtype=torch.long)
-        if fed is not None:
-            assert input_ids is None and fed.shape == (B,)
-            input_ids = [-1] * B
-        fill_static_inputs(v, W, input_ids, positions, src, dst, tables, deltas)
-        g = SimpleNamespace(input_ids=v[:B], positions=v[B:2 * B], src=v[2 * B:3 * B], dst=v[3 * B:4 * B],
-                            context_lens=v[4 * B:5 * B], delta=v[5 * B:6 * B], block_tables=v[6 * B:].view(B, W),
-                            rows=torch.arange(B),
-                            fed=fed.clone() if fed is not None else torch.zeros(B, dtype=torch.long))
-        self.replays += 1
-        return decode_body(self.model, self.state, g)
-
-
 @pytest.mark.parametrize("identity", ["qwen3_6-tiny-dense", "qwen3_6-tiny-moe"])
 def test_final_one_token_prefill_stage_runs_the_decode_graph(identity):
     """A prompt's final prefill stage of one token (what the context cache's P - 1 capture leaves) goes
@@ -140,7 +113,7 @@ def test_final_one_token_prefill_stage_runs_the_decode_graph(identity):
     stays eager."""
     _, eager = _program(identity)
     _, graphed = _program(identity)
-    graphed.graphs = _EagerGraphs(graphed, max_batch=1)
+    graphed.graphs = EagerGraphs(graphed, max_batch=1)
     g = torch.Generator().manual_seed(3)
     for n, split, plp in ((9, 8, None), (1, 0, None), (12, 11, 2), (7, 5, None)):
         prompt = tuple(torch.randint(0, 1000, (n,), generator=g).tolist())
@@ -186,7 +159,7 @@ def test_step_ahead_rounds_equal_plain_rounds(identity, kind):
     spends a row's budget; nothing stays held."""
     _, ref = _program(identity)
     _, prog = _program(identity)
-    prog.graphs = _EagerGraphs(prog, max_batch=4)
+    prog.graphs = EagerGraphs(prog, max_batch=4)
     assert prog.step_ahead_enabled
     g = torch.Generator().manual_seed(11)
     prompts = [tuple(torch.randint(0, 1000, (n,), generator=g).tolist()) for n in (9, 14, 6)]
@@ -268,7 +241,7 @@ def test_rows_with_penalties_are_not_pipelined():
     on the device and none is launched ahead; its tokens equal the eager Program's."""
     _, ref = _program("qwen3_6-tiny-dense")
     _, prog = _program("qwen3_6-tiny-dense")
-    prog.graphs = _EagerGraphs(prog, max_batch=4)
+    prog.graphs = EagerGraphs(prog, max_batch=4)
     toks = []
     for p in (ref, prog):
         req = SequenceRequest(prompt_token_ids=(5, 6, 7, 8), max_output_tokens=8,

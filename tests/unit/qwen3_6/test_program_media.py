@@ -113,3 +113,15 @@ def test_the_artifact_vision_tower_encodes_each_media_input(tiny_artifact_path):
     out = _generate(prog, SequenceRequest(req.prompt_token_ids, 6, GREEDY, media=media,
                                           rope_positions=req.rope_positions, rope_delta=req.rope_delta), [18], 6)
     assert len(out) == 6
+
+
+def test_decode_steps_after_media_through_the_decode_graph_contract(tiny_artifact_path):
+    """The rope delta reaches the decode graphs as data: decode steps of a prompt with media through the graphs'
+    run contract (`EagerGraphs`: the graph's input layout and body, run eagerly) equal the eager steps."""
+    from support.eager_graphs import EagerGraphs
+    prog = tiny_program(tiny_artifact_path, "dense")
+    prog.vision = FakeEncoder(prog.dims.hidden_size)
+    eager = _generate(prog, _request(10), [18], 10)
+    prog.graphs = EagerGraphs(prog, max_batch=4)
+    graphed = _generate(prog, _request(10), [18], 10)
+    assert prog.graphs.replays >= 9 and graphed == eager

@@ -1,0 +1,37 @@
+"""The decode graphs' run contract on the CPU, for tests: inputs through `fill_static_inputs` into the `_Graph`
+buffer layout, and `decode_body` run eagerly on views of it (no capture, no pinned memory)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from ninfer.targets.qwen3_6.program.cuda_graphs import decode_body
+
+
+class EagerGraphs:
+    """`DecodeGraphs`' run contract on the CPU: the inputs go through `fill_static_inputs` into the
+    `_Graph` buffer layout and `decode_body` runs eagerly on views of it (no capture, no pinned memory)."""
+
+    def __init__(self, prog, max_batch: int) -> None:
+        self.model, self.state, self.ops = prog.model, prog._state, prog.model.ops
+        self.width = -(-prog.config.max_model_len // prog.config.page_size)
+        self.max_batch, self.replays = max_batch, 0
+
+    def fits(self, B, tables):
+        return B <= self.max_batch and all(len(t) <= self.width for t in tables)
+
+    def run(self, input_ids, positions, src, dst, tables, fed=None, deltas=None):
+        from ninfer.targets.qwen3_6.program.cuda_graphs import fill_static_inputs
+        B, W = len(positions), self.width
+        v = torch.zeros(6 * B + B * W, dtype=torch.long)
+        if fed is not None:
+            assert input_ids is None and fed.shape == (B,)
+            input_ids = [-1] * B
+        fill_static_inputs(v, W, input_ids, positions, src, dst, tables, deltas)
+        g = SimpleNamespace(input_ids=v[:B], positions=v[B:2 * B], src=v[2 * B:3 * B], dst=v[3 * B:4 * B],
+                            context_lens=v[4 * B:5 * B], delta=v[5 * B:6 * B], block_tables=v[6 * B:].view(B, W),
+                            rows=torch.arange(B),
+                            fed=fed.clone() if fed is not None else torch.zeros(B, dtype=torch.long))
+        self.replays += 1
+        return decode_body(self.model, self.state, g)
