@@ -35,3 +35,35 @@ class EagerGraphs:
                             fed=fed.clone() if fed is not None else torch.zeros(B, dtype=torch.long))
         self.replays += 1
         return decode_body(self.model, self.state, g)
+
+
+class EagerSpecGraphs:
+    """`SpecGraphs`' run contract on the CPU: the round's inputs through `_Graph.fill` into the graph's buffer
+    layout, and `round_body` run eagerly on views of it."""
+
+    def __init__(self, prog) -> None:
+        from ninfer.targets.qwen3_6.program.spec_graphs import _Graph
+        self.prog, self.model, self.state, self.ops = prog, prog.model, prog._state, prog.model.ops
+        self.k = prog.config.num_speculative_tokens
+        self.width = -(-prog.config.max_model_len // prog.config.page_size)
+        self._graph_cls, self.replays = _Graph, 0
+
+    def fits(self, B, tables):
+        return all(len(t) <= self.width for t in tables)
+
+    def run(self, last, frontier, src, dst, tables, deltas=None):
+        from ninfer.targets.qwen3_6.program.spec_graphs import round_body
+        g = self._graph_cls.__new__(self._graph_cls)
+        B, T, W = len(last), self.k + 1, self.width
+        g.B, g.K, g.W = B, self.k, W
+        v = torch.zeros(4 * B + B * T + B * W, dtype=torch.long)
+        g.host_np = v.numpy()
+        g.fill(last, frontier, src, dst, tables, deltas)
+        g.last, g.frontier, g.src, g.delta = v[0:B], v[B:2 * B], v[2 * B:3 * B], v[3 * B:4 * B]
+        g.dst = v[4 * B:4 * B + B * T]
+        g.block_tables = v[4 * B + B * T:].view(B, W)
+        g.rows = torch.arange(B)
+        g.token_rows = g.rows.repeat_interleave(T)
+        g.offsets = torch.arange(T)
+        self.replays += 1
+        return round_body(self.model, self.state, g, self.prog._sampler.sampleable, self.prog.drafter.vocab)

@@ -256,3 +256,19 @@ def test_a_checkpoint_hit_with_mtp_equals_a_miss_and_its_pages_stay_untouched(ti
     prog.check_integrity()
     cap = prog.capacity()
     assert cap.pages_free == cap.pages_total
+
+
+def test_the_round_graph_contract_equals_the_eager_round(tiny_artifact_path):
+    """`spec_graphs.round_body` through its input layout (`EagerSpecGraphs`: run eagerly on the CPU) produces the
+    eager round's tokens, with a prompt with media (the rope delta as graph data) and plain prompts."""
+    from support.eager_graphs import EagerSpecGraphs
+    from support.program_media import FakeEncoder, generate, media_request
+    K = 2
+    prog = _spec(tiny_artifact_path, "dense", K)
+    prog.vision = FakeEncoder(prog.dims.hidden_size)
+    eager = generate(prog, media_request(12, K=K), [18], 12)
+    plain_eager, _ = _run(prog, [prompt(9, seed=77)], 12)
+    prog.spec_graphs = EagerSpecGraphs(prog)
+    assert generate(prog, media_request(12, K=K), [18], 12) == eager
+    assert _run(prog, [prompt(9, seed=77)], 12)[0] == plain_eager
+    assert prog.spec_graphs.replays > 8
