@@ -5,8 +5,8 @@ against the plain decode step, and its parts, with synthetic weights, without th
         [--batches 1 4 8] [--reps 20] [--out DIR] [--step-timeout S]
 
 Per identity one Program with speculative_method "mtp" and K = --k (its round graphs captured at start),
-8 prompts of --ctx tokens prefilled. Then, per batch B, each timed with CUDA events over --reps replays
-after 3 warm-ups, all at the same context (nothing is committed):
+8 prompts of --ctx tokens prefilled. Then, per batch B, each timed with CUDA events (`graph_replay_ms`
+over --reps replays; `bench_ms` for the plain step), all at the same context (nothing is committed):
   plain     the plain decode graph of B (cuda_graphs.DecodeGraphs, captured here on the same Program): one
             token per row, the reference a round is compared with
   draft     the K chained MTP steps alone (a graph of their part of spec_graphs.round_body)
@@ -30,8 +30,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from ninfer.bench.common import (Recorder, decode_floor_ms, free_model, measure_ceilings, print_table,  # noqa: E402
-                                 run_step, start_run)
+from ninfer.bench.common import (Recorder, bench_ms, decode_floor_ms, free_model, graph_replay_ms,  # noqa: E402
+                                 measure_ceilings, print_table, run_step, start_run)
 from ninfer.contract.program import SamplingParams, SequenceRequest  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
 from ninfer.targets.qwen3_6.program.config import ProgramConfig  # noqa: E402
@@ -40,21 +40,6 @@ from ninfer.targets.registry import lookup  # noqa: E402
 
 PAGE = 64
 LOOP_ROUNDS = 24
-
-
-def _events_ms(fn, reps: int) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
 
 
 def _capture(fn):
@@ -112,7 +97,7 @@ def spec_identity(identity: str, K: int, ctx: int, batches: list[int], reps: int
             tables = [s.holding.table.pages for s in seqs]
             last = [s.tokens[-1] for s in seqs]
             front = [s.frontier for s in seqs]
-            plain_ms = _events_ms(lambda: plain.run(last, front, src, dst[:B], tables), reps)
+            plain_ms = bench_ms(lambda: plain.run(last, front, src, dst[:B], tables))
             # the round graph's own inputs, then its draft part and its verify part as graphs of their own
             g = prog.spec_graphs._graphs[B]
             g.fill(last, front, src, dst, tables)
@@ -122,11 +107,9 @@ def spec_identity(identity: str, K: int, ctx: int, batches: list[int], reps: int
             drafts_buf = torch.zeros(B, K, dtype=torch.long, device="cuda")
 
             def draft():
-                h, x = plane.index_select(0, g.src), g.last
-                for i in range(K):
-                    h = model.mtp_step(h, x, g.frontier - 1 + i, g.block_tables, g.rows)
-                    x = model.logits(h, vocab).argmax(dim=-1)
-                    drafts_buf[:, i] = x
+                anchor = plane.index_select(0, g.src)
+                drafts_buf.copy_(model.mtp_draft_chain(anchor, g.last, g.frontier - 1, g.block_tables, g.rows, K,
+                                                       vocab))
 
             def verify():
                 ids = torch.cat([g.last[:, None], drafts_buf], dim=1).flatten()
@@ -134,8 +117,8 @@ def spec_identity(identity: str, K: int, ctx: int, batches: list[int], reps: int
                 hidden = model.verify_static(ids, pos, g.token_rows, g.src, g.dst.view(B, T), g.block_tables)
                 model.logits(hidden)
 
-            draft_ms = _events_ms(_capture(draft).replay, reps)
-            verify_ms = _events_ms(_capture(verify).replay, reps)
+            draft_ms = graph_replay_ms(_capture(draft), n=reps)
+            verify_ms = graph_replay_ms(_capture(verify), n=reps)
         finally:
             prog._pending.unhold(scratch)
         times = []

@@ -48,13 +48,8 @@ def decode_body(model: Qwen36Model, state: StateImageStore, g) -> torch.Tensor:
             plane.index_copy_(1, g.dst, plane.index_select(1, g.src))
     hidden = model.decode_static(ids, g.positions, g.dst, g.block_tables, g.context_lens, g.rows,
                                  src_entries=g.src, rope_positions=g.positions + g.delta)
-    if mtp:
-        # NOTE: with the MTP layer, its KV of position - 1 (the anchor at src with this token) and the anchor
-        #       at dst (speculate.py); a step at position 0 has no such pair, and its write there is overwritten
-        #       by the next step's before anything reads it.
-        plane = state.planes["mtp_hidden"][0]
-        model.mtp_kv(plane.index_select(0, g.src), ids, (g.positions - 1).clamp_min(0), g.rows, g.block_tables)
-        plane.index_copy_(0, g.dst, hidden.to(plane.dtype))
+    if mtp:                                   # the MTP KV of position - 1 and the anchor at dst (speculate.py)
+        model.mtp_observe(g.src, hidden, ids, g.positions, g.rows, g.block_tables, g.dst)
     return model.logits(hidden)
 
 
@@ -109,6 +104,30 @@ class PinnedInputs:
         self.copied.synchronize()
 
 
+def capture_per_batch(graphs: dict, prepare, body, keep) -> float:
+    """Capture one graph per batch size into a shared memory pool, largest B first (the pool then fits the
+    rest): prepare(B, g) fills g's capture inputs, body(g) is run twice on a side stream (Triton compiles), then
+    captured; keep(g, out) stores the captured outputs and g.graph the graph. Returns the seconds it took."""
+    import time
+    t0 = time.perf_counter()
+    pool = torch.cuda.graph_pool_handle()
+    for B in sorted(graphs, reverse=True):
+        g = graphs[B]
+        prepare(B, g)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                body(g)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            keep(g, body(g))
+        g.graph = graph
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 class _Graph(PinnedInputs):
     def __init__(self, B: int, W: int, device: torch.device) -> None:
         super().__init__(6 * B + B * W, device)
@@ -142,27 +161,17 @@ class DecodeGraphs:
         return decode_body(self.model, self.state, g)
 
     def capture(self) -> None:
-        import time
-        t0 = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle()
         ns = self.state.num_slots
-        for B in sorted(self._graphs, reverse=True):          # largest first: the pool fits the rest
-            g = self._graphs[B]
+
+        def prepare(B: int, g: _Graph) -> None:
             g.host.zero_()                                    # src = dst = scratch entries, context 1
             g.host[2 * B:4 * B] = torch.arange(ns, ns + B).repeat(2)
             g.host[4 * B:5 * B] = 1
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._body(g)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                g.logits = self._body(g)
-            g.graph = graph
-        torch.cuda.synchronize()
-        self.capture_s = time.perf_counter() - t0
+
+        def keep(g: _Graph, out: torch.Tensor) -> None:
+            g.logits = out
+
+        self.capture_s = capture_per_batch(self._graphs, prepare, self._body, keep)
 
     def fits(self, B: int, tables: Sequence[Sequence[int]]) -> bool:
         return B in self._graphs and all(len(t) <= self.width for t in tables)

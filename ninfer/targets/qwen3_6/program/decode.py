@@ -154,6 +154,11 @@ class DecodeOps:
                 rngs[r].append(step_rngs[r])
         return produced, lps, rngs
 
+    def block_tables(self, seqs: Sequence[LiveSeq]) -> torch.Tensor:
+        """The rows' page tables [B, W] on the device (W: the longest row's; shorter rows padded)."""
+        width = max(len(s.holding.table.pages) for s in seqs)
+        return torch.stack([s.holding.table.as_tensor(width) for s in seqs]).to(self.device)
+
     def _forward(self, seqs: list[LiveSeq], inputs: list[list[int]], starts: list[int], entries: list[int]
                  ) -> torch.Tensor:
         """Run the model over one packed batch; rows write KV at [start, start + len) of their pages. A row
@@ -161,7 +166,6 @@ class DecodeOps:
         one rotates at its position + the prompt's rope delta."""
         for s, toks, st in zip(seqs, inputs, starts):
             s.holding.table.ensure(st + len(toks))
-        width = max(len(s.holding.table.pages) for s in seqs)
         dev = self.device
         positions = torch.cat([torch.arange(st, st + len(toks), dtype=torch.long) for toks, st in zip(inputs, starts)])
         rope, embeds = self.media_rows(seqs, [len(t) for t in inputs], starts, positions)
@@ -171,6 +175,6 @@ class DecodeOps:
             seqlens=tuple(len(t) for t in inputs),
             starts=tuple(starts),
             state_entries=torch.tensor([self._state.phys(e) for e in entries], dtype=torch.long, device=dev),
-            block_tables=torch.stack([s.holding.table.as_tensor(width) for s in seqs]).to(dev),
+            block_tables=self.block_tables(seqs),
             rope_positions=rope, embeds=embeds)
         return self.model.forward(fb)

@@ -235,6 +235,32 @@ class Qwen36Model:
         self.leaves.attention.project(layer.mixer, h, cos, sin, (k_cache, v_cache, block_tables, positions, rows),
                                       self.ops)
 
+    def mtp_observe(self, src: torch.Tensor, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+                    rows: torch.Tensor, block_tables: torch.Tensor, dst: torch.Tensor) -> None:
+        """After B rows fed T tokens each (N = B * T, row-major; input_ids, positions, rows [N]) from the states at
+        src [B] into dst [N] (the entry of each token's state), with final hidden states `hidden` [N, H]: the MTP
+        KV of each token's position - 1 (the hidden state before it with the token itself; a position 0 has no
+        such pair and writes position 0, which the next token's entry overwrites before any read) and each
+        dst's anchor = the token's hidden state (speculate.py). Graph-safe."""
+        plane = self.state.planes["mtp_hidden"][0]
+        B = src.shape[0]
+        prev = torch.cat([plane.index_select(0, src)[:, None], hidden.view(B, -1, hidden.shape[-1])[:, :-1]], dim=1)
+        self.mtp_kv(prev.flatten(0, 1), input_ids, (positions - 1).clamp_min(0), rows, block_tables)
+        plane.index_copy_(0, dst, hidden.to(plane.dtype))
+
+    def mtp_draft_chain(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
+                        block_tables: torch.Tensor, rows: torch.Tensor, k: int, vocab: int) -> torch.Tensor:
+        """K chained MTP steps per row (speculate.py): step i at positions + i reads the previous step's output
+        and draft (hidden / input_ids for i = 0); each draft is the argmax over the first `vocab` token ids.
+        Returns the drafts [B, K]. Graph-safe."""
+        drafts = []
+        h, x = hidden, input_ids
+        for i in range(k):
+            h = self.mtp_step(h, x, positions + i, block_tables, rows)
+            x = self.logits(h, vocab).argmax(dim=-1)
+            drafts.append(x)
+        return torch.stack(drafts, dim=1)
+
     def mtp_step(self, hidden: torch.Tensor, input_ids: torch.Tensor, positions: torch.Tensor,
                  block_tables: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """One MTP step per row (a draft): hidden [B, H] (the main model's final hidden, or the previous
@@ -373,16 +399,9 @@ def gdn_steps(ops: OpSet, qkv: torch.Tensor, conv_weight: torch.Tensor, conv_sta
               b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor, rec_state: torch.Tensor, src: torch.Tensor,
               dst: torch.Tensor, **heads) -> torch.Tensor:
     """T GDN decode state steps per row: qkv [B, T, C], a, b [B, T, HV]; token t reads the states at src (t = 0)
-    or dst[:, t-1] and writes them at dst[:, t]. Returns o [B, T, HV, V]. The op set's multi-token op when it
-    has one, else one `gdn_conv_recurrent` per token."""
-    steps = getattr(ops, "gdn_conv_recurrent_steps", None)
-    if steps is not None:
-        return steps(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_state, src, dst, **heads)
-    outs = []
-    for t in range(qkv.shape[1]):
-        outs.append(ops.gdn_conv_recurrent(qkv[:, t], conv_weight, conv_state, a[:, t], b[:, t], A_log, dt_bias,
-                                           rec_state, src if t == 0 else dst[:, t - 1], dst[:, t], **heads))
-    return torch.stack(outs, dim=1)
+    or dst[:, t-1] and writes them at dst[:, t]. Returns o [B, T, HV, V] (`gdn_conv_recurrent_steps`)."""
+    return ops.gdn_conv_recurrent_steps(qkv, conv_weight, conv_state, a, b, A_log, dt_bias, rec_state, src, dst,
+                                        **heads)
 
 
 class _RowMeta(NamedTuple):

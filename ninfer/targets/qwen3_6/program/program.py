@@ -176,7 +176,6 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecod
         sampleable = self._sampler.sampleable
         draft_vocab = min(config.draft_vocab_size or sampleable, sampleable)
         self.drafter: Drafter | None = MtpDrafter(config.num_speculative_tokens, draft_vocab) if spec else None
-        self.spec_rounds = 0
         self.force_accept_len = config.force_accept_len   # a switch for benchmarks (ProgramConfig's meaning)
         # NOTE: last, after every large allocation: the graphs point into the pools and weights.
         self.graphs: DecodeGraphs | None = None

@@ -21,13 +21,12 @@ nothing is owned at start.
 """
 from __future__ import annotations
 
-import time
 from typing import Sequence
 
 import torch
 
 from ninfer.program.stores import StateImageStore
-from ninfer.targets.qwen3_6.program.cuda_graphs import PinnedInputs
+from ninfer.targets.qwen3_6.program.cuda_graphs import PinnedInputs, capture_per_batch
 from ninfer.targets.qwen3_6.program.model import Qwen36Model
 
 
@@ -35,23 +34,13 @@ def round_body(model: Qwen36Model, state: StateImageStore, g: "_Graph", sampleab
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The captured region (device tensors of `g` only): drafts [B, K], logits [B, T, V], argmax [B, T]."""
     B, K, T = g.B, g.K, g.K + 1
-    plane = state.planes["mtp_hidden"][0]
-    anchor = plane.index_select(0, g.src)
-    h, x = anchor, g.last
-    drafts = []
-    for i in range(K):
-        h = model.mtp_step(h, x, g.frontier - 1 + i, g.block_tables, g.rows)
-        x = model.logits(h, draft_vocab).argmax(dim=-1)
-        drafts.append(x)
-    d = torch.stack(drafts, dim=1)
+    anchor = state.planes["mtp_hidden"][0].index_select(0, g.src)
+    d = model.mtp_draft_chain(anchor, g.last, g.frontier - 1, g.block_tables, g.rows, K, draft_vocab)
     ids = torch.cat([g.last[:, None], d], dim=1).flatten()
     pos = (g.frontier[:, None] + g.offsets[None, :]).flatten()
-    dst = g.dst.view(B, T)
     cos_sin = model.text_rotary(pos + g.delta.repeat_interleave(T))
-    hidden = model.verify_static(ids, pos, g.token_rows, g.src, dst, g.block_tables, cos_sin=cos_sin)
-    prev = torch.cat([anchor[:, None], hidden.view(B, T, -1)[:, :-1]], dim=1).flatten(0, 1)
-    model.mtp_kv(prev, ids, pos - 1, g.token_rows, g.block_tables)
-    plane.index_copy_(0, g.dst, hidden.to(plane.dtype))
+    hidden = model.verify_static(ids, pos, g.token_rows, g.src, g.dst.view(B, T), g.block_tables, cos_sin=cos_sin)
+    model.mtp_observe(g.src, hidden, ids, pos, g.token_rows, g.block_tables, g.dst)
     logits = model.logits(hidden)
     return d, logits.view(B, T, -1), logits[:, :sampleable].argmax(dim=-1).view(B, T)
 
@@ -104,26 +93,16 @@ class SpecGraphs:
         return round_body(self.model, self.state, g, self.sampleable, self.draft_vocab)
 
     def capture(self) -> None:
-        t0 = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle()
         ns, T = self.state.num_slots, self.k + 1
-        for B in sorted(self._graphs, reverse=True):          # largest first: the pool fits the rest
-            g = self._graphs[B]
+
+        def prepare(B: int, g: _Graph) -> None:
             g.host.zero_()
-            g.fill([0] * B, [1] * B, list(range(ns, ns + B)),
-                   [ns + B * T - 1 - i for i in range(B * T)], [[0]] * B)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    self._body(g)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                g.out = self._body(g)
-            g.graph = graph
-        torch.cuda.synchronize()
-        self.capture_s = time.perf_counter() - t0
+            g.fill([0] * B, [1] * B, list(range(ns, ns + B)), [ns + B * T - 1 - i for i in range(B * T)], [[0]] * B)
+
+        def keep(g: _Graph, out) -> None:
+            g.out = out
+
+        self.capture_s = capture_per_batch(self._graphs, prepare, self._body, keep)
 
     def fits(self, B: int, tables: Sequence[Sequence[int]]) -> bool:
         return B in self._graphs and all(len(t) <= self.width for t in tables)

@@ -21,8 +21,8 @@ a committed one for j < c). Every path that feeds tokens keeps this invariant fo
     a sequence at frontier F >= 1 holds in its slot's mtp_hidden the final hidden state of position
     F - 1, and the MTP KV of every position below F - 1
 
-(prefill stages: `mtp_observe_stage`; decode and control steps outside rounds: `mtp_observe_step`, and
-the decode graphs' body; the prefill graphs: prefill_graphs.prefill_body). A checkpoint copies the image and shares the pages,
+(prefill stages: `mtp_observe_stage`; decode and control steps, eager or in the decode graphs, and the rounds:
+`model.mtp_observe`; the prefill graphs: prefill_graphs.prefill_body). A checkpoint copies the image and shares the pages,
 so a continuation drafts exactly as the producer would have. The drafts decide only how many tokens a
 round keeps, never which: a stale MTP state costs acceptance, not correctness.
 
@@ -59,18 +59,12 @@ class MtpDrafter:
         self.vocab = vocab
 
     def propose(self, program, seqs: Sequence[LiveSeq]) -> torch.Tensor:
-        model, dev = program.model, program.device
-        h = program.anchors([s.slot for s in seqs])
-        x = torch.tensor([s.tokens[-1] for s in seqs], dtype=torch.long, device=dev)
-        pos = torch.tensor([s.frontier - 1 for s in seqs], dtype=torch.long, device=dev)
-        tables = program.block_tables(seqs)
-        rows = torch.arange(len(seqs), dtype=torch.long, device=dev)
-        out = []
-        for i in range(self.k):
-            h = model.mtp_step(h, x, pos + i, tables, rows)
-            x = model.logits(h, self.vocab).argmax(dim=-1)
-            out.append(x)
-        return torch.stack(out, dim=1)
+        dev = program.device
+        return program.model.mtp_draft_chain(
+            program.anchors([s.slot for s in seqs]),
+            torch.tensor([s.tokens[-1] for s in seqs], dtype=torch.long, device=dev),
+            torch.tensor([s.frontier - 1 for s in seqs], dtype=torch.long, device=dev),
+            program.block_tables(seqs), torch.arange(len(seqs), dtype=torch.long, device=dev), self.k, self.vocab)
 
 
 class SpecDecodeOps:
@@ -84,16 +78,11 @@ class SpecDecodeOps:
         idx = torch.tensor([self._state.phys(e) for e in entries], dtype=torch.long, device=self.device)
         return self._state.planes["mtp_hidden"][0].index_select(0, idx)
 
-    def _set_anchors(self, entries: Sequence[int] | torch.Tensor, hidden: torch.Tensor) -> None:
-        """Write hidden [n, H] into the mtp_hidden images of the n entries (physical ids when a tensor)."""
-        idx = entries if isinstance(entries, torch.Tensor) else torch.tensor(
-            [self._state.phys(e) for e in entries], dtype=torch.long, device=self.device)
+    def _set_anchors(self, entries: Sequence[int], hidden: torch.Tensor) -> None:
+        """Write hidden [n, H] into the mtp_hidden images of the n entries."""
+        idx = torch.tensor([self._state.phys(e) for e in entries], dtype=torch.long, device=self.device)
         plane = self._state.planes["mtp_hidden"][0]
         plane.index_copy_(0, idx, hidden.to(plane.dtype))
-
-    def block_tables(self, seqs: Sequence[LiveSeq]) -> torch.Tensor:
-        width = max(len(s.holding.table.pages) for s in seqs)
-        return torch.stack([s.holding.table.as_tensor(width) for s in seqs]).to(self.device)
 
     @property
     def mtp_on(self) -> bool:
@@ -122,10 +111,12 @@ class SpecDecodeOps:
         and written at dsts[r], final hidden states `hidden` [B, H]): the MTP KV of positions[r] - 1 and the
         anchors at dsts."""
         dev = self.device
-        self.model.mtp_kv(self.anchors(srcs), torch.tensor(list(inputs), dtype=torch.long, device=dev),
-                          torch.tensor([p - 1 for p in positions], dtype=torch.long, device=dev),
-                          torch.arange(len(seqs), dtype=torch.long, device=dev), self.block_tables(seqs))
-        self._set_anchors(dsts, hidden)
+        ph = self._state.phys
+        self.model.mtp_observe(torch.tensor([ph(e) for e in srcs], dtype=torch.long, device=dev), hidden,
+                               torch.tensor(list(inputs), dtype=torch.long, device=dev),
+                               torch.tensor(list(positions), dtype=torch.long, device=dev),
+                               torch.arange(len(seqs), dtype=torch.long, device=dev), self.block_tables(seqs),
+                               torch.tensor([ph(e) for e in dsts], dtype=torch.long, device=dev))
 
     # ---- the round ------------------------------------------------------------------------------------
     def _spec_round(self, handles: Sequence[SequenceHandle]) -> PendingBatch:
@@ -134,7 +125,6 @@ class SpecDecodeOps:
         seqs = self._decode_ready(handles, T, BatchKind.DECODE)
         B = len(seqs)
         for s in seqs:
-            self.step_ahead.discard(s.handle.seq_id)
             s.holding.table.ensure(s.frontier + T)
         rec = self._pending.open(BatchKind.DECODE, [s.handle.seq_id for s in seqs], [], [T] * B)
         try:
@@ -156,7 +146,6 @@ class SpecDecodeOps:
                            tuple(lps[r]) if s.request.sampling.logprobs is not None else None, drafted=K)
                 for r, s in enumerate(seqs))
             rec.data.update(rng=[[rngs[r]] * T for r in range(B)])
-            self.spec_rounds += 1
             return rec.batch
         except BaseException:
             self._pending.take(rec.batch)
@@ -180,10 +169,7 @@ class SpecDecodeOps:
         delta = torch.tensor(self.rope_deltas(seqs), dtype=torch.long, device=dev).repeat_interleave(T)
         hidden = self.model.verify_static(ids, pos, rows, src, dst, tables, cos_sin=self.model.rotary(pos + delta))
         if self.mtp_on:
-            plane = self._state.planes["mtp_hidden"][0]
-            prev = torch.cat([plane.index_select(0, src)[:, None], hidden.view(B, T, -1)[:, :-1]], dim=1)
-            self.model.mtp_kv(prev.flatten(0, 1), ids, pos - 1, rows, tables)
-            plane.index_copy_(0, dst.flatten(), hidden.to(plane.dtype))
+            self.model.mtp_observe(src, hidden, ids, pos, rows, tables, dst.flatten())
         return self.model.logits(hidden).view(B, T, -1)
 
     def _accept(self, seqs: list[LiveSeq], logits: torch.Tensor, drafts: torch.Tensor,
