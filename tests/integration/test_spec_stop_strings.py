@@ -3,6 +3,8 @@ rounds produce several tokens of the same deterministic continuation as plain de
 with speculation must equal the plain one (text, tokens, finish reason) wherever the stop string ends."""
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ninfer.config import EngineConfig, OutputOptions, SamplingParams
@@ -29,6 +31,11 @@ def _run(frontend, speculative: bool, max_tokens: int, stop: tuple[str, ...] = (
         assert eng.wait_ready(10).ready
         r = eng.generate(frontend.prepare_tokens(PROMPT), SamplingParams(temperature=0.0), max_tokens=max_tokens,
                          output=OutputOptions(stop=stop, ignore_eos=True), timeout=30)
+        # NOTE: the metrics snapshot is published at the worker's next boundary, which may come after the result
+        #       reaches this thread: wait for it (a leak never converges).
+        deadline = time.monotonic() + 10
+        while eng.metrics().pages_free != eng.metrics().pages_total and time.monotonic() < deadline:
+            time.sleep(0.01)
         assert eng.metrics().pages_free == eng.metrics().pages_total
     return r
 
