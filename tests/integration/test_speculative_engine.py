@@ -102,7 +102,7 @@ def _compare(path, K, n, tokens, seed):
 
 @pytest.mark.parametrize("kind,K", [("moe", 3)])
 def test_speculative_engine_greedy_equals_plain(tiny_artifact_path, kind, K):
-    _compare(tiny_artifact_path(kind), K, 8, 16, seed=K)
+    _compare(tiny_artifact_path(kind), K, 6, 12, seed=K)
 
 
 @pytest.mark.skipif(not LONG, reason="full-size run: NINFER_LONG_TESTS=1")

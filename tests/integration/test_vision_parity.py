@@ -5,6 +5,7 @@ at every prompt position equal `Qwen3_5ForConditionalGeneration`'s on the same p
 for 64 tokens through the public Engine."""
 from __future__ import annotations
 
+import functools
 import io
 
 import numpy as np
@@ -20,6 +21,7 @@ from support.numerics import rel_rms
 from support.program_util import tiny_parts
 
 GREEDY = SamplingParams(temperature=0.0)
+_hf = functools.lru_cache(maxsize=None)(build_hf_model)        # one transformers model per kind for the module
 
 
 def _png(h, w, seed):
@@ -61,7 +63,7 @@ def test_mixed_prompt_logits_equal_transformers(tiny_artifact_path, kind):
                                         max_model_len=512, max_batch=2)
     prompt = frontend.prepare_chat(_messages())
     assert [m.kind for m in prompt.media].count("image") == 2 and len(prompt.media) > 3
-    hf = build_hf_model(kind, "vl")
+    hf = _hf(kind, "vl")
     with torch.no_grad():
         want = hf(**_hf_inputs(prompt)).logits[0].float()
     prog = make_program()
@@ -86,7 +88,7 @@ def test_greedy_through_the_engine_equals_transformers(tiny_artifact_path):
     frontend, make_program = tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=64, num_slots=4,
                                         max_model_len=512, max_batch=2)
     prompt = frontend.prepare_chat(_messages())
-    hf = build_hf_model("dense", "vl")
+    hf = _hf("dense", "vl")
     with torch.no_grad():
         out = hf.generate(**_hf_inputs(prompt), max_new_tokens=64, do_sample=False)
     want = out[0, len(prompt.token_ids):].tolist()
