@@ -11,11 +11,14 @@ fi
 # call carries back as .tcache/tcache.tgz (.tcache is git-ignored locally).
 export TRITON_CACHE_DIR=/tmp/tcache TRITON_CACHE_AUTOTUNING=1
 mkdir -p /tmp/tcache
-[ -f .tcache/tcache.tgz ] && tar xzf .tcache/tcache.tgz -C /tmp/tcache 2>/dev/null
-save_tcache() {
-  tar czf "$OUT/tcache.tgz" -C /tmp/tcache . 2>/dev/null
-  if [ "$(stat -c %s "$OUT/tcache.tgz")" -gt 15000000 ]; then   # too big to come back: autotune results only
-    (cd /tmp/tcache && find . -name '*.autotune.json' | tar czf "$OUT/tcache.tgz" -T -)
+if ls .tcache/tcache.tgz.* >/dev/null 2>&1; then cat .tcache/tcache.tgz.* | tar xz -C /tmp/tcache 2>/dev/null
+elif [ -f .tcache/tcache.tgz ]; then tar xzf .tcache/tcache.tgz -C /tmp/tcache 2>/dev/null; fi
+save_tcache() {   # in pieces of 15 MB (a returned file is capped at 16 MiB), at most 3 of them
+  rm -f "$OUT"/tcache.tgz*
+  tar czf - -C /tmp/tcache . 2>/dev/null | split -b 15000000 -d -a 2 - "$OUT/tcache.tgz."
+  if [ -e "$OUT/tcache.tgz.03" ]; then   # too big to come back: autotune results only
+    rm -f "$OUT"/tcache.tgz.*
+    (cd /tmp/tcache && find . -name '*.autotune.json' | tar czf "$OUT/tcache.tgz.00" -T -)
   fi
-  ls -la "$OUT/tcache.tgz"
+  ls -la "$OUT"/tcache.tgz.*
 }
