@@ -17,11 +17,14 @@ log = logging.getLogger("ninfer.gateway.http")
 MAX_STOP_STRINGS = 16
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
+MAX_WARNED_FIELDS = 256                   # distinct unknown field names logged per process
+MAX_LOGGED_NAME = 64
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
-    # NOTE: process-wide, so that a client sending the same extra field on every request logs it once
+    # NOTE: process-wide, so that a client sending the same extra field on every request logs it once;
+    # bounded, so that a client inventing names can neither grow it nor flood the log
     _warned_fields: ClassVar[set[str]] = set()
 
     @model_validator(mode="wrap")
@@ -30,12 +33,17 @@ class _Model(BaseModel):
         value = handler(data)
         if isinstance(data, dict) and cls.model_config.get("extra") == "ignore":
             known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+            warned = _Model._warned_fields
             for key in data.keys() - known:
-                name = f"{cls.__name__}.{key}"
-                if name not in _Model._warned_fields:
-                    _Model._warned_fields.add(name)
+                name = f"{cls.__name__}.{key[:MAX_LOGGED_NAME]}"
+                if name in warned or len(warned) > MAX_WARNED_FIELDS:
+                    continue
+                warned.add(name)
+                if len(warned) > MAX_WARNED_FIELDS:
+                    log.warning("more than %d unknown request field names: no more are logged", MAX_WARNED_FIELDS)
+                else:
                     log.warning("ignoring the unknown request field %r of %s (logged once per field name)",
-                                key, cls.__name__)
+                                key[:MAX_LOGGED_NAME], cls.__name__)
         return value
 
 

@@ -74,6 +74,21 @@ def test_unknown_fields_are_ignored_and_logged_once_per_name(client, caplog):
     assert known == []                    # known fields are never reported
 
 
+def test_unknown_field_names_logged_are_bounded(monkeypatch, caplog):
+    from ninfer.gateway.http import protocol
+
+    monkeypatch.setattr(protocol._Model, "_warned_fields", set())
+    monkeypatch.setattr(protocol, "MAX_WARNED_FIELDS", 3)
+    with caplog.at_level(logging.WARNING, logger="ninfer.gateway.http"):
+        for batch in range(2):
+            body = {"messages": USER, **{f"f{batch}_{i}_" + "x" * 100: i for i in range(5)}}
+            protocol.ChatCompletionRequest.model_validate(body)
+    warned = [rec.getMessage() for rec in caplog.records]
+    assert len(warned) == 4 and "no more are logged" in warned[-1]
+    assert all(len(m) < 200 for m in warned)                  # a long name is cut
+    assert len(protocol._Model._warned_fields) == 4
+
+
 def _refs(node):
     if isinstance(node, dict):
         if "$ref" in node:
