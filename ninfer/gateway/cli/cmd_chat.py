@@ -9,6 +9,9 @@ Commands: /reset (forget the conversation), /system TEXT (set the system message
 /help, /exit. Reasoning is shown dimmed before the answer.
 Ctrl-C cancels the answer being generated (the turn is dropped) and returns to the prompt;
 Ctrl-D (end of input) exits.
+
+On a terminal (chat_tty.py): line editing, history across runs and multi-line input (prompt_toolkit),
+answers rendered as Markdown (rich). Piped input is read line by line and the answer streams as text.
 """
 from __future__ import annotations
 
@@ -18,9 +21,11 @@ import sys
 import threading
 import uuid
 
-from ninfer.gateway.cli.common import (add_engine_args, add_model_arg, add_sampling_args, check_max_tokens, dim,
-                               engine_config, open_engine, output_room, resolve_model, room_note, sampling_params,
-                               use_color)
+from ninfer.gateway.cli.chat_tty import (EDIT_HELP, EditingReader, MarkdownAnswer, PlainReader, history_path,
+                                        terminal_console)
+from ninfer.gateway.cli.common import (CLIError, add_engine_args, add_model_arg, add_sampling_args, check_max_tokens,
+                               dim, engine_config, open_engine, output_room, resolve_model, room_note,
+                               sampling_params, use_color)
 
 HELP = ("commands: /reset  /system TEXT  /think on|off  /image PATH  /video PATH  /help  /exit    "
         "(Ctrl-C cancels an answer, Ctrl-D exits)")
@@ -39,8 +44,11 @@ def add_parser(p: argparse.ArgumentParser) -> None:
 
 
 class ChatSession:
-    def __init__(self, engine, args):
+    """One conversation. `console`: a rich Console to render answers as Markdown on (None: plain text)."""
+
+    def __init__(self, engine, args, console=None):
         self.engine = engine
+        self.console = console
         self.args = args
         self.system: str | None = args.system
         self.think = args.think == "on"
@@ -135,19 +143,28 @@ class ChatSession:
             return
         out = sys.stdout
         in_reasoning = False
+        markdown = None                       # the answer's MarkdownAnswer while it streams to a console
         result = None
         ctrl_c = _CtrlC(handle)
         try:
             for ev in handle:
                 if isinstance(ev, GenerationDelta):
                     if ev.delta.reasoning:
+                        if markdown is not None:
+                            markdown.close()
+                            markdown = None
                         out.write(dim(ev.delta.reasoning, self.color))
                         in_reasoning = True
                     if ev.delta.text:
                         if in_reasoning:
                             out.write("\n\n")
                             in_reasoning = False
-                        out.write(ev.delta.text)
+                        if self.console is not None:
+                            out.flush()
+                            markdown = markdown or MarkdownAnswer(self.console)
+                            markdown.write(ev.delta.text)
+                        else:
+                            out.write(ev.delta.text)
                     out.flush()
                 elif isinstance(ev, GenerationResult):
                     result = ev
@@ -158,11 +175,14 @@ class ChatSession:
         finally:
             ctrl_c.restore()
             handle.close()
+            if markdown is not None:
+                markdown.close()
         if ctrl_c.pressed:
             handle.cancel()
             print("\n[cancelled]")
             return
-        out.write("\n")
+        if markdown is None:                  # NOTE: rendered Markdown ends with its own newline
+            out.write("\n")
         out.flush()
         if result is None:
             return
@@ -207,24 +227,31 @@ def run(args: argparse.Namespace) -> int:
     path, name, _ = resolve_model(args.model, config=config)
     engine = open_engine(path, config)
     try:
-        session = ChatSession(engine, args)
-        print(f"chatting with {name}. {HELP}")
-        while True:
-            try:
-                line = input("> ")
-            except EOFError:
-                print()
-                return 0
-            except KeyboardInterrupt:
-                print()
-                continue
-            line = line.strip()
-            if not line:
-                continue
-            if line.startswith("/"):
-                if not session.command(line):
-                    return 0
-                continue
-            session.answer(line)
+        editing = hasattr(sys.stdin, "isatty") and sys.stdin.isatty()
+        reader = EditingReader(history_path()) if editing else PlainReader()
+        session = ChatSession(engine, args, console=terminal_console())
+        print(f"chatting with {name}. {HELP}" + (f"\n{EDIT_HELP}" if editing else ""))
+        return chat_loop(session, reader)
     finally:
         engine.close()
+
+
+def chat_loop(session: ChatSession, reader) -> int:
+    """Read messages and /commands until end of input or /exit."""
+    while True:
+        try:
+            line = reader.read("> ")
+        except EOFError:
+            print()
+            return 0
+        except KeyboardInterrupt:
+            print()
+            continue
+        line = line.strip()
+        if not line:
+            continue
+        if line.startswith("/"):
+            if not session.command(line):
+                return 0
+            continue
+        session.answer(line)

@@ -1,8 +1,8 @@
 """The OpenAI-compatible HTTP Gateway (FastAPI): the app, its error handlers and its guard.
 
 Request flow (one HTTP request):
-  1. auth (Bearer key: GuardMiddleware), readiness, body size, JSON, schema (400 naming the field),
-     model (404): parsing.py
+  1. auth (Bearer key: GuardMiddleware), readiness, content type (415 unless JSON), body size, JSON,
+     schema (400 naming the field; unknown fields ignored, logged once per name), model (404): parsing.py
   2. media_parts.py: image/video parts -> decoded MediaItems (ninfer/gateway/media/; 400 naming
      the part); convert.py: messages/prompt -> PreparedPrompt, SamplingParams, OutputOptions, max_tokens
   3. engine.submit per choice (n > 1: n requests); a refusal at submit maps to 429/503/400: runs.py
@@ -10,7 +10,8 @@ Request flow (one HTTP request):
      goes away closes its handles, which cancels the requests and gives their capacity back
   5. one log line per engine request (id, tokens, TTFT, tokens/s, finish reason): runs.py
 The routes: routes_completions.py (/v1/chat/completions, /v1/completions) and routes_info.py
-(/health, /metrics, /v1/models, /tokenize, /detokenize, /tokenizer_info).
+(/health, /metrics, /v1/models, /tokenize, /detokenize, /tokenizer_info); FastAPI's /openapi.json
+(openapi.py adds the request models) and its Swagger UI at /docs.
 The Gateway never orders requests or touches cache/pages: it only submits, reads and cancels.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ninfer.gateway.http.errors import APIError, internal_error, unauthorized
 from ninfer.gateway.http.metrics import EngineCollector, make_registry
+from ninfer.gateway.http.openapi import serve_openapi
 from ninfer.gateway.http.routes_completions import add_completion_routes
 from ninfer.gateway.http.routes_info import add_info_routes
 from ninfer.gateway.http.state import GatewayState
@@ -48,7 +50,9 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
             async with lifespan(app):
                 yield
 
-    app = FastAPI(title="NInfer", docs_url=None, redoc_url=None, openapi_url=None, lifespan=_lifespan)
+    # NOTE: /docs is FastAPI's Swagger UI page: the browser loads its script and style from a CDN
+    app = FastAPI(title="NInfer", description="OpenAI-compatible API of NInfer, with vLLM's extensions",
+                  docs_url="/docs", redoc_url=None, openapi_url="/openapi.json", lifespan=_lifespan)
     app.state.gateway = state
 
     @app.exception_handler(APIError)
@@ -64,6 +68,7 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
     app.add_middleware(GuardMiddleware, state=state)
     add_info_routes(app, state, registry)
     add_completion_routes(app, state)
+    serve_openapi(app, bool(state.api_key), GuardMiddleware.OPEN_PATHS)
     return app
 
 
@@ -74,7 +79,9 @@ class GuardMiddleware:
     wraps `receive`, and `Request.is_disconnected()` then never sees the client go away.
     """
 
-    OPEN_PATHS = ("/health", "/metrics")
+    # NOTE: the API description is the same for every NInfer server, and a browser opening /docs
+    # sends no key (Swagger UI's Authorize button adds it to the requests it makes)
+    OPEN_PATHS = ("/health", "/metrics", "/docs", "/docs/oauth2-redirect", "/openapi.json")
 
     def __init__(self, app, state: GatewayState):
         self.app = app

@@ -46,6 +46,12 @@ def body_too_large(limit: int) -> APIError:
                     code="request_too_large")
 
 
+def unsupported_media_type(content_type: str | None) -> APIError:
+    got = f"Unsupported Content-Type `{content_type}`" if content_type else "Missing Content-Type"
+    return APIError(415, f"{got}: send the body as JSON with `Content-Type: application/json`.",
+                    code="unsupported_media_type")
+
+
 def not_ready(reason: str) -> APIError:
     return APIError(503, f"The engine is not ready: {reason}", type="service_unavailable_error",
                     code="not_ready")

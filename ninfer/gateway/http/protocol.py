@@ -1,22 +1,50 @@
 """OpenAI-compatible request schemas (pydantic). Validation errors name the offending field.
 
-Unknown fields are ignored (clients send many optional OpenAI fields we have no use for); fields
-whose meaning we cannot honour are rejected by name in `convert.py`.
+Unknown fields are ignored (clients send many optional OpenAI fields we have no use for) and logged
+with a warning once per field name and model, as vLLM does; fields whose meaning we cannot honour are
+rejected by name in `convert.py`.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal, Union
+import logging
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator,
                       model_validator)
 
+log = logging.getLogger("ninfer.gateway.http")
+
 MAX_STOP_STRINGS = 16
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
+MAX_WARNED_FIELDS = 256                   # distinct unknown field names logged per process
+MAX_LOGGED_NAME = 64
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore")
+    # NOTE: process-wide, so that a client sending the same extra field on every request logs it once;
+    # bounded, so that a client inventing names can neither grow it nor flood the log
+    _warned_fields: ClassVar[set[str]] = set()
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _log_unknown_fields(cls, data: Any, handler):
+        value = handler(data)
+        if isinstance(data, dict) and cls.model_config.get("extra") == "ignore":
+            known = set(cls.model_fields) | {f.alias for f in cls.model_fields.values() if f.alias}
+            warned = _Model._warned_fields
+            for key in data.keys() - known:
+                name = f"{cls.__name__}.{key[:MAX_LOGGED_NAME]}"
+                if name in warned or len(warned) > MAX_WARNED_FIELDS:
+                    continue
+                warned.add(name)
+                if len(warned) > MAX_WARNED_FIELDS:
+                    log.warning("more than %d unknown request field names: no more are logged", MAX_WARNED_FIELDS)
+                else:
+                    log.warning("ignoring the unknown request field %r of %s (logged once per field name)",
+                                key[:MAX_LOGGED_NAME], cls.__name__)
+        return value
 
 
 # ---------------------------------------------------------------------------------------------
