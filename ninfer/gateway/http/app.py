@@ -10,7 +10,8 @@ Request flow (one HTTP request):
      goes away closes its handles, which cancels the requests and gives their capacity back
   5. one log line per engine request (id, tokens, TTFT, tokens/s, finish reason): runs.py
 The routes: routes_completions.py (/v1/chat/completions, /v1/completions) and routes_info.py
-(/health, /metrics, /v1/models, /tokenize, /detokenize, /tokenizer_info).
+(/health, /metrics, /v1/models, /tokenize, /detokenize, /tokenizer_info); the browser playground
+(`/` and `/ui/`, off with `state.ui = False`) in ui/.
 The Gateway never orders requests or touches cache/pages: it only submits, reads and cancels.
 """
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ninfer.gateway.http.metrics import EngineCollector, make_registry
 from ninfer.gateway.http.routes_completions import add_completion_routes
 from ninfer.gateway.http.routes_info import add_info_routes
 from ninfer.gateway.http.state import GatewayState
+from ninfer.gateway.http.ui import add_ui_routes, is_ui_path
 
 __all__ = ["GatewayState", "GuardMiddleware", "create_app"]
 log = logging.getLogger("ninfer.gateway.http")
@@ -64,6 +66,8 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
     app.add_middleware(GuardMiddleware, state=state)
     add_info_routes(app, state, registry)
     add_completion_routes(app, state)
+    if state.ui:
+        add_ui_routes(app)
     return app
 
 
@@ -82,6 +86,8 @@ class GuardMiddleware:
 
     def _authorized(self, scope) -> bool:
         if not self.state.api_key or scope["path"] in self.OPEN_PATHS:
+            return True
+        if self.state.ui and is_ui_path(scope["path"]):    # the page asks for the key itself
             return True
         header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
         scheme, _, token = header.partition(" ")
