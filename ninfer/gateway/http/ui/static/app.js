@@ -11,7 +11,7 @@ import { MarkdownView, renderMarkdown } from './markdown.js';
 import * as store from './store.js';
 
 const $ = (id) => document.getElementById(id);
-const HEALTH_POLL_MS = 1000;
+const HEALTH_POLL_MS = 500;
 const MIN_RATE_MS = 50;
 
 const ui = {
