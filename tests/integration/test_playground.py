@@ -199,7 +199,11 @@ def test_stream_then_stop_frees_the_server(page, server, shots):
     p.wait_for_function(grown, arg=[answer, 20], timeout=20000)
     first = len(p.inner_text(answer))
     p.wait_for_function(grown, arg=[answer, first + 20], timeout=20000)
-    assert p.is_visible("#stop") and running(server) == 1        # text grows while the answer streams
+    assert p.is_visible("#stop")                                   # text grows while the answer streams
+    t0 = time.monotonic()
+    while running(server) != 1:                                     # (the metrics snapshot may lag a step)
+        assert time.monotonic() - t0 < 5, "the streamed request does not show as running"
+        time.sleep(0.05)
     page.shot(shots, "3-streaming")
     p.click("#stop")
     t0 = time.monotonic()
@@ -207,6 +211,13 @@ def test_stream_then_stop_frees_the_server(page, server, shots):
         assert time.monotonic() - t0 < 5, "the stopped request still runs"
         time.sleep(0.05)
     print(f"running requests back to 0 {1000 * (time.monotonic() - t0):.0f} ms after Stop")
+    while True:                                                     # cancelled, not run to its end
+        text = httpx.get(server.base + "/metrics", timeout=10).text
+        if metric(text, "ninfer:request_success_total", 0, finished_reason="abort") == 1:
+            break
+        assert time.monotonic() - t0 < 5, text
+        time.sleep(0.05)
+    assert metric(text, "ninfer:request_success_total", 0, finished_reason="length") == 0
     page.wait_answer_done()
     assert "stopped" in p.inner_text("article.assistant .stats")
     assert p.is_visible("#send") and p.is_hidden("#stop")
@@ -439,7 +450,7 @@ def test_markdown_streaming_matches_whole_render(page):
 class _SlowSSE(http.server.BaseHTTPRequestHandler):
     """Streams `tokens` content deltas in batches of `batch`, `pause_s` apart (what a fast model sends)."""
     tokens: list[str] = []
-    batch = 25
+    batch = 40
     pause_s = 0.02
 
     def do_POST(self):

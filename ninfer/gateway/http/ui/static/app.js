@@ -1,5 +1,5 @@
 // The playground page: conversations, the composer, the settings panel, and one streamed
-// answer at a time. Model text reaches the DOM only as text nodes (markdown.js).
+// answer at a time (the message DOM is views.js; model text reaches the DOM only as text nodes).
 //
 // Streaming: each SSE chunk only appends to the message record and schedules one render per
 // animation frame; a render appends the new reasoning text as a text node and re-renders only
@@ -7,8 +7,8 @@
 // with the answer's length.
 
 import { APIError, call, health, setApiKey, streamChat } from './client.js';
-import { MarkdownView, renderMarkdown } from './markdown.js';
 import * as store from './store.js';
+import { assistantView, button, el, userView } from './views.js';
 
 const $ = (id) => document.getElementById(id);
 const HEALTH_POLL_MS = 500;
@@ -36,20 +36,6 @@ let attachments = [];                            // data: URLs of the draft's im
 function newConversation() {
   const id = globalThis.crypto?.randomUUID ? crypto.randomUUID() : `${Date.now()}-${Math.random()}`;
   return { id, title: '', created: Date.now(), messages: [] };
-}
-
-function el(tag, className, text) {
-  const e = document.createElement(tag);
-  if (className) e.className = className;
-  if (text !== undefined) e.textContent = text;
-  return e;
-}
-
-function button(text, className, onClick) {
-  const b = el('button', className, text);
-  b.type = 'button';
-  b.addEventListener('click', onClick);
-  return b;
 }
 
 // ---- status banners, server readiness, model, API key ------------------------------------
@@ -248,36 +234,14 @@ function historyMessages(messages, withImages = true) {
   return out;
 }
 
-function userView(msg, index, last) {
-  const article = el('article', 'msg user');
-  article.dataset.index = index;
-  const body = el('div', 'body', msg.text);
-  article.append(body);
-  if (msg.images?.length) {
-    const row = el('div', 'images');
-    for (const url of msg.images) {
-      if (!url) { row.append(el('span', 'image-missing', '[image not kept]')); continue; }
-      const img = el('img');
-      img.src = url;
-      img.alt = 'attached image';
-      row.append(img);
-    }
-    article.append(row);
-  }
-  if (last && !active) {
-    const actions = el('div', 'actions');
-    actions.append(button('Edit', 'edit', () => editMessage(article, msg, index)));
-    article.append(actions);
-  }
-  return article;
-}
-
 function editMessage(article, msg, index) {
+  if (active) return;
   const box = el('textarea', 'edit-box');
   box.value = msg.text;
   box.rows = Math.min(12, Math.max(2, msg.text.split('\n').length));
   const actions = el('div', 'actions');
   actions.append(button('Save & send', 'save-edit', () => {
+    if (active) return;
     msg.text = box.value;
     conv.messages.length = index + 1;
     persist();
@@ -286,18 +250,6 @@ function editMessage(article, msg, index) {
   }), button('Cancel', 'cancel-edit', () => renderConversation()));
   article.replaceChildren(box, actions);
   box.focus();
-}
-
-function statsText(s, finish) {
-  const parts = [];
-  if (s.ttft_ms != null) parts.push(`TTFT ${Math.round(s.ttft_ms)} ms`);
-  if (s.tokens_per_s != null) parts.push(`${s.tokens_per_s.toFixed(1)} tok/s`);
-  const count = `${s.approximate ? '~' : ''}${s.completion_tokens} tokens`;
-  parts.push(s.prompt_tokens != null ? `${s.prompt_tokens} prompt + ${count}` : count);
-  if (s.reasoning_tokens) parts.push(`${s.reasoning_tokens} reasoning`);
-  if (s.cached_tokens) parts.push(`${s.cached_tokens} cached`);
-  if (finish) parts.push(finish === 'stopped' ? 'stopped' : `finish: ${finish}`);
-  return parts.join(' · ');
 }
 
 function mergeToolCalls(calls, deltas) {
@@ -309,83 +261,17 @@ function mergeToolCalls(calls, deltas) {
   }
 }
 
-function toolCallNodes(calls) {
-  return calls.filter(Boolean).map((c) => {
-    const box = el('div', 'tool-call');
-    const head = el('div', 'tool-head');
-    head.append(el('span', 'tool-kind', 'tool call'), el('span', 'tool-name', c.name || '…'));
-    if (c.id) head.append(el('span', 'tool-id', c.id));
-    let args = c.arguments;
-    try { args = JSON.stringify(JSON.parse(c.arguments), null, 2); } catch { /* partial or not JSON: as sent */ }
-    const pre = el('pre', 'tool-args');
-    pre.append(el('code', '', args));
-    box.append(head, pre);
-    return box;
-  });
-}
-
-/** The DOM of an assistant message and its per-frame renderer. */
-function assistantView(msg, index, last) {
-  const article = el('article', 'msg assistant');
-  article.dataset.index = index;
-  const reasoning = el('details', 'reasoning');
-  reasoning.append(el('summary', '', 'Reasoning'));
-  const reasoningBody = el('div', 'reasoning-body');
-  reasoning.append(reasoningBody);
-  reasoning.hidden = true;
-  const answer = el('div', 'answer md');
-  const tools = el('div', 'tool-calls');
-  const error = el('div', 'error');
-  error.hidden = true;
-  const footer = el('footer', 'stats');
-  const actions = el('div', 'actions');
-  article.append(reasoning, answer, tools, error, footer, actions);
-  const markdown = new MarkdownView(answer);
-  let reasoningShown = 0;
-  let toolsShown = '';
-  let pending = false;
-
-  function render() {
-    pending = false;
-    const stick = ui.messages.scrollHeight - ui.messages.scrollTop - ui.messages.clientHeight < 80;
-    if (msg.reasoning.length > reasoningShown) {
-      reasoning.hidden = false;
-      reasoningBody.append(msg.reasoning.slice(reasoningShown));
-      reasoningShown = msg.reasoning.length;
-    }
-    markdown.update(msg.content);
-    const toolsNow = JSON.stringify(msg.tool_calls);
-    if (toolsNow !== toolsShown) {
-      tools.replaceChildren(...toolCallNodes(msg.tool_calls));
-      toolsShown = toolsNow;
-    }
-    error.hidden = !msg.error;
-    error.textContent = msg.error || '';
-    footer.textContent = msg.stats ? statsText(msg.stats, msg.finish) : '';
-    if (stick) ui.messages.scrollTop = ui.messages.scrollHeight;
-  }
-
-  function setActions(isLast) {
-    actions.replaceChildren();
-    if (isLast) actions.append(button('Regenerate', 'regenerate', regenerate));
-  }
-
-  render();
-  setActions(last && !active);
-  return {
-    article, setActions, render,
-    schedule() {
-      if (!pending) { pending = true; requestAnimationFrame(render); }
-    },
-    streaming(on) { reasoning.open = on; article.classList.toggle('streaming', on); },
-  };
+function editable(index) {
+  return (article) => editMessage(article, conv.messages[index], index);
 }
 
 function renderConversation() {
   const n = conv.messages.length;
+  const idle = active === null;
+  const lastUser = conv.messages.at(-1)?.role === 'user' ? n - 1 : n - 2;
   const nodes = conv.messages.map((m, i) => (m.role === 'user'
-    ? userView(m, i, i === n - 1 || (i === n - 2 && conv.messages[n - 1].role === 'assistant'))
-    : assistantView(m, i, i === n - 1).article));
+    ? userView(m, i, idle && i === lastUser ? editable(i) : null)
+    : assistantView(m, i, ui.messages, idle && i === n - 1 ? regenerate : null).article));
   if (!n) nodes.push(el('p', 'empty', 'Send a message to start.'));
   ui.messages.replaceChildren(...nodes);
   ui.messages.scrollTop = ui.messages.scrollHeight;
@@ -440,7 +326,7 @@ async function generate() {
   updateControls();
   conv.messages.push(msg);
   renderConversation();
-  const view = assistantView(msg, conv.messages.length - 1, true);
+  const view = assistantView(msg, conv.messages.length - 1, ui.messages, null);
   ui.messages.lastChild.replaceWith(view.article);
   view.streaming(true);
   const t0 = performance.now();
@@ -495,9 +381,9 @@ async function generate() {
   // the actions of the last turn (Edit, Regenerate) come back; the answer is not rendered again
   const at = conv.messages.indexOf(msg);
   if (at === conv.messages.length - 1 && view.article.isConnected) {
-    view.setActions(true);
+    view.setActions(regenerate);
     const prev = view.article.previousElementSibling;
-    if (prev && conv.messages[at - 1]?.role === 'user') prev.replaceWith(userView(conv.messages[at - 1], at - 1, true));
+    if (prev && conv.messages[at - 1]?.role === 'user') prev.replaceWith(userView(conv.messages[at - 1], at - 1, editable(at - 1)));
   }
   countTokens();
 }
