@@ -459,15 +459,15 @@ class _SlowSSE(http.server.BaseHTTPRequestHandler):
         self.send_header("content-type", "text/event-stream")
         self.send_header("cache-control", "no-cache")
         self.end_headers()
-        self.wfile.write(sse(delta(role="assistant", content=""))[:-len("data: [DONE]\n\n")].encode())
+        event = lambda obj: f"data: {json.dumps(obj)}\n\n"
+        self.wfile.write(event(delta(role="assistant", content="")).encode())
         for i in range(0, len(self.tokens), self.batch):
-            self.wfile.write("".join(f"data: {json.dumps(delta(content=t))}\n\n"
-                                     for t in self.tokens[i:i + self.batch]).encode())
+            self.wfile.write("".join(event(delta(content=t)) for t in self.tokens[i:i + self.batch]).encode())
             self.wfile.flush()
             time.sleep(self.pause_s)
         usage = {"id": "c", "object": "chat.completion.chunk", "model": MODEL, "choices": [],
                  "usage": {"prompt_tokens": 5, "completion_tokens": len(self.tokens), "total_tokens": 5 + len(self.tokens)}}
-        self.wfile.write(f"data: {json.dumps(usage)}\n\ndata: [DONE]\n\n".encode())
+        self.wfile.write((event(usage) + "data: [DONE]\n\n").encode())
         self.close_connection = True
 
     def log_message(self, *args):
@@ -526,7 +526,7 @@ def test_streaming_2000_tokens_stays_responsive(page, shots):
     text = p.inner_text("article.assistant .answer")
     assert text.rstrip().endswith(tokens[-1].strip()) and p.locator("article.assistant .answer h2").count() >= 20
     assert "2000 tokens" in p.inner_text("article.assistant .stats")
-    assert probe["frames"] >= 0.5 * wall / 16.7 * 0.5, probe                  # frames kept coming
+    assert probe["frames"] >= wall / 16.7 / 4, probe                  # frames kept coming (60 Hz ideal)
     assert long_total < 0.3 * wall and max(probe["longTasks"], default=0) < 200, probe
     assert probe["removed"] <= 4 * probe["frames"] + 20, probe                # only the open block re-renders
     page.shot(shots, "10-long-stream")
