@@ -271,9 +271,14 @@ def test_image_attach_shows_the_server_error(page, shots):
     # a drop on the chat area and a paste attach too
     p.evaluate("""(b64) => {
         const bytes = Uint8Array.from(atob(b64), (c) => c.charCodeAt(0));
-        const files = () => { const dt = new DataTransfer(); dt.items.add(new File([bytes], 'x.png', {type: 'image/png'})); return dt; };
-        document.getElementById('chat').dispatchEvent(new DragEvent('drop', {dataTransfer: files(), bubbles: true, cancelable: true}));
-        document.getElementById('input').dispatchEvent(new ClipboardEvent('paste', {clipboardData: files(), bubbles: true, cancelable: true}));
+        const files = () => {
+            const dt = new DataTransfer();
+            dt.items.add(new File([bytes], 'x.png', {type: 'image/png'}));
+            return dt;
+        };
+        const opts = {bubbles: true, cancelable: true};
+        document.getElementById('chat').dispatchEvent(new DragEvent('drop', {dataTransfer: files(), ...opts}));
+        document.getElementById('input').dispatchEvent(new ClipboardEvent('paste', {clipboardData: files(), ...opts}));
     }""", base64.b64encode(png(32, 32)).decode())
     p.wait_for_function("() => document.querySelectorAll('.attachment img').length === 3")
     p.click(".attachment:last-child .remove")
@@ -466,7 +471,8 @@ class _SlowSSE(http.server.BaseHTTPRequestHandler):
             self.wfile.flush()
             time.sleep(self.pause_s)
         usage = {"id": "c", "object": "chat.completion.chunk", "model": MODEL, "choices": [],
-                 "usage": {"prompt_tokens": 5, "completion_tokens": len(self.tokens), "total_tokens": 5 + len(self.tokens)}}
+                 "usage": {"prompt_tokens": 5, "completion_tokens": len(self.tokens),
+                           "total_tokens": 5 + len(self.tokens)}}
         self.wfile.write((event(usage) + "data: [DONE]\n\n").encode())
         self.close_connection = True
 
@@ -477,7 +483,8 @@ class _SlowSSE(http.server.BaseHTTPRequestHandler):
 def markdown_tokens(n: int) -> list[str]:
     """`n` tokens of mixed Markdown: paragraphs, lists, code blocks, headings."""
     blocks = ["## Section {k}\n\n", "Some **bold** words and `inline code` in paragraph {k} with more text here.\n\n",
-              "- item {k} one\n- item {k} two with *emphasis*\n\n", "```js\nconst x{k} = {k};\nconsole.log(x{k});\n```\n\n"]
+              "- item {k} one\n- item {k} two with *emphasis*\n\n",
+              "```js\nconst x{k} = {k};\nconsole.log(x{k});\n```\n\n"]
     out: list[str] = []
     k = 0
     while len(out) < n:
@@ -509,8 +516,11 @@ def test_streaming_2000_tokens_stays_responsive(page, shots):
                 .observe({type: 'longtask'});
             new MutationObserver((records) => { for (const r of records) probe.removed += r.removedNodes.length; })
                 .observe(answer, {childList: true, subtree: true});
-            const tick = () => { if (!document.querySelector('article.assistant.streaming')) { probe.t1 = performance.now(); return; }
-                                 probe.frames++; requestAnimationFrame(tick); };
+            const tick = () => {
+                if (!document.querySelector('article.assistant.streaming')) { probe.t1 = performance.now(); return; }
+                probe.frames++;
+                requestAnimationFrame(tick);
+            };
             requestAnimationFrame(tick);
         }""")
         page.wait_answer_done()

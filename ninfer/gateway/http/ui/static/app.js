@@ -59,8 +59,9 @@ function waitReady() {
     for (;;) {
       const h = await health();
       if (h.ready) break;
+      const why = h.reason ? ` (${h.reason})` : '';
       showStatus(h.status === 'unreachable' ? 'Cannot reach the server; retrying…'
-        : `The server is ${h.status === 'starting' ? 'starting' : h.status}${h.reason ? ` (${h.reason})` : ''}; waiting until it is ready…`);
+        : `The server is ${h.status}${why}; waiting until it is ready…`);
       await new Promise((r) => setTimeout(r, HEALTH_POLL_MS));
     }
     showStatus('');
@@ -383,7 +384,9 @@ async function generate() {
   if (at === conv.messages.length - 1 && view.article.isConnected) {
     view.setActions(regenerate);
     const prev = view.article.previousElementSibling;
-    if (prev && conv.messages[at - 1]?.role === 'user') prev.replaceWith(userView(conv.messages[at - 1], at - 1, editable(at - 1)));
+    if (prev && conv.messages[at - 1]?.role === 'user') {
+      prev.replaceWith(userView(conv.messages[at - 1], at - 1, editable(at - 1)));
+    }
   }
   countTokens();
 }

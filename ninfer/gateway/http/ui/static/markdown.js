@@ -236,7 +236,7 @@ function blocks(lines, out) {
       out.append(bq);
     } else if (LIST.test(line)) {
       i = list(lines, i, out);
-    } else if (line.includes('|') && i + 1 < lines.length && lines[i + 1].includes('-') && TABLE_SEP.test(lines[i + 1])) {
+    } else if (line.includes('|') && i + 1 < lines.length && TABLE_SEP.test(lines[i + 1])) {
       i = table(lines, i, out);
     } else {
       const para = [line.trim()];
