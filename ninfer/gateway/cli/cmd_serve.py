@@ -25,6 +25,8 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip the serve warmup (a few requests at start, so that the first prompts do not wait "
                         "for kernel compiles and graph captures; none run on the CPU)")
+    p.add_argument("--no-ui", dest="ui", action="store_false",
+                   help="do not serve the browser playground at / (the API routes only)")
     add_media_args(p)
     # NOTE: --force-accept-len too, for `ninfer bench serve` (a benchmarking aid: synthetic weights)
     add_engine_args(p, force_accept_len=True)
@@ -139,9 +141,10 @@ def run(args: argparse.Namespace) -> int:
     media = media_policy(args)
     _check_listen(args.host, args.port)
     config = engine_config(args)
-    path, name, _ = resolve_model(args.model, config=config)
+    path, name, is_demo = resolve_model(args.model, config=config)
     check_model(path, config)
     return serve(lambda: open_engine(path, config), model_name=args.served_model_name or name,
                  host=args.host, port=args.port, api_key=args.api_key or None,
                  max_body_bytes=args.max_body_bytes, drain_timeout_s=args.drain_timeout_s,
-                 log_level=args.log_level, synthetic=config.synthetic, warmup=args.warmup, media=media)
+                 log_level=args.log_level, synthetic=config.synthetic, warmup=args.warmup, media=media,
+                 demo=is_demo, ui=args.ui)

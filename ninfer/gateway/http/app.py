@@ -11,7 +11,8 @@ Request flow (one HTTP request):
   5. one log line per engine request (id, tokens, TTFT, tokens/s, finish reason): runs.py
 The routes: routes_completions.py (/v1/chat/completions, /v1/completions) and routes_info.py
 (/health, /metrics, /v1/models, /tokenize, /detokenize, /tokenizer_info); FastAPI's /openapi.json
-(openapi.py adds the request models) and its Swagger UI at /docs.
+(openapi.py adds the request models) and its Swagger UI at /docs; the browser playground (`/` and `/ui/`,
+off with `state.ui = False`) in ui/.
 The Gateway never orders requests or touches cache/pages: it only submits, reads and cancels.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ from ninfer.gateway.http.openapi import serve_openapi
 from ninfer.gateway.http.routes_completions import add_completion_routes
 from ninfer.gateway.http.routes_info import add_info_routes
 from ninfer.gateway.http.state import GatewayState
+from ninfer.gateway.http.ui import add_ui_routes, is_ui_path
 
 __all__ = ["GatewayState", "GuardMiddleware", "create_app"]
 log = logging.getLogger("ninfer.gateway.http")
@@ -69,6 +71,8 @@ def create_app(state: GatewayState, lifespan=None) -> FastAPI:
     add_info_routes(app, state, registry)
     add_completion_routes(app, state)
     serve_openapi(app, bool(state.api_key), GuardMiddleware.OPEN_PATHS)
+    if state.ui:
+        add_ui_routes(app)
     return app
 
 
@@ -89,6 +93,8 @@ class GuardMiddleware:
 
     def _authorized(self, scope) -> bool:
         if not self.state.api_key or scope["path"] in self.OPEN_PATHS:
+            return True
+        if is_ui_path(scope["path"]):     # the playground asks for the key itself (404 with --no-ui)
             return True
         header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
         scheme, _, token = header.partition(" ")

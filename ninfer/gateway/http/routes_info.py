@@ -32,6 +32,8 @@ def add_info_routes(app: FastAPI, state: GatewayState, registry: CollectorRegist
         card = {"id": state.model_name, "object": "model", "created": state.created, "owned_by": "ninfer"}
         if state.synthetic:
             card["synthetic_weights"] = True
+        if state.demo:
+            card["demo"] = True
         if state.limits is not None:
             card["max_model_len"] = state.limits.max_model_len
         return card

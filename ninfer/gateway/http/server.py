@@ -90,13 +90,13 @@ def warm_up(engine) -> None:
 def serve(engine_factory: Callable[[], object], *, model_name: str, host: str = "127.0.0.1",
           port: int = 8000, api_key: str | None = None, max_body_bytes: int | None = None,
           drain_timeout_s: float = 30.0, log_level: str = "info", synthetic: bool = False,
-          warmup: bool = True, media=None) -> int:
+          warmup: bool = True, media=None, demo: bool = False, ui: bool = True) -> int:
     """Serve until SIGINT/SIGTERM; return the exit code (0 after a drain).
 
     NOTE: a port that cannot be bound ends the process inside uvicorn (`SystemExit(3)`, the error
     on stderr) before this returns."""
     configure_logging(log_level)
-    state = GatewayState(model_name=model_name, api_key=api_key, synthetic=synthetic)
+    state = GatewayState(model_name=model_name, api_key=api_key, synthetic=synthetic, demo=demo, ui=ui)
     if media is not None:                    # a MediaPolicy (default: data: URLs only)
         state.media = media
     if max_body_bytes:

@@ -27,6 +27,8 @@ class GatewayState:
     synthetic: bool = False                          # dummy weights: every response says so
     warming: bool = False                            # the serve warmup runs (health: starting)
     media: MediaPolicy = field(default_factory=MediaPolicy)   # where images/videos may come from, limits
+    demo: bool = False                               # the built-in demo model (random text): /v1/models says so
+    ui: bool = True                                  # serve the browser playground at `/`
 
     @property
     def fingerprint(self) -> str | None:
