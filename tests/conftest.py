@@ -16,7 +16,8 @@ Threads
     cli_env). Run the suite in parallel: `python3 -m pytest -q -n 2 --dist loadfile tests` (whole
     files per worker, so that a module's fixtures are built once).
 
-Fixtures (session-scoped: each pytest-xdist worker builds what its tests use once, ~1-2 s a build)
+Fixtures (session-scoped; each is built once a run, ~1-2 s a build, by the first pytest-xdist worker that
+asks for it, in a folder all workers read: tests must not write into them; copy first)
     tiny_artifact_path(kind, dtype="fp32", *, layout="official", seed=0) -> Path of a tiny .ninfer file
     tiny_checkpoint_dir(kind, layout="official", *, seed=0, shards=1) -> HF checkpoint dir incl.
         tokenizer files
@@ -97,9 +98,39 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [it for it in items if it.get_closest_marker("gpu") is None or GPU_DIR in it.path.parents]
 
 
+def _run_shared_dir(tmp_path_factory) -> Path:
+    """A folder of this run that every pytest-xdist worker sees: the controller's base temp (the workers'
+    own base temps lie inside it), else this process's base temp."""
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent
+    shared = base / "shared"
+    shared.mkdir(exist_ok=True)
+    return shared
+
+
+def _build_once(shared: Path, name: str, build) -> Path:
+    """shared/<name>, built by `build(tmp_dir)` by the first process that asks for it (an exclusive file
+    lock per name keeps the other workers waiting), then renamed into place so it is whole or absent."""
+    import fcntl
+    import shutil
+
+    out = shared / name
+    with open(shared / f".{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not out.exists():
+            tmp = shared / f".{name}.{os.getpid()}.tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            build(tmp)
+            tmp.rename(out)
+    return out
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint_dir(tmp_path_factory):
     cache: dict[tuple, Path] = {}
+    shared = _run_shared_dir(tmp_path_factory)
 
     def get(kind: str, layout: str = "official", *, seed: int = 0, shards: int = 1) -> Path:
         key = (kind, layout, seed, shards)
@@ -107,10 +138,11 @@ def tiny_checkpoint_dir(tmp_path_factory):
             from ninfer.targets.qwen3_6.frontend.vocab import write_tokenizer_files
             from ninfer.testing.tiny_hf import write_tiny_checkpoint
 
-            out = tmp_path_factory.mktemp(f"hf-{kind}-{layout}-s{seed}-x{shards}")
-            write_tiny_checkpoint(out, kind, layout, seed=seed, shards=shards)
-            write_tokenizer_files(out)
-            cache[key] = out
+            def build(out: Path) -> None:
+                write_tiny_checkpoint(out, kind, layout, seed=seed, shards=shards)
+                write_tokenizer_files(out)
+
+            cache[key] = _build_once(shared, f"hf-{kind}-{layout}-s{seed}-x{shards}", build)
         return cache[key]
 
     return get
@@ -119,6 +151,7 @@ def tiny_checkpoint_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_artifact_path(tmp_path_factory, tiny_checkpoint_dir):
     cache: dict[tuple, Path] = {}
+    shared = _run_shared_dir(tmp_path_factory)
 
     def get(kind: str, dtype: str = "fp32", *, layout: str = "official", seed: int = 0) -> Path:
         key = (kind, dtype, layout, seed)
@@ -126,8 +159,9 @@ def tiny_artifact_path(tmp_path_factory, tiny_checkpoint_dir):
             from ninfer.convert import convert
 
             src = tiny_checkpoint_dir(kind, layout, seed=seed)
-            out = tmp_path_factory.mktemp("ninfer") / f"tiny-{kind}-{layout}-{dtype}-s{seed}.ninfer"
-            cache[key] = convert(src, out, dtype=dtype)
+            name = f"tiny-{kind}-{layout}-{dtype}-s{seed}"
+            folder = _build_once(shared, name, lambda out: convert(src, out / f"{name}.ninfer", dtype=dtype))
+            cache[key] = folder / f"{name}.ninfer"
         return cache[key]
 
     return get
