@@ -11,14 +11,15 @@ fi
 # call carries back as .tcache/tcache.tgz (.tcache is git-ignored locally).
 export TRITON_CACHE_DIR=/tmp/tcache TRITON_CACHE_AUTOTUNING=1
 mkdir -p /tmp/tcache
-if ls .tcache/tcache.tgz.* >/dev/null 2>&1; then cat .tcache/tcache.tgz.* | tar xz -C /tmp/tcache 2>/dev/null
+if ls .tcache/tcache.txz.* >/dev/null 2>&1; then cat .tcache/tcache.txz.* | tar xJ -C /tmp/tcache 2>/dev/null
+elif ls .tcache/tcache.tgz.* >/dev/null 2>&1; then cat .tcache/tcache.tgz.* | tar xz -C /tmp/tcache 2>/dev/null
 elif [ -f .tcache/tcache.tgz ]; then tar xzf .tcache/tcache.tgz -C /tmp/tcache 2>/dev/null; fi
-save_tcache() {   # in pieces of 15 MB (a returned file is capped at 16 MiB), at most 3 of them
-  rm -f "$OUT"/tcache.tgz*
-  tar czf - -C /tmp/tcache . 2>/dev/null | split -b 15000000 -d -a 2 - "$OUT/tcache.tgz."
-  if [ -e "$OUT/tcache.tgz.03" ]; then   # too big to come back: autotune results only
-    rm -f "$OUT"/tcache.tgz.*
-    (cd /tmp/tcache && find . -name '*.autotune.json' | tar czf "$OUT/tcache.tgz.00" -T -)
+save_tcache() {   # xz in pieces of 15 MB (a returned file is capped at 16 MiB), at most 3 of them
+  rm -f "$OUT"/tcache.t?z*
+  tar cf - -C /tmp/tcache . 2>/dev/null | xz -T0 -6 | split -b 15000000 -d -a 2 - "$OUT/tcache.txz."
+  if [ -e "$OUT/tcache.txz.03" ]; then   # too big to come back: autotune results only
+    rm -f "$OUT"/tcache.txz.*
+    (cd /tmp/tcache && find . -name '*.autotune.json' | tar cJf "$OUT/tcache.txz.00" -T -)
   fi
-  ls -la "$OUT"/tcache.tgz.*
+  ls -la "$OUT"/tcache.txz.*
 }
