@@ -43,12 +43,12 @@ turn = st.tuples(st.integers(1, 6), st.integers(1, 5), st.booleans())    # new t
 
 
 def test_sessions_under_memory_pressure(tiny):
-    """30 generated workloads plus the explicit one; then the coverage check: together they exercised
+    """12 generated workloads plus the explicit one; then the coverage check: together they exercised
     both eviction under pressure and reuse. (The check runs in the same test, so that it always sees
     every workload, however pytest-xdist distributes the tests.)"""
     stats: list[tuple[int, int]] = []
 
-    @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     # NOTE: the explicit example is a workload that evicts (4 sessions of long turns over a 200 kB device
     #       budget) and hits (each session's later turns extend its earlier ones), so the coverage check
     #       does not rest on what the random generation happened to draw (a CI run on 2026-12-04 drew 30
