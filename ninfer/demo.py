@@ -61,8 +61,10 @@ def demo_artifact_path() -> Path:
     return user_cache_dir() / "demo" / f"{DEMO_IDENTITY}-seed{DEMO_SEED}-v{DEMO_VERSION}.ninfer"
 
 
-def demo_tensors(seed: int = DEMO_SEED, groups: tuple[str, ...] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """(canonical name, tensor) of the demo weights, generated one at a time (deterministic)."""
+def demo_tensors(seed: int = DEMO_SEED, groups: tuple[str, ...] | None = None, *,
+                 context_mix: float = CONTEXT_MIX) -> Iterator[tuple[str, torch.Tensor]]:
+    """(canonical name, tensor) of the demo weights, generated one at a time (deterministic).
+    context_mix 0: the attention layers keep their plain random weights (no tweak 3)."""
     from ninfer.targets.qwen3_6.schema import REQUIRED_GROUPS, tensor_specs
     from ninfer.targets.registry import lookup
 
@@ -88,6 +90,8 @@ def demo_tensors(seed: int = DEMO_SEED, groups: tuple[str, ...] | None = None) -
             real *= HEAD_ROW_NORM / real.norm(dim=1, keepdim=True)
             t[TOKENIZER_VOCAB_SIZE:] = 0.0
             t[TOKENIZER_VOCAB_SIZE:, 0] = PAD_ROW_WEIGHT
+        elif not context_mix:
+            pass
         elif name.endswith("self_attn.k_proj.weight"):
             t.zero_()
         elif name.endswith("self_attn.v_proj.weight"):
@@ -96,7 +100,7 @@ def demo_tensors(seed: int = DEMO_SEED, groups: tuple[str, ...] | None = None) -
             t += eye.repeat(dims.num_key_value_heads, 1)
         elif name.endswith("self_attn.o_proj.weight"):
             heads = dims.num_attention_heads
-            t += (CONTEXT_MIX / heads) * torch.eye(dims.hidden_size).repeat(1, heads)
+            t += (context_mix / heads) * torch.eye(dims.hidden_size).repeat(1, heads)
         yield name, t
 
 
