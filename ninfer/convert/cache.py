@@ -71,6 +71,11 @@ def cache_folder(src: Path) -> Path:
     return user_cache_dir() / "converted" / f"{stem}-{hashlib.sha256(str(src).encode()).hexdigest()[:12]}"
 
 
+def cached_path(src: Path, *, dtype: str | None = None, target: str | None = None) -> Path:
+    """Where the conversion of `src`'s current content lives in the cache (whether or not it exists)."""
+    return cache_folder(src) / f"{source_key(src, dtype=dtype, target=target)[:32]}.ninfer"
+
+
 def _opens(path: Path) -> bool:
     from ninfer.artifact import open_artifact
 
@@ -87,9 +92,8 @@ def ensure_converted(src: str | Path, *, dtype: str | None = None, target: str |
     cache holds none for its current content (then `on_convert(path)` is called before the work,
     and a progress bar goes to stderr with `progress`). Raises ConvertError / ArtifactError."""
     src = Path(src)
-    key = source_key(src, dtype=dtype, target=target)
-    folder = cache_folder(src)
-    out = folder / f"{key[:32]}.ninfer"
+    out = cached_path(src, dtype=dtype, target=target)
+    folder = out.parent
     if out.is_file() and _opens(out):
         return out
     with file_lock(folder / ".lock"):

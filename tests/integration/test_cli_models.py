@@ -1,7 +1,8 @@
 """Finding and loading a model from the command line: `ninfer --version`, `ninfer identities` (and
 `convert --list`), `--model` as the positional MODEL's alias, and a Hugging Face checkpoint directory
-given as the model: converted once into the user cache (atomically, with the umask's mode), then
-loaded as the `.ninfer` file it became; a second start converts nothing."""
+given as the model: `inspect` tells what it is, the first use converts it into the user cache
+(atomically, with the umask's mode), then loads the `.ninfer` file it became; a second start
+converts nothing."""
 from __future__ import annotations
 
 import json
@@ -70,6 +71,8 @@ def test_a_checkpoint_directory_is_converted_once_then_loaded_from_the_cache(tin
     src = tiny_checkpoint_dir("dense", "text")
     monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path / "cache"))
     argv = ["-p", "Hello", "--max-tokens", "2", "--temperature", "0", "--device", "cpu", "--max-model-len", "32"]
+    code, out, _ = _run(capsys, "inspect", str(src))       # what it is, without converting it
+    assert code == 0 and "identity:    qwen3_6-tiny-dense" in out and "converted:   not yet" in out
     old = os.umask(0o022)
     try:
         code, first, err = _run(capsys, "generate", str(src), *argv)
@@ -86,6 +89,7 @@ def test_a_checkpoint_directory_is_converted_once_then_loaded_from_the_cache(tin
     assert "converting" not in err and f"using {converted}" in err
     assert second == first and converted.stat().st_mtime_ns == stamp
     assert list((tmp_path / "cache" / "converted").glob("*/*.ninfer")) == [converted]
+    assert f"converted:   {converted}" in _run(capsys, "inspect", str(src))[1]
 
 
 def test_the_cache_key_follows_the_checkpoints_content(tmp_path):
