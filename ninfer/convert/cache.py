@@ -42,7 +42,7 @@ def source_key(src: Path, *, dtype: str | None = None, target: str | None = None
     from ninfer.artifact.format import FORMAT_VERSION
 
     if not (src / "config.json").is_file():
-        raise ConvertError(f"{src} is not a Hugging Face checkpoint directory (no config.json)")
+        raise ConvertError("not a Hugging Face checkpoint directory (no config.json)")
     h = hashlib.sha256(f"ninfer-converted {CACHE_VERSION} format {FORMAT_VERSION} dtype {dtype} "
                        f"target {target}\n".encode())
     for name in _CONTENT_FILES:

@@ -116,3 +116,14 @@ def test_the_cache_key_follows_the_checkpoints_content(tmp_path):
     save_file({"model.embed_tokens.weight": torch.ones(4, 2)}, src / "model.safetensors")
     os.utime(src / "model.safetensors", ns=(1, 1))
     assert source_key(src) != key
+
+
+def test_a_directory_that_is_no_checkpoint_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "mine.ninfer").touch()
+    code, out, err = _run(capsys, "generate", str(tmp_path / "models"), "-p", "x")
+    assert code == 2 and out == ""
+    assert err.splitlines() == [f"ninfer generate: error: {tmp_path / 'models'}: not a Hugging Face checkpoint "
+                                "directory (no config.json); it holds mine.ninfer: pass that file"]
+    assert not (tmp_path / "cache").exists()

@@ -236,7 +236,9 @@ def converted_checkpoint(src: Path, quiet: bool = False) -> Path:
     try:
         out = ensure_converted(src, progress=not quiet, on_convert=converting)
     except (ConvertError, ArtifactError) as e:
-        raise CLIError(f"{src}: {e}") from None
+        inside = sorted(p.name for p in src.glob("*.ninfer"))
+        hint = f"; it holds {inside[0]}: pass that file" if inside and not (src / "config.json").exists() else ""
+        raise CLIError(f"{src}: {e}{hint}") from None
     if not quiet:
         done = f"converted in {time.monotonic() - t0:.1f} s" if converted else "converted earlier"
         print(f"using {out} ({done} from {src})", file=sys.stderr, flush=True)
