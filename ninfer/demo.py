@@ -45,7 +45,8 @@ INIT_STD = 0.02
 # NOTE: bump when the produced weights or resources change, so a stale cache file is not reused.
 DEMO_VERSION = 3
 DEMO_NOTICE = ("note: using the built-in demo model (qwen3_6-tiny-dense with random weights): "
-               "its text is meaningless; pass a .ninfer file or a Hugging Face checkpoint directory to use a real model")
+               "its text is meaningless; pass a .ninfer file or a Hugging Face checkpoint directory "
+               "to use a real model")
 EOS_TOKEN_IDS = (248046, 248044)        # <|im_end|>, <|endoftext|>
 TOKENIZER_VOCAB_SIZE = 248077           # ids past this are lm_head padding
 EMBED_OFFSET = 0.3

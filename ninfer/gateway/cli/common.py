@@ -238,6 +238,9 @@ def converted_checkpoint(src: Path, quiet: bool = False) -> Path:
     except (ConvertError, ArtifactError) as e:
         inside = sorted(p.name for p in src.glob("*.ninfer"))
         hint = f"; it holds {inside[0]}: pass that file" if inside and not (src / "config.json").exists() else ""
+        if "no space left" in str(e):
+            hint = "; NINFER_CACHE_DIR names another place for the cache (the converted file is about the size " \
+                   "of the checkpoint)"
         raise CLIError(f"{src}: {e}{hint}") from None
     if not quiet:
         done = f"converted in {time.monotonic() - t0:.1f} s" if converted else "converted earlier"
