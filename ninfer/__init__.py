@@ -9,6 +9,8 @@ from ninfer.config import (Availability, AvailabilityState, EngineConfig, Engine
                           PreparedPrompt, Purpose, SamplingParams, SpeculativeConfig, TokenLogprob, ToolCall,
                           ToolCallDelta, Usage)
 
+__version__ = "0.1.0"        # NOTE: the release's version; pyproject.toml's [project] version is the same
+
 __all__ = ["Engine", "GenerationHandle", "Availability", "AvailabilityState", "EngineConfig", "EngineMetrics",
            "EngineRequestError", "ErrorKind", "FinishReason", "GenerationDelta", "GenerationError",
            "GenerationEvent", "GenerationResult", "GenerationStart", "HistogramSnapshot", "OutputDelta",

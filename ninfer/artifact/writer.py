@@ -3,7 +3,7 @@
 Tensors are consumed one at a time (and a `ChunkedTensor` piece by piece), cast to the storage
 dtype, checksummed and written at aligned offsets; the descriptor goes last and the header is
 patched at the end. Everything is written to a temporary file in the destination directory,
-fsynced and renamed into place; on any failure (a schema error, ENOSPC, an interrupt) the
+fsynced and renamed into place (with the mode the umask gives a new file); on any failure (a schema error, ENOSPC, an interrupt) the
 temporary file is removed and the destination is left as it was.
 """
 from __future__ import annotations
@@ -12,7 +12,6 @@ import errno
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
@@ -22,6 +21,7 @@ import torch
 from ninfer.artifact.format import (ALIGNMENT, CHECKSUM, DATA_START, DTYPE_NAMES, FORMAT_VERSION, RESOURCE_NAMES,
                                     REQUIRED_RESOURCES, STORAGE_DTYPES, ArtifactError, align_up, pack_header)
 from ninfer.artifact.schema_check import all_specs, storage_dtype, table_problems
+from ninfer.paths import temp_file_beside
 from ninfer.targets.package import TargetPackage
 from ninfer.targets.qwen3_6.schema import OPTIONAL_GROUPS, REQUIRED_GROUPS
 from ninfer.targets.registry import UnknownIdentityError, lookup
@@ -151,7 +151,7 @@ def write_artifact(path: str | os.PathLike, identity: str | TargetPackage,
     if path.is_dir():
         raise ArtifactError(f"{path} is a directory")
     try:
-        fd, tmp = tempfile.mkstemp(dir=out_dir, prefix=f".{path.name}.", suffix=".partial")
+        fd, tmp = temp_file_beside(out_dir / path.name, suffix=".partial")
     except OSError as e:
         raise ArtifactError(f"cannot create a file in {out_dir}: {e.strerror or e}") from None
     try:

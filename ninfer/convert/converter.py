@@ -47,7 +47,7 @@ def _load_json(path: Path, what: str) -> dict:
 
 # The image / video processor settings (optional; checked here, stored verbatim). An artifact
 # without them preprocesses with the Qwen3.6 family values (vision_preprocess.py).
-_PREPROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
+PREPROCESSOR_FILES = ("preprocessor_config.json", "video_preprocessor_config.json")
 
 
 def frontend_resources(src: Path) -> dict[str, bytes]:
@@ -72,11 +72,11 @@ def frontend_resources(src: Path) -> dict[str, bytes]:
             raise ConvertError(f"no chat template in {src}: neither chat_template.jinja nor a "
                                "chat_template string in tokenizer_config.json")
         out["chat_template.jinja"] = inline.encode()
-    for name in ("generation_config.json", *_PREPROCESSOR_FILES):
+    for name in ("generation_config.json", *PREPROCESSOR_FILES):
         p = src / name
         if p.is_file():
             out[name] = p.read_bytes()
-    if any(name in out for name in _PREPROCESSOR_FILES):
+    if any(name in out for name in PREPROCESSOR_FILES):
         from ninfer.targets.qwen3_6.frontend.vision_preprocess import VisionPreprocessConfig
         try:
             VisionPreprocessConfig.from_resources(out)
@@ -204,7 +204,7 @@ def convert(src_dir: str | Path, out_path: str | Path, *, target: str | None = N
         total = sum(_nbytes(shapes[n], present[n][1]) for n in order)
         files = sorted(["config.json", *source.files, *[p.name for p in src.iterdir() if p.name in (
             "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-            "generation_config.json", *_PREPROCESSOR_FILES)]])
+            "generation_config.json", *PREPROCESSOR_FILES)]])
         hasher = _Hasher(src, files)
         hasher.start()
 

@@ -7,6 +7,7 @@ compared: a text-only config carries no vision facts, and HF-saved configs omit
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 from ninfer.convert.source import ConvertError
@@ -97,9 +98,32 @@ def differences(facts: dict, package: TargetPackage) -> list[str]:
     return out
 
 
+def _ffn_kind(num_experts) -> str:
+    return "MoE" if num_experts else "dense"
+
+
+def _size_distance(facts: dict, package: TargetPackage) -> float:
+    """How far the checkpoint's sizes are from the package's (sum of |log ratio| of the main sizes)."""
+    want = package_facts(package)
+    out = 0.0
+    for k in ("hidden_size", "num_hidden_layers", "intermediate_size", "moe_intermediate_size", "num_experts"):
+        a, b = facts.get(k), want.get(k)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a > 0 and b > 0:
+            out += abs(math.log(a / b))
+    return out
+
+
+def _summary(facts: dict) -> str:
+    ffn = (f"MoE {facts.get('num_experts')} experts" if facts.get("num_experts")
+           else f"dense FFN {facts.get('intermediate_size', '?')}")
+    return f"{ffn}, {facts.get('num_hidden_layers', '?')} layers, hidden {facts.get('hidden_size', '?')}"
+
+
 def match_identity(facts: dict, candidates: Mapping[str, TargetPackage], target: str | None = None) -> TargetPackage:
     """The one candidate whose dimension facts equal the checkpoint's; else a ConvertError naming
-    every differing field of the closest candidate (or of `target` when given)."""
+    every differing field of the closest candidate (or of `target` when given). Closest compares
+    like with like: among the candidates of the checkpoint's FFN kind (dense or MoE) where there are
+    any, the fewest differing fields, then the nearest sizes."""
     if target is not None:
         if target not in candidates:
             raise ConvertError(f"unknown --target {target!r}; known identities: {', '.join(sorted(candidates))}")
@@ -107,13 +131,15 @@ def match_identity(facts: dict, candidates: Mapping[str, TargetPackage], target:
         if diff:
             raise ConvertError(f"checkpoint does not match {target}: {len(diff)} differing field(s): {'; '.join(diff)}")
         return candidates[target]
-    scored = sorted(((len(differences(facts, p)), ident) for ident, p in candidates.items()))
-    exact = [ident for n, ident in scored if n == 0]
+    exact = sorted(ident for ident, p in candidates.items() if not differences(facts, p))
     if len(exact) == 1:
         return candidates[exact[0]]
     if len(exact) > 1:
         raise ConvertError(f"checkpoint matches several identities ({', '.join(exact)}); choose one with --target")
-    closest = scored[0][1]
+    kind = _ffn_kind(facts.get("num_experts"))
+    same_kind = {i: p for i, p in candidates.items() if _ffn_kind(p.dims.num_experts) == kind} or candidates
+    closest = min(same_kind, key=lambda i: (len(differences(facts, same_kind[i])), _size_distance(facts, same_kind[i]), i))
     diff = differences(facts, candidates[closest])
-    raise ConvertError(f"checkpoint matches no known identity; closest is {closest} with {len(diff)} differing "
-                       f"field(s): {'; '.join(diff)}")
+    raise ConvertError(f"checkpoint matches no known identity (`ninfer identities` lists them): it has "
+                       f"{_summary(facts)}; of the {_ffn_kind(candidates[closest].dims.num_experts)} identities the "
+                       f"closest is {closest}, with {len(diff)} differing field(s): {'; '.join(diff)}")

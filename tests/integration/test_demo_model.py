@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from support.serve_util import shared_cache_dir
 from ninfer.paths import user_cache_dir
 from ninfer import demo as D
 
@@ -40,7 +41,8 @@ def test_weights_are_deterministic_and_hf_like():
 def test_built_once_reused_and_rebuilt_when_broken(tmp_path):
     env_dir = tmp_path / "cache"
     code = (
-        "import sys\n"
+        "import os, sys\n"
+        "os.umask(0o022)\n"
         "from ninfer.demo import ensure_demo_artifact\n"
         "built = []\n"
         "p = ensure_demo_artifact(on_build=built.append)\n"
@@ -52,6 +54,9 @@ def test_built_once_reused_and_rebuilt_when_broken(tmp_path):
     path_text, n_built = out.stdout.split()
     path = Path(path_text)
     assert n_built == "1" and path.parent == env_dir / "demo" and path.exists()
+    # written atomically, with the mode the umask gives (not the temporary file's 0600)
+    for written in [path, *(env_dir / "tokenizers").iterdir()]:
+        assert written.stat().st_mode & 0o777 == 0o644, written
 
     from ninfer.artifact import open_artifact
     art = open_artifact(path)
@@ -76,3 +81,30 @@ def test_built_once_reused_and_rebuilt_when_broken(tmp_path):
         assert D.ensure_demo_artifact(on_build=built.append) == path and built == [path]
         assert path.stat().st_size > 100_000_000
     assert not list((env_dir / "demo").glob("*.tmp*"))
+
+
+def test_the_prompt_shapes_the_output_under_the_family_defaults(monkeypatch):
+    """The demo ships the Qwen3.6 checkpoints' sampling defaults (temperature 1.0, top-k 20, top-p
+    0.95), and its weights carry the prompt into the state: two prompts draw different first tokens
+    under the defaults with the same seed (two chat prompts, which end in the same tokens, different
+    openings), and a seed repeats its draw."""
+    from ninfer import Engine, EngineConfig, SamplingParams
+
+    monkeypatch.setenv("NINFER_CACHE_DIR", str(shared_cache_dir()))
+    engine = Engine(D.ensure_demo_artifact(), EngineConfig(device="cpu", max_model_len=64))
+    try:
+        engine.wait_ready()
+        fe = engine.frontend
+        assert fe.sampling_defaults == {"temperature": 1.0, "top_k": 20, "top_p": 0.95}
+
+        def tokens(prompt, n: int, seed: int = 7) -> list[int]:
+            params = SamplingParams(**fe.sampling_defaults, seed=seed)
+            return list(engine.generate(prompt, params, max_tokens=n).token_ids)
+
+        hello, sky = fe.prepare_text("Hello"), fe.prepare_text("Why is the sky blue?")
+        assert tokens(hello, 1)[0] != tokens(sky, 1)[0]
+        assert tokens(hello, 1) == tokens(hello, 1)
+        chat = [fe.prepare_chat([{"role": "user", "content": text}]) for text in ("Hello", "Why is the sky blue?")]
+        assert tokens(chat[0], 3) != tokens(chat[1], 3)
+    finally:
+        engine.close()

@@ -126,3 +126,20 @@ def test_unwritable_output_is_refused_before_the_model_loads(tmp_path):
         f"ninfer score: error: cannot write {tmp_path / 'missing' / 'out.jsonl'}: "
         f"directory {tmp_path / 'missing'} does not exist"]
     assert not cache.exists()                    # nothing was built or loaded
+
+
+def test_top_k_needs_per_token_and_the_summary_counts_tokens_as_the_records_do(tiny_artifact_path, tmp_path,
+                                                                                capsys):
+    model = tiny_artifact_path("dense", layout="text")
+    src = tmp_path / "doc.txt"
+    src.write_text("The sky is blue.", encoding="utf-8")
+    code, out, err = _run(capsys, model, "--input", src, "--top-k", 3)
+    lines = err.strip().splitlines()
+    assert code == 2 and out == "" and len(lines) == 1 and "--top-k needs --per-token" in lines[0]
+    # --add-bos: the summary's tokens are the records' num_tokens (BOS included)
+    code, out, err = _run(capsys, model, "--input", src, "--add-bos", "--no-progress")
+    assert code == 0, err
+    [row] = [json.loads(line) for line in out.splitlines()]
+    assert row["num_tokens"] == len(Qwen36Frontend.builtin().tokenizer.encode("The sky is blue.")) + 1
+    [summary] = [line for line in err.splitlines() if line.startswith("[score]")]
+    assert f"tokens={row['num_tokens']} " in summary and f"scored_tokens={row['num_scored_tokens']} " in summary

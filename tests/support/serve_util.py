@@ -147,7 +147,8 @@ def build_tool_script_artifact(path: Path, output_ids: list[int] | None = None) 
     (or `output_ids`, when given: any chain that repeats no token and holds neither 198 nor 271).
     Each chain token's embedding is a one-hot direction and the next token's lm_head row points
     along it: a bigram model, which works because the chain repeats no token. Every layer still
-    runs (with its random weights) through the real Program. Returns the scripted output ids.
+    runs (with its random weights, without the demo's context averaging, which would blend the
+    prompt's one-hot tokens into the state) through the real Program. Returns the scripted output ids.
     """
     from ninfer.artifact import write_artifact
     from ninfer.demo import DEMO_IDENTITY, demo_resources, demo_tensors
@@ -164,7 +165,7 @@ def build_tool_script_artifact(path: Path, output_ids: list[int] | None = None) 
     edges = [(271, output[0]), (198, output[0])] + list(zip(output[:-1], output[1:]))
 
     def tensors():
-        for name, t in demo_tensors():
+        for name, t in demo_tensors(context_mix=0.0):
             if name == "embed_tokens.weight":
                 for k, (src, _) in enumerate(edges):
                     t[src] = 0.0

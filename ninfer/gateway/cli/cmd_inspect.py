@@ -1,15 +1,18 @@
-"""`ninfer inspect FILE [--verify]`: identity, dimensions, tensors and bytes by group, resources."""
+"""`ninfer inspect FILE [--verify]`: identity, dimensions, tensors and bytes by group, resources.
+Given a Hugging Face checkpoint directory: the identity it matches (or why none) and whether the
+user cache holds its conversion, without converting it."""
 from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 # Display groups: the schema's groups, with the FFN/experts split out of the decoder norms.
 _ORDER = ("embedding", "gdn", "attention", "ffn", "experts", "norms", "vision", "mtp", "head")
 
 
 def add_parser(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", metavar="FILE", help=".ninfer artifact")
+    p.add_argument("file", metavar="FILE", help=".ninfer artifact, or a Hugging Face checkpoint directory")
     p.add_argument("--verify", action="store_true", help="check every payload checksum")
 
 
@@ -68,10 +71,51 @@ def describe(art) -> list[str]:
     return lines
 
 
+def describe_checkpoint(src: Path) -> list[str]:
+    """A checkpoint directory: its size, the identity it matches and its conversion in the cache."""
+    import json
+
+    from ninfer.convert.cache import cached_path
+    from ninfer.convert.identify import config_facts, match_identity
+    from ninfer.convert.source import CheckpointSource, ConvertError
+    from ninfer.targets.registry import REGISTRY
+
+    if not (src / "config.json").is_file():
+        raise ConvertError("not a Hugging Face checkpoint directory (no config.json)")
+    source = CheckpointSource(src)
+    try:
+        shards, nbytes = source.files, sum(t.nbytes for t in source.tensors.values())
+    finally:
+        source.close()
+    config = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    lines = [f"checkpoint:  {src} (Hugging Face; {len(shards)} shard(s), {_fmt(nbytes)} of tensors, "
+             f"model_type {config.get('model_type')})"]
+    try:
+        lines.append(f"identity:    {match_identity(config_facts(config), REGISTRY).identity}")
+    except ConvertError as e:
+        lines.append(f"identity:    none: {e}")
+        return lines
+    cached = cached_path(src)
+    lines.append(f"converted:   {cached}" if cached.is_file() else
+                 "converted:   not yet (`ninfer serve|generate|chat|score DIR` converts it once into the cache; "
+                 "`ninfer convert DIR OUT.ninfer` writes a file of your choice)")
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     from ninfer.artifact import ArtifactError, open_artifact
     from ninfer.gateway.cli.main import CLIError
 
+    if Path(args.file).is_dir():
+        from ninfer.convert import ConvertError
+        if args.verify:
+            raise CLIError(f"--verify checks a .ninfer file; {args.file} is a checkpoint directory")
+        try:
+            lines = describe_checkpoint(Path(args.file))
+        except (ConvertError, OSError, ValueError) as e:
+            raise CLIError(f"{args.file}: {e}") from None
+        print("\n".join(lines))
+        return 0
     try:
         t0 = time.perf_counter()
         with open_artifact(args.file, verify=args.verify) as art:

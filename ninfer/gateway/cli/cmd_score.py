@@ -8,8 +8,9 @@ continuation, as lm-evaluation-harness does). `-` reads stdin.
 
 Output (`--output FILE`, default stdout): one JSON object per document with num_tokens,
 num_scored_tokens, logprob, perplexity, is_greedy and, with --per-token, the tokens' ids, texts
-and log-probs (null where unscored) and --top-k alternatives. A progress bar (tokens) and a
-summary line (documents, tokens, corpus perplexity, tokens/s) go to stderr.
+and log-probs (null where unscored) and --top-k alternatives (--top-k needs --per-token). A
+progress bar (tokens) and a summary line (documents, tokens, corpus perplexity, tokens/s) go to
+stderr; "tokens" counts as num_tokens does (with --add-bos, the BOS too).
 """
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stride", type=int, default=None,
                    help="tokens the window moves (default: --window, no overlap); overlap tokens are context")
     p.add_argument("--per-token", action="store_true", help="write every token's log-prob")
-    p.add_argument("--top-k", type=int, default=0, help="alternatives per token with --per-token (0..20)")
+    p.add_argument("--top-k", type=int, default=0, help="alternatives per token (0..20; needs --per-token)")
     p.add_argument("--add-bos", action="store_true",
                    help="prepend <|endoftext|> so the first token is scored too (the family has no BOS)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -116,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--stride must be >= 1, got {args.stride}")
     if not (0 <= args.top_k <= 20):
         raise CLIError(f"--top-k must be in 0..20, got {args.top_k}")
+    if args.top_k and not args.per_token:
+        raise CLIError("--top-k needs --per-token (the alternatives are listed per token)")
     docs = read_documents(args.input)
     if args.output is not None:
         _check_writable(args.output)
@@ -136,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
         pieces = lambda t: tok.decode([t], skip_special_tokens=False)  # noqa: E731
         inputs = [ScoreInput(token_ids=tuple(tok.encode(d.text)),
                              context_ids=tuple(tok.encode(d.context)) if d.context else None) for d in docs]
-        total_tokens = sum(len(x.token_ids) + len(x.context_ids or ()) for x in inputs)
+        # NOTE: one count of a document's tokens everywhere: ScoreResult.num_tokens (BOS included)
+        total_tokens = sum(len(x.token_ids) + len(x.context_ids or ()) + int(args.add_bos) for x in inputs)
         bar = None
         if not args.no_progress:
             from tqdm import tqdm
@@ -147,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
             except OSError as e:
                 raise CLIError(f"cannot write {args.output}: {e.strerror or e}") from None
         t0 = time.monotonic()
-        logprob, scored = 0.0, 0
+        logprob, scored, num_tokens = 0.0, 0, 0
         try:
             for i, x in enumerate(inputs):
                 [res] = engine.score(x, window=window, stride=args.stride, per_token=args.per_token,
@@ -155,6 +159,7 @@ def run(args: argparse.Namespace) -> int:
                                      progress=bar.update if bar is not None else None)
                 logprob += res.logprob
                 scored += res.num_scored_tokens
+                num_tokens += res.num_tokens
                 out.write(json.dumps(_record(i, res, pieces, args.per_token), ensure_ascii=False) + "\n")
                 out.flush()
         finally:
@@ -162,8 +167,8 @@ def run(args: argparse.Namespace) -> int:
                 bar.close()
         elapsed = time.monotonic() - t0
         ppl = f"{math.exp(-logprob / scored):.4f}" if scored else "n/a"
-        rate = total_tokens / elapsed if elapsed > 0 else 0.0
-        print(f"[score] documents={len(inputs)} tokens={total_tokens} scored_tokens={scored} "
+        rate = num_tokens / elapsed if elapsed > 0 else 0.0
+        print(f"[score] documents={len(inputs)} tokens={num_tokens} scored_tokens={scored} "
               f"logprob={logprob:.4f} perplexity={ppl} window={window} stride={args.stride or window} "
               f"tokens/s={rate:.1f}", file=sys.stderr)
         return 0

@@ -1,12 +1,14 @@
-"""Shared CLI pieces: model resolution (a .ninfer path or the built-in demo), Engine flags that
-mirror `EngineConfig` field names one to one (`speculative` as vLLM spells its flags:
---speculative-method, --num-speculative-tokens), sampling flags and terminal styling."""
+"""Shared CLI pieces: model resolution (a .ninfer path, a Hugging Face checkpoint directory converted
+once into the cache, or the built-in demo), Engine flags that mirror `EngineConfig` field names one
+to one (`speculative` as vLLM spells its flags: --speculative-method, --num-speculative-tokens),
+sampling flags and terminal styling."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
 import os
 import sys
+import time
 from pathlib import Path
 
 from ninfer.gateway.cli.main import CLIError
@@ -40,9 +42,24 @@ SYNTHETIC_NOTICE = ("note: --load-format dummy: {identity} with synthetic random
                     "its text is meaningless and every response is marked synthetic")
 
 
+class _ModelAction(argparse.Action):
+    """MODEL given as the positional or as --model (vLLM's spelling), once: both name one setting."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if values is None:                  # the positional left out: keep what --model gave
+            return
+        given = getattr(namespace, self.dest, None)
+        if given is not None and given != values:
+            parser.error(f"the model is given twice ({given} and {values}); pass one")
+        setattr(namespace, self.dest, values)
+
+
 def add_model_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("model", nargs="?", default=None, metavar="MODEL",
-                   help="a .ninfer artifact (default: the built-in demo model, random weights)")
+    help_ = ("a .ninfer artifact, or a Hugging Face checkpoint directory (converted once into the user "
+             "cache, then loaded from there) (default: the built-in demo model, random weights)")
+    p.add_argument("model", nargs="?", default=None, metavar="MODEL", action=_ModelAction, help=help_)
+    p.add_argument("--model", dest="model", default=None, metavar="MODEL", action=_ModelAction,
+                   help="the same as the positional MODEL")
 
 
 def add_engine_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = (), *, force_accept_len: bool = False) -> None:
@@ -197,8 +214,38 @@ def resolve_model(model: str | None, quiet: bool = False,
     if not path.exists():
         raise CLIError(f"model file not found: {model}")
     if path.is_dir():
-        raise CLIError(f"{model} is a directory; pass a .ninfer file (convert a checkpoint with `ninfer convert`)")
+        return converted_checkpoint(path, quiet), path.resolve().name, False
     return path, path.name.removesuffix(".ninfer"), False
+
+
+def converted_checkpoint(src: Path, quiet: bool = False) -> Path:
+    """The `.ninfer` conversion of Hugging Face checkpoint directory `src` in the user cache, made on
+    its first use (with a progress bar) and reused while the directory's content stays the same."""
+    from ninfer.artifact import ArtifactError
+    from ninfer.convert import ConvertError, ensure_converted
+
+    t0 = time.monotonic()
+    converted: list[Path] = []
+
+    def converting(out: Path) -> None:
+        converted.append(out)
+        if not quiet:
+            print(f"converting the checkpoint {src} into {out} (on its first use only) ...", file=sys.stderr,
+                  flush=True)
+
+    try:
+        out = ensure_converted(src, progress=not quiet, on_convert=converting)
+    except (ConvertError, ArtifactError) as e:
+        inside = sorted(p.name for p in src.glob("*.ninfer"))
+        hint = f"; it holds {inside[0]}: pass that file" if inside and not (src / "config.json").exists() else ""
+        if "no space left" in str(e):
+            hint = "; NINFER_CACHE_DIR names another place for the cache (the converted file is about the size " \
+                   "of the checkpoint)"
+        raise CLIError(f"{src}: {e}{hint}") from None
+    if not quiet:
+        done = f"converted in {time.monotonic() - t0:.1f} s" if converted else "converted earlier"
+        print(f"using {out} ({done} from {src})", file=sys.stderr, flush=True)
+    return out
 
 
 def open_engine(path: Path | None, config: EngineConfig):

@@ -12,6 +12,7 @@ import sys
 # NOTE: a literal list; each module is imported only when its command runs (fast --help).
 COMMANDS: dict[str, tuple[str, str]] = {
     "convert": ("ninfer.gateway.cli.cmd_convert", "convert a Hugging Face checkpoint into a .ninfer artifact"),
+    "identities": ("ninfer.gateway.cli.cmd_identities", "list the registered model identities and their dimensions"),
     "inspect": ("ninfer.gateway.cli.cmd_inspect", "show (and optionally verify) a .ninfer artifact"),
     "generate": ("ninfer.gateway.cli.cmd_generate", "generate text from a prompt"),
     "chat": ("ninfer.gateway.cli.cmd_chat", "interactive terminal chat"),
@@ -29,6 +30,18 @@ class CLIError(Exception):
         self.code = code
 
 
+def version_line() -> str:
+    """`ninfer X.Y.Z (torch A.B.C, Python D.E.F)`, without importing torch."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from ninfer import __version__
+    try:
+        torch_version = version("torch")
+    except PackageNotFoundError:
+        torch_version = "not installed"
+    return f"ninfer {__version__} (torch {torch_version}, Python {sys.version.split()[0]})"
+
+
 def _available() -> dict[str, tuple[str, str]]:
     out = {}
     for name, (mod, help_) in COMMANDS.items():
@@ -40,6 +53,8 @@ def _available() -> dict[str, tuple[str, str]]:
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
     parser = argparse.ArgumentParser(prog="ninfer", description="NInfer: Qwen3.6 inference engine")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--version", action="version", version=version_line(),
+                        help="print the version (and torch's and Python's) and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     modules = {}
     for name, (mod_name, help_) in _available().items():

@@ -270,3 +270,21 @@ def test_official_configs_match_their_registered_identity(fname, identity):
     facts = config_facts(json.loads(path.read_text()))
     assert facts["mtp_num_hidden_layers"] == 1 and "vision.depth" in facts
     assert match_identity(facts, REGISTRY).identity == identity
+
+
+def test_the_closest_identity_is_one_of_the_same_ffn_kind():
+    """A small dense Qwen3.5-architecture config is compared with the dense identities (it was told
+    the MoE one was closest: fewer of its fields differed)."""
+    from ninfer.convert.identify import config_facts, match_identity
+    from ninfer.targets.registry import REGISTRY
+
+    small_dense = {"model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 2048, "num_hidden_layers": 24,
+                   "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16,
+                   "linear_num_value_heads": 16, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
+                   "linear_conv_kernel_dim": 4, "rms_norm_eps": 1e-6, "max_position_embeddings": 262144,
+                   "intermediate_size": 6144, "tie_word_embeddings": True}
+    with pytest.raises(ConvertError) as ei:
+        match_identity(config_facts(small_dense), REGISTRY)
+    msg = str(ei.value)
+    assert "dense FFN 6144, 24 layers, hidden 2048" in msg and "closest is qwen3_6-27b" in msg
+    assert "num_experts" not in msg and "ninfer identities" in msg

@@ -19,11 +19,10 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 
-from ninfer.paths import user_cache_dir
+from ninfer.paths import temp_file_beside, user_cache_dir
 
 # NOTE: bump when the produced tokenizer.json changes, so stale user-cache entries are ignored.
 _BUILDER_VERSION = "1"
@@ -163,7 +162,7 @@ def chat_template() -> str:
 
 def _atomic_write(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    fd, tmp = temp_file_beside(path)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
