@@ -19,6 +19,8 @@ GenerationResult(finish_reason=CANCELLED) and its partial output.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 import logging
 import math
@@ -32,11 +34,14 @@ from ninfer.engine.causal_score_core import CausalScoreCore
 from ninfer.engine.context_cache import CacheConfig
 from ninfer.engine.engine_core import DECODE_STEPS, EngineCore, Trace
 from ninfer.engine.handle import GenerationHandle
+from ninfer.engine.startup import (BUDGET_ENV, CountingWeights, StartProgress, budget_override,
+                                   host_available_bytes)
 from ninfer.contract.frontend import OutputOptions, PreparedPrompt
 from ninfer.config import (Availability, EngineConfig, EngineMetrics, EngineRequestError, ErrorKind,
                           GenerationResult, Purpose, ScoreInput, ScoreResult)
 
-__all__ = ["Engine", "GenerationHandle", "EngineRequestError", "check_model"]
+__all__ = ["Engine", "GenerationHandle", "EngineRequestError", "check_model", "check_device", "StartPlan",
+           "InsufficientMemoryError", "DeviceUnavailableError"]
 _log = logging.getLogger(__name__)
 
 
@@ -53,18 +58,23 @@ class Engine:
 
     def __init__(self, artifact_path: str | os.PathLike | None = None, config: EngineConfig = EngineConfig(), *,
                  trace: Trace | None = None):
-        import torch  # NOTE: only to resolve "auto" device/dtype; Engine itself holds no tensors
+        model = _open_model(artifact_path, config)
+        try:
+            plan = _plan(model, model.config)
+        except ValueError:
+            model.close()
+            raise
+        self.start_plan = plan
+        progress = StartProgress(plan.estimate.weights)
+        program_config = plan.program_config
+        if plan.config.purpose is Purpose.GENERATION:
+            program_config = dataclasses.replace(program_config, sampleable_vocab_size=model.frontend.vocab_size)
+        size_of = _loaded_size(program_config)
 
-        cfg = config.resolved(torch.cuda.is_available())
-        if cfg.load_format == "dummy":
-            if artifact_path is not None:
-                raise ValueError("load_format 'dummy' takes no artifact path (the model is config.identity)")
-            frontend, identity, load = _dummy_model(cfg)
-        elif artifact_path is None:
-            raise ValueError("Engine needs a .ninfer artifact path (or EngineConfig(load_format='dummy', identity=...))")
-        else:
-            frontend, identity, load = _artifact_model(artifact_path, cfg)
-        self._start(frontend, cfg, identity, load, trace)
+        def load() -> Program:
+            weights = CountingWeights(model.weights(), progress, size_of)
+            return model.package_module.create_program(weights, program_config)
+        self._start(model.frontend, plan.config, model.identity, load, trace, progress=progress)
 
     @classmethod
     def from_config(cls, config: EngineConfig, *, trace: Trace | None = None) -> "Engine":
@@ -87,8 +97,15 @@ class Engine:
         return self
 
     def _start(self, frontend: Any, config: EngineConfig, identity: str, load: Callable[[], Program],
-               trace: Trace | None, clock: Callable[[], float] | None = None) -> None:
+               trace: Trace | None, clock: Callable[[], float] | None = None,
+               progress: StartProgress | None = None) -> None:
+        if config.max_model_len == 0:
+            # NOTE: auto over a Program built elsewhere (from_program): the Program's own limit, taken at attach.
+            config = dataclasses.replace(config, max_model_len=MAX_MODEL_LEN)
         self.config = config
+        self._progress = progress
+        if not hasattr(self, "start_plan"):
+            self.start_plan = None
         self.identity = identity
         self.frontend = frontend
         self.warmup_plans: tuple[int, int, float] | None = None    # `warm_up`'s attention plans
@@ -117,6 +134,8 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - any load failure is a startup failure with its reason
                 core.fail_startup(f"loading the model failed: {type(e).__name__}: {e}")
                 return
+            if self._progress is not None:
+                self._progress.finished()
             self._ready.set()
             try:
                 core.run()
@@ -137,10 +156,28 @@ class Engine:
         self._ready.wait(timeout)
         return self._core.availability
 
+    def progress(self) -> dict | None:
+        """While the model loads and while `warm_up` runs: {"phase": "loading" | "initializing" | "warming_up",
+        "done", "total", "unit": "bytes" | "prompts", "fraction", "elapsed_s", "eta_s"} (`ninfer.engine.startup`);
+        None otherwise (and for an Engine over a Program built elsewhere)."""
+        p = self._progress
+        if p is None or p.phase == "ready":
+            return None
+        return p.snapshot()
+
     @property
     def max_model_len(self) -> int:
         """prompt + max_tokens (+ `lookahead`) limit of one request."""
         return self._core.max_model_len
+
+    @property
+    def max_model_len_note(self) -> str:
+        """max_model_len and why it is that figure, for a start-up line ("" for an Engine over a Program
+        built elsewhere). Once ready, the figure is the Engine's own (the Program may have lowered it)."""
+        plan = self.start_plan
+        if plan is None:
+            return ""
+        return plan.note(self.max_model_len if self.availability.ready else plan.config.max_model_len)
 
     @property
     def lookahead(self) -> int:
@@ -240,11 +277,20 @@ class Engine:
         runs = [(n, SamplingParams(temperature=0.0)) for n in lengths]
         runs += [(min(lengths), sp) for sp in drawn] if lengths else []
         done = []
-        for n, sp in runs:
-            prompt = self.frontend.prepare_tokens([(7919 * i + 11) % vocab for i in range(n)])
-            t0 = time.perf_counter()
-            self.generate(prompt, sp, max_tokens=2, timeout=timeout, context_cache=False)
-            done.append((n, time.perf_counter() - t0))
+        progress = self._progress
+        if progress is not None and runs:
+            progress.warming(len(runs))
+        try:
+            for n, sp in runs:
+                prompt = self.frontend.prepare_tokens([(7919 * i + 11) % vocab for i in range(n)])
+                t0 = time.perf_counter()
+                self.generate(prompt, sp, max_tokens=2, timeout=timeout, context_cache=False)
+                done.append((n, time.perf_counter() - t0))
+                if progress is not None:
+                    progress.add(1)
+        finally:
+            if progress is not None:
+                progress.finished()
         if plans:
             t0 = time.perf_counter()
             ran, total = self._core.plan_attention().result(timeout)
@@ -299,41 +345,91 @@ def _score_inputs(inputs: Any) -> list[ScoreInput]:
     return [one(x) for x in inputs]
 
 
-# ---- the model: a package's Frontend and a loader of its Program ---------------------------------
-def _artifact_model(path: str | os.PathLike, cfg: EngineConfig) -> tuple[Any, str, Callable[[], Program]]:
-    """(Frontend, identity, Program loader) of a `.ninfer` artifact: its package builds both."""
+# ---- the model: a package's Frontend, its weights and the plan of its start -----------------------
+@dataclasses.dataclass
+class _Model:
+    """What the Engine starts from: the config with device and dtype resolved, the package's Frontend (built
+    on first use: the memory plan needs none), and the weights its Program loads (opened, not read)."""
+    config: EngineConfig
+    make_frontend: Callable[[], Any]
+    identity: str
+    package: Any                       # the TargetPackage
+    package_module: Any
+    groups: tuple[str, ...]            # the weight groups the model stores
+    weights: Callable[[], Any]
+    close: Callable[[], None]
+
+    @functools.cached_property
+    def frontend(self) -> Any:
+        return self.make_frontend()
+
+
+def _open_model(path: str | os.PathLike | None, config: EngineConfig) -> _Model:
+    cfg = _resolve_device(config)
+    if cfg.load_format == "dummy":
+        if path is not None:
+            raise ValueError("load_format 'dummy' takes no artifact path (the model is config.identity)")
+        return _dummy_model(cfg)
+    if path is None:
+        raise ValueError("Engine needs a .ninfer artifact path (or EngineConfig(load_format='dummy', identity=...))")
+    return _artifact_model(path, cfg)
+
+
+class DeviceUnavailableError(ValueError):
+    """The configured device does not exist in this process (a CPU-only PyTorch build, no visible GPU)."""
+
+
+def _resolve_device(config: EngineConfig) -> EngineConfig:
+    """config.resolved(), after refusing a CUDA device this process cannot use, in plain words."""
+    import torch
+
+    if config.device.startswith("cuda"):
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            raise DeviceUnavailableError(
+                f"device {config.device!r}: this PyTorch build has no CUDA (torch {torch.__version__} is built for "
+                f"the CPU only): use device cpu, or install a CUDA build of PyTorch")
+        if not torch.cuda.is_available():
+            raise DeviceUnavailableError(
+                f"device {config.device!r}: no CUDA device is visible (this PyTorch is built for CUDA "
+                f"{torch.version.cuda}; check the driver and CUDA_VISIBLE_DEVICES): use device cpu")
+        index = int(config.device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise DeviceUnavailableError(f"device {config.device!r}: this machine has {torch.cuda.device_count()} "
+                                         f"CUDA device(s), numbered from 0")
+    return config.resolved(torch.cuda.is_available())
+
+
+def check_device(config: EngineConfig) -> None:
+    """Raise DeviceUnavailableError (a ValueError) when `config.device` names a CUDA device this process cannot
+    use; a gateway calls it before it resolves or loads anything."""
+    _resolve_device(config)
+
+
+def _artifact_model(path: str | os.PathLike, cfg: EngineConfig) -> _Model:
+    """A `.ninfer` artifact: its package builds the Frontend and the Program."""
     from ninfer.artifact import open_artifact
     artifact = open_artifact(path)
     try:
         _check_speculative_weights(artifact, path, cfg)
-    except ValueError:
+        package_module = importlib.import_module(artifact.package.module)
+        frontend = _create_frontend(package_module, artifact)
+    except BaseException:
         artifact.close()
         raise
-    package_module = importlib.import_module(artifact.package.module)
-    frontend = _create_frontend(package_module, artifact)
-    program_config = _program_config(package_module, cfg, frontend.vocab_size)
-
-    def load() -> Program:
-        return package_module.create_program(artifact, program_config)
-    return frontend, artifact.identity, load
+    return _Model(cfg, lambda: frontend, artifact.identity, artifact.package, package_module, artifact.groups,
+                  lambda: artifact, artifact.close)
 
 
-def check_model(path: str | os.PathLike | None, cfg: EngineConfig) -> None:
-    """Raise ValueError, before any weight is read, when the model cannot serve `cfg`: speculation asked
-    of an artifact (path) or a dummy identity (path None) without MTP weights. `Engine` checks this too;
-    a gateway that builds the Engine in the background (serve) calls it first to fail at once."""
-    if cfg.speculative is None:
-        return
-    if path is None:
-        from ninfer.targets.registry import lookup
-        package = lookup(cfg.identity)
-        if getattr(package.dims, "mtp_num_hidden_layers", 0) < 1:
-            raise ValueError(f"speculative method {cfg.speculative.method!r} needs MTP weights, and identity "
-                             f"{package.identity} has no MTP layer")
-        return
-    from ninfer.artifact import open_artifact
-    with open_artifact(path) as artifact:
-        _check_speculative_weights(artifact, path, cfg)
+def check_model(path: str | os.PathLike | None, cfg: EngineConfig) -> "StartPlan":
+    """What `Engine` checks before any weight is read, for a gateway that builds the Engine in the background
+    (serve) to fail at once: the device (DeviceUnavailableError), speculation asked of a model without MTP
+    weights, and the memory (`StartPlan`: InsufficientMemoryError when the model does not fit; a ValueError
+    each). Returns the plan (its max_model_len and `note`). path None: the dummy identity of `cfg`."""
+    model = _open_model(path, cfg)
+    try:
+        return _plan(model, model.config)
+    finally:
+        model.close()
 
 
 def _check_speculative_weights(artifact: Any, path: str | os.PathLike, cfg: EngineConfig) -> None:
@@ -343,26 +439,195 @@ def _check_speculative_weights(artifact: Any, path: str | os.PathLike, cfg: Engi
                          f"without --speculative-method)")
 
 
-def _dummy_model(cfg: EngineConfig) -> tuple[Any, str, Callable[[], Program]]:
-    """(Frontend, identity, Program loader) of load_format "dummy": a benchmarking aid, the package's
-    Program over seeded random weights generated on the device, with the built-in Frontend; every
-    result carries extra["synthetic_weights"] = True."""
+def _dummy_model(cfg: EngineConfig) -> _Model:
+    """load_format "dummy": a benchmarking aid, the package's Program over seeded random weights generated
+    on the device, with the built-in Frontend; every result carries extra["synthetic_weights"] = True."""
     import torch
 
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
     from ninfer.targets.registry import lookup
-    check_model(None, cfg)
     package = lookup(cfg.identity)
+    if cfg.speculative is not None and getattr(package.dims, "mtp_num_hidden_layers", 0) < 1:
+        raise ValueError(f"speculative method {cfg.speculative.method!r} needs MTP weights, and identity "
+                         f"{package.identity} has no MTP layer")
     package_module = importlib.import_module(package.module)
-    frontend = Qwen36Frontend.builtin()
-    program_config = _program_config(package_module, cfg, frontend.vocab_size)
     dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
+    groups = ("embedding", "gdn", "attention", "ffn", "head") + (("mtp",) if package.dims.mtp_num_hidden_layers else ()) \
+        + (("vision",) if package.dims.vision is not None else ())
+    return _Model(cfg, Qwen36Frontend.builtin, package.identity, package, package_module, groups,
+                  lambda: DummyWeights(package.identity, device=cfg.device, dtype=dtype, seed=cfg.seed), lambda: None)
 
-    def load() -> Program:
-        weights = DummyWeights(package.identity, device=cfg.device, dtype=dtype, seed=cfg.seed)
-        return package_module.create_program(weights, program_config)
-    return frontend, package.identity, load
+
+# ---- the memory plan: max_model_len, the KV pool, and the check against the device's memory -------
+MAX_MODEL_LEN = 262144       # EngineConfig.max_model_len's upper bound
+
+
+class InsufficientMemoryError(ValueError):
+    """The model with this configuration needs more memory than the device offers: `facts` (both figures),
+    `advice` (what to change); str() is the one line "facts: advice"."""
+
+    def __init__(self, facts: str, advice: str) -> None:
+        super().__init__(f"{facts}: {advice}")
+        self.facts, self.advice = facts, advice
+
+
+@dataclasses.dataclass(frozen=True)
+class StartPlan:
+    """How an Engine starts, decided before anything is loaded (`_plan`).
+
+    config          the EngineConfig with device, dtype and max_model_len decided
+    program_config  the package's ProgramConfig
+    estimate        the family's MemoryEstimate of that Program (weights, KV pool, state, workspace)
+    budget          the memory it is compared with, in bytes; budget_what says whose
+    native          the model's native length (its max_position_embeddings, at most MAX_MODEL_LEN)
+    auto            max_model_len was chosen here (EngineConfig.max_model_len 0)
+    pool_tokens     the tokens the KV pool holds (for causal scoring: the longest window)
+    """
+    config: EngineConfig
+    program_config: Any
+    estimate: Any
+    budget: int
+    budget_what: str
+    native: int
+    auto: bool
+    pool_tokens: int
+
+    def note(self, max_model_len: int | None = None) -> str:
+        """'max_model_len N: why' for a start-up line."""
+        n = self.config.max_model_len if max_model_len is None else max_model_len
+        if not self.auto:
+            return f"max_model_len {n} (as configured)"
+        if n >= self.native:
+            if self.config.purpose is Purpose.CAUSAL_SCORING:
+                return f"max_model_len {n}: the model's native length (--max-model-len sets another)"
+            k = self.pool_tokens // n
+            return (f"max_model_len {n}: the model's native length; the KV pool holds {k} sequence{'s' * (k != 1)} "
+                    f"of it (--max-model-len sets another)")
+        return (f"max_model_len {n}: the longest sequence that fits in {_gib(self.budget)} {self.budget_what} "
+                f"(the model's native length is {self.native}; for more, raise --kv-memory-fraction or lower "
+                f"--max-concurrency, --cache-slots or --prefill-chunk-tokens)")
+
+
+def _gib(n: int) -> str:
+    from ninfer.engine.startup import gib
+    return gib(n)
+
+
+def _family_sizing(package: Any) -> Any:
+    return importlib.import_module(f"ninfer.targets.{package.family}.program.sizing")
+
+
+def _loaded_size(program_config: Any) -> Callable[[str, int], int]:
+    """(tensor name, numel) -> its bytes once loaded by this Program (the family's sizing)."""
+    from ninfer.targets.qwen3_6.program import sizing
+    dtype = program_config.torch_dtype
+    return lambda name, numel: sizing.loaded_bytes(dtype, name, numel)
+
+
+def memory_budget(device: str) -> tuple[int, str]:
+    """(bytes, whose) the memory check compares with: NINFER_MEMORY_BUDGET when set, else on CUDA the free
+    device memory, on the CPU the host's available memory."""
+    override = budget_override()
+    if override is not None:
+        return override, f"({BUDGET_ENV})"
+    if device.startswith("cuda"):
+        import torch
+        return int(torch.cuda.mem_get_info(torch.device(device))[0]), f"free on {device}"
+    return host_available_bytes(), "of available host memory"
+
+
+def _plan(model: _Model, cfg: EngineConfig) -> StartPlan:
+    """Decide max_model_len and the KV pool and check them and the weights against the device's memory
+    (InsufficientMemoryError). The pool (num_pages 0) holds max_concurrency full-length sequences, or what
+    kv_memory_fraction of the memory left after the weights holds beside the StateImage entries and the
+    workspace, whichever is less; on CUDA the Program sizes it again from the memory free once the weights
+    are loaded (with auto max_model_len it may then lower max_model_len: ProgramConfig.fit_max_model_len)."""
+    sizing, dims = _family_sizing(model.package), model.package.dims
+    native = min(int(dims.max_position_embeddings), MAX_MODEL_LEN)
+    auto = cfg.max_model_len == 0
+    budget, what = memory_budget(cfg.device)
+    vocab = 0            # NOTE: the sampleable vocabulary changes no size; the Engine sets it (no Frontend here)
+
+    def estimate(length: int, num_pages: int | None = None) -> tuple[Any, Any]:
+        c = dataclasses.replace(cfg, max_model_len=length)
+        pc = _program_config(model.package_module, c, vocab)
+        if num_pages is not None:
+            pc = dataclasses.replace(pc, num_pages=max(1, num_pages))
+        media = sizing.media_workspace_bytes(dims, pc, model.groups)
+        return pc, sizing.estimate_memory(dims, pc, model.groups, prefill_tokens=cfg.prefill_chunk_tokens,
+                                          media_workspace=media)
+
+    def refuse_weights(est: Any) -> InsufficientMemoryError:
+        fixed = est.weights + est.state + est.workspace
+        advice = [] if "tiny" in model.identity else [
+            "a smaller model" if cfg.load_format != "dummy" else "a smaller --identity (qwen3_6-tiny-dense)"]
+        if cfg.dtype == "fp32":
+            advice.insert(0, "--dtype bf16 (half the weights)")
+        if not cfg.device.startswith("cuda"):
+            advice.append("a CUDA device")
+        return InsufficientMemoryError(
+            f"not enough memory for {model.identity} on {cfg.device}: its weights take {_gib(est.weights)} in "
+            f"{cfg.dtype}, with the recurrent state ({_gib(est.state)}) and workspace ({_gib(est.workspace)}) "
+            f"{_gib(fixed)} before any KV cache, and there are {_gib(budget)} {what}",
+            f"use {', '.join(advice)} or more memory")
+
+    if cfg.purpose is Purpose.CAUSAL_SCORING:
+        length = native if auto else cfg.max_model_len
+        pc, est = estimate(length)
+        if est.total > budget and auto:
+            lo, hi = 2, length                  # the longest window whose staging fits
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if estimate(mid)[1].total <= budget else (lo, mid - 1)
+            length = lo
+            pc, est = estimate(length)
+        if est.total > budget:
+            if est.weights + est.state > budget or auto:
+                raise refuse_weights(est)
+            raise InsufficientMemoryError(
+                f"not enough memory for {model.identity} on {cfg.device}: scoring windows of --max-model-len "
+                f"{length} tokens need {_gib(est.total)} with the weights, and there are {_gib(budget)} {what}",
+                "lower --max-model-len")
+        return StartPlan(dataclasses.replace(cfg, max_model_len=length), pc, est, budget, what, native, auto, length)
+
+    cuda = cfg.device.startswith("cuda")
+    want = native if auto else cfg.max_model_len
+    pc, est = estimate(want)
+    ps = cfg.page_size
+    if cfg.num_pages:
+        length = min(want, cfg.num_pages * ps) if auto else want
+        pages = cfg.num_pages
+        pc, est = estimate(length)
+    else:
+        spare = est.page_bytes                  # the prefill graphs' page beside the pool
+        entries = pc.num_slots + sizing.num_scratch(pc)
+        cap = sizing.kv_budget_pages(dims, pc, budget - est.weights, entries, est.workspace + spare)
+        length = min(want, cap * ps) if auto else want
+        if est.weights + est.state + est.workspace + spare > budget:
+            raise refuse_weights(est)
+        least = min(native, 2 * ps) if auto else length
+        if cap * ps < least:
+            fits = cap * ps
+            raise InsufficientMemoryError(
+                f"not enough memory for the KV cache of {model.identity} on {cfg.device}: a sequence of "
+                f"{least} tokens needs {_gib(-(-length // ps) * est.page_bytes)} of KV, and "
+                f"--kv-memory-fraction {cfg.kv_memory_fraction} of the {_gib(max(0, budget - est.weights))} left "
+                f"after the weights ({_gib(budget)} {what}) holds {fits} tokens beside {entries} state entries "
+                f"({_gib(est.state)}) and the workspace ({_gib(est.workspace)})",
+                f"lower --max-model-len (at most {fits} fits) or --max-concurrency / --cache-slots, or raise "
+                f"--kv-memory-fraction")
+        full = cfg.max_concurrency * -(-length // ps)
+        pages = min(full, cap)
+        pc, est = estimate(length, pages)
+        pc = (dataclasses.replace(pc, num_pages=full, fit_max_model_len=auto) if cuda
+              else dataclasses.replace(pc, kv_memory_fraction=0.0))
+    if est.total > budget:
+        raise refuse_weights(est) if est.weights + est.state + est.workspace > budget else InsufficientMemoryError(
+            f"not enough memory for {model.identity} on {cfg.device}: {pages} KV pages (--num-pages) take "
+            f"{_gib(pages * est.page_bytes)}, {_gib(est.total)} with the weights, state and workspace, and there "
+            f"are {_gib(budget)} {what}", "lower --num-pages")
+    return StartPlan(dataclasses.replace(cfg, max_model_len=length), pc, est, budget, what, native, auto, pages * ps)
 
 
 def _create_frontend(package_module: Any, artifact: Any) -> Any:
@@ -416,6 +681,8 @@ def _program_config(package_module: Any, cfg: EngineConfig, sampleable_vocab_siz
     program_config_cls = getattr(package_module, "ProgramConfig", None)
     if program_config_cls is None:
         from ninfer.targets.qwen3_6.program.config import ProgramConfig as program_config_cls
+    if not cfg.max_model_len:       # NOTE: auto is decided by `_plan`; alone, the longest EngineConfig allows
+        cfg = dataclasses.replace(cfg, max_model_len=MAX_MODEL_LEN)
     # NOTE: num_pages == 0 sizes the pool for every lane at full length (each Active request holds its
     # complete growth reservation, so this is the most max_concurrency requests can ever need).
     if cfg.purpose is Purpose.CAUSAL_SCORING:
