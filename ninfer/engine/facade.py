@@ -66,15 +66,20 @@ class Engine:
             raise
         self.start_plan = plan
         progress = StartProgress(plan.estimate.weights)
+        try:
+            frontend = model.frontend
+        except BaseException:
+            model.close()
+            raise
         program_config = plan.program_config
         if plan.config.purpose is Purpose.GENERATION:
-            program_config = dataclasses.replace(program_config, sampleable_vocab_size=model.frontend.vocab_size)
+            program_config = dataclasses.replace(program_config, sampleable_vocab_size=frontend.vocab_size)
         size_of = _loaded_size(program_config)
 
         def load() -> Program:
             weights = CountingWeights(model.weights(), progress, size_of)
             return model.package_module.create_program(weights, program_config)
-        self._start(model.frontend, plan.config, model.identity, load, trace, progress=progress)
+        self._start(frontend, plan.config, model.identity, load, trace, progress=progress)
 
     @classmethod
     def from_config(cls, config: EngineConfig, *, trace: Trace | None = None) -> "Engine":
@@ -412,11 +417,10 @@ def _artifact_model(path: str | os.PathLike, cfg: EngineConfig) -> _Model:
     try:
         _check_speculative_weights(artifact, path, cfg)
         package_module = importlib.import_module(artifact.package.module)
-        frontend = _create_frontend(package_module, artifact)
     except BaseException:
         artifact.close()
         raise
-    return _Model(cfg, lambda: frontend, artifact.identity, artifact.package, package_module, artifact.groups,
+    return _Model(cfg, lambda: _create_frontend(package_module, artifact), artifact.identity, artifact.package, package_module, artifact.groups,
                   lambda: artifact, artifact.close)
 
 
