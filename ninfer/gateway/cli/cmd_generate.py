@@ -55,9 +55,11 @@ def media_parts(images: list[str], videos: list[str]) -> list[dict]:
     return parts
 
 
-def _prompt(engine, args, text: str, parts=()):
+def _prompt(engine, args, parts=(), text: str | None = None):
     from ninfer.config import OutputOptions
 
+    if text is None:
+        text = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not args.chat:
         return engine.frontend.prepare_text(text), OutputOptions(stop=tuple(args.stop), parse_reasoning=False,
                                                                  parse_tool_calls=False)
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     engine = open_engine(path, config)
     try:
         try:
-            prompt, output = _prompt(engine, args, text, parts)
+            prompt, output = _prompt(engine, args, parts, text)
         except ValueError as e:
             raise CLIError(str(e)) from None
         limit = output_room(engine, prompt.num_prompt_tokens)
