@@ -35,10 +35,12 @@ from ninfer.engine.context_cache import CacheConfig
 from ninfer.engine.engine_core import DECODE_STEPS, EngineCore, Trace
 from ninfer.engine.handle import GenerationHandle
 from ninfer.engine.startup import (BUDGET_ENV, CountingWeights, StartProgress, budget_override,
-                                   host_available_bytes)
+                                   host_available_bytes, progress_line)
 from ninfer.contract.frontend import OutputOptions, PreparedPrompt
 from ninfer.config import (Availability, EngineConfig, EngineMetrics, EngineRequestError, ErrorKind,
                           GenerationResult, Purpose, ScoreInput, ScoreResult)
+
+WARMUP_LOG_EVERY_S = 10.0      # a log line of the warmup's progress at most this often
 
 __all__ = ["Engine", "GenerationHandle", "EngineRequestError", "check_model", "check_device", "StartPlan",
            "InsufficientMemoryError", "DeviceUnavailableError"]
@@ -53,7 +55,14 @@ class Engine:
     GenerationResult.extra then has "synthetic_weights": True and `engine.synthetic` is True).
 
     `availability` is STARTING while Program loads, then READY (or FAILED with the reason).
-    Use `wait_ready()` to block until it is decided.
+    Use `wait_ready()` to block until it is decided; `progress()` says how far the load is.
+
+    Before anything is loaded, the constructor plans the start (`start_plan`, see `_plan`): it decides
+    max_model_len (config 0: the model's native length when the KV pool holds one sequence of it, else
+    the longest it holds; `max_model_len_note` says which and why) and compares the weights, KV pool,
+    state and workspace with the device's memory, raising InsufficientMemoryError (a ValueError, one
+    line with both figures and what to change) when they do not fit, and DeviceUnavailableError for a
+    CUDA device this process cannot use.
     """
 
     def __init__(self, artifact_path: str | os.PathLike | None = None, config: EngineConfig = EngineConfig(), *,
@@ -285,6 +294,7 @@ class Engine:
         progress = self._progress
         if progress is not None and runs:
             progress.warming(len(runs))
+        logged = time.perf_counter()
         try:
             for n, sp in runs:
                 prompt = self.frontend.prepare_tokens([(7919 * i + 11) % vocab for i in range(n)])
@@ -293,6 +303,9 @@ class Engine:
                 done.append((n, time.perf_counter() - t0))
                 if progress is not None:
                     progress.add(1)
+                    if time.perf_counter() - logged >= WARMUP_LOG_EVERY_S and len(done) < len(runs):
+                        _log.info("%s", progress_line(progress.snapshot()))
+                        logged = time.perf_counter()
         finally:
             if progress is not None:
                 progress.finished()
