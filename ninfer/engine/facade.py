@@ -613,6 +613,10 @@ def _plan(model: _Model, cfg: EngineConfig) -> StartPlan:
     pc, est = estimate(want)
     ps = cfg.page_size
     if cfg.num_pages:
+        if not auto and cfg.num_pages * ps < want:
+            raise ValueError(f"num_pages {cfg.num_pages} ({cfg.num_pages * ps} tokens of page_size {ps}) cannot hold "
+                             f"one sequence of max_model_len {want}: raise --num-pages (0: sized from the memory) or "
+                             f"lower --max-model-len")
         length = min(want, cfg.num_pages * ps) if auto else want
         pages = cfg.num_pages
         pc, est = estimate(length)

@@ -4,7 +4,8 @@
    change (`ninfer serve`, `ninfer bench`, the Engine), with a fake small budget (NINFER_MEMORY_BUDGET);
    while the weights load, `/health` (503, status "loading") and the CLI show the progress.
 6. What can be refused without the model is refused before it loads: an empty prompt, `--device cuda`
-   without CUDA ("this PyTorch build has no CUDA"), --think without --chat.
+   without CUDA ("this PyTorch build has no CUDA"), --think without --chat, a --num-pages pool shorter
+   than --max-model-len.
 9. max_model_len defaults to the model's native length when the KV pool holds one sequence of it, else
    to the longest it holds; the figure and the reason are printed at start; an explicit value is kept.
 """
@@ -65,6 +66,10 @@ def test_max_model_len_is_native_when_the_pool_holds_it_else_the_longest_that_fi
     assert check_model(path, EngineConfig(device="cpu", max_model_len=4096)).config.max_model_len == 4096
     with pytest.raises(InsufficientMemoryError, match=rf"lower --max-model-len \(at most {small} fits\)"):
         check_model(path, EngineConfig(device="cpu", max_model_len=NATIVE))
+    with pytest.raises(ValueError, match="num_pages 8 .128 tokens of page_size 16. cannot hold one sequence of "
+                                         "max_model_len 1024"):
+        check_model(path, EngineConfig(device="cpu", num_pages=8, max_model_len=1024))
+    assert check_model(path, EngineConfig(device="cpu", num_pages=8)).config.max_model_len == 128
     monkeypatch.setenv("NINFER_MEMORY_BUDGET", "100M")
     with pytest.raises(InsufficientMemoryError, match="before any KV cache, and there are 100 MiB"):
         check_model(path, EngineConfig(device="cpu"))
