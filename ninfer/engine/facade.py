@@ -34,6 +34,8 @@ from ninfer.engine.causal_score_core import CausalScoreCore
 from ninfer.engine.context_cache import CacheConfig
 from ninfer.engine.engine_core import DECODE_STEPS, EngineCore, Trace
 from ninfer.engine.handle import GenerationHandle
+from ninfer.engine.start_plan import (MAX_MODEL_LEN, InsufficientMemoryError, ModelFacts, StartPlan,
+                                      plan_start)
 from ninfer.engine.startup import (BUDGET_ENV, CountingWeights, StartProgress, budget_override,
                                    host_available_bytes, progress_line)
 from ninfer.contract.frontend import OutputOptions, PreparedPrompt
@@ -57,7 +59,7 @@ class Engine:
     `availability` is STARTING while Program loads, then READY (or FAILED with the reason).
     Use `wait_ready()` to block until it is decided; `progress()` says how far the load is.
 
-    Before anything is loaded, the constructor plans the start (`start_plan`, see `_plan`): it decides
+    Before anything is loaded, the constructor plans the start (`start_plan`: ninfer/engine/start_plan.py): it decides
     max_model_len (config 0: the model's native length when the KV pool holds one sequence of it, else
     the longest it holds; `max_model_len_note` says which and why) and compares the weights, KV pool,
     state and workspace with the device's memory, raising InsufficientMemoryError (a ValueError, one
@@ -148,8 +150,9 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - any load failure is a startup failure with its reason
                 core.fail_startup(f"loading the model failed: {type(e).__name__}: {e}")
                 return
-            if self._progress is not None:
-                self._progress.finished()
+            finally:
+                if self._progress is not None:
+                    self._progress.finished()
             self._ready.set()
             try:
                 core.run()
@@ -476,63 +479,24 @@ def _dummy_model(cfg: EngineConfig) -> _Model:
                   lambda: DummyWeights(package.identity, device=cfg.device, dtype=dtype, seed=cfg.seed), lambda: None)
 
 
-# ---- the memory plan: max_model_len, the KV pool, and the check against the device's memory -------
-MAX_MODEL_LEN = 262144       # EngineConfig.max_model_len's upper bound
+def _create_frontend(package_module: Any, artifact: Any) -> Any:
+    resources = artifact.frontend_resources()
+    factory = getattr(package_module, "create_frontend", None)
+    if factory is not None:
+        return factory(resources)
+    from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
+    return Qwen36Frontend.from_resources(resources)
 
 
-class InsufficientMemoryError(ValueError):
-    """The model with this configuration needs more memory than the device offers: `facts` (both figures),
-    `advice` (what to change); str() is the one line "facts: advice"."""
-
-    def __init__(self, facts: str, advice: str) -> None:
-        super().__init__(f"{facts}: {advice}")
-        self.facts, self.advice = facts, advice
-
-
-@dataclasses.dataclass(frozen=True)
-class StartPlan:
-    """How an Engine starts, decided before anything is loaded (`_plan`).
-
-    config          the EngineConfig with device, dtype and max_model_len decided
-    program_config  the package's ProgramConfig
-    estimate        the family's MemoryEstimate of that Program (weights, KV pool, state, workspace)
-    budget          the memory it is compared with, in bytes; budget_what says whose
-    native          the model's native length (its max_position_embeddings, at most MAX_MODEL_LEN)
-    auto            max_model_len was chosen here (EngineConfig.max_model_len 0)
-    pool_tokens     the tokens the KV pool holds (for causal scoring: the longest window)
-    """
-    config: EngineConfig
-    program_config: Any
-    estimate: Any
-    budget: int
-    budget_what: str
-    native: int
-    auto: bool
-    pool_tokens: int
-
-    def note(self, max_model_len: int | None = None) -> str:
-        """'max_model_len N: why' for a start-up line."""
-        n = self.config.max_model_len if max_model_len is None else max_model_len
-        if not self.auto:
-            return f"max_model_len {n} (as configured)"
-        if n >= self.native:
-            if self.config.purpose is Purpose.CAUSAL_SCORING:
-                return f"max_model_len {n}: the model's native length (--max-model-len sets another)"
-            k = self.pool_tokens // n
-            return (f"max_model_len {n}: the model's native length; the KV pool holds {k} sequence{'s' * (k != 1)} "
-                    f"of it (--max-model-len sets another)")
-        return (f"max_model_len {n}: the longest sequence that fits in {_gib(self.budget)} {self.budget_what} "
-                f"(the model's native length is {self.native}; for more, raise --kv-memory-fraction or lower "
-                f"--max-concurrency, --cache-slots or --prefill-chunk-tokens)")
-
-
-def _gib(n: int) -> str:
-    from ninfer.engine.startup import gib
-    return gib(n)
-
-
-def _family_sizing(package: Any) -> Any:
-    return importlib.import_module(f"ninfer.targets.{package.family}.program.sizing")
+# ---- the plan of the start (start_plan.py) and the device's memory --------------------------------
+def _plan(model: _Model, cfg: EngineConfig) -> StartPlan:
+    """`plan_start` over this model's facts, its family's sizing and the device's memory."""
+    budget, what = memory_budget(cfg.device)
+    sizing = importlib.import_module(f"ninfer.targets.{model.package.family}.program.sizing")
+    # NOTE: the sampleable vocabulary changes no size; the Engine sets it (the plan builds no Frontend).
+    facts = ModelFacts(model.identity, model.package.dims, model.groups, sizing,
+                       lambda c: _program_config(model.package_module, c, 0))
+    return plan_start(facts, cfg, budget, what)
 
 
 def _loaded_size(program_config: Any) -> Callable[[str, int], int]:
@@ -552,112 +516,6 @@ def memory_budget(device: str) -> tuple[int, str]:
         import torch
         return int(torch.cuda.mem_get_info(torch.device(device))[0]), f"free on {device}"
     return host_available_bytes(), "of available host memory"
-
-
-def _plan(model: _Model, cfg: EngineConfig) -> StartPlan:
-    """Decide max_model_len and the KV pool and check them and the weights against the device's memory
-    (InsufficientMemoryError). The pool (num_pages 0) holds max_concurrency full-length sequences, or what
-    kv_memory_fraction of the memory left after the weights holds beside the StateImage entries and the
-    workspace, whichever is less; on CUDA the Program sizes it again from the memory free once the weights
-    are loaded (with auto max_model_len it may then lower max_model_len: ProgramConfig.fit_max_model_len)."""
-    sizing, dims = _family_sizing(model.package), model.package.dims
-    native = min(int(dims.max_position_embeddings), MAX_MODEL_LEN)
-    auto = cfg.max_model_len == 0
-    budget, what = memory_budget(cfg.device)
-    vocab = 0            # NOTE: the sampleable vocabulary changes no size; the Engine sets it (no Frontend here)
-
-    def estimate(length: int, num_pages: int | None = None) -> tuple[Any, Any]:
-        c = dataclasses.replace(cfg, max_model_len=length)
-        pc = _program_config(model.package_module, c, vocab)
-        if num_pages is not None:
-            pc = dataclasses.replace(pc, num_pages=max(1, num_pages))
-        media = sizing.media_workspace_bytes(dims, pc, model.groups)
-        return pc, sizing.estimate_memory(dims, pc, model.groups, prefill_tokens=cfg.prefill_chunk_tokens,
-                                          media_workspace=media)
-
-    def refuse_weights(est: Any) -> InsufficientMemoryError:
-        fixed = est.weights + est.state + est.workspace
-        advice = [] if "tiny" in model.identity else [
-            "a smaller model" if cfg.load_format != "dummy" else "a smaller --identity (qwen3_6-tiny-dense)"]
-        if cfg.dtype == "fp32":
-            advice.insert(0, "--dtype bf16 (half the weights)")
-        if not cfg.device.startswith("cuda"):
-            advice.append("a CUDA device")
-        return InsufficientMemoryError(
-            f"not enough memory for {model.identity} on {cfg.device}: its weights take {_gib(est.weights)} in "
-            f"{cfg.dtype}, with the recurrent state ({_gib(est.state)}) and workspace ({_gib(est.workspace)}) "
-            f"{_gib(fixed)} before any KV cache, and there are {_gib(budget)} {what}",
-            f"use {', '.join(advice)} or more memory")
-
-    if cfg.purpose is Purpose.CAUSAL_SCORING:
-        length = native if auto else cfg.max_model_len
-        pc, est = estimate(length)
-        if est.total > budget and auto:
-            lo, hi = 2, length                  # the longest window whose staging fits
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if estimate(mid)[1].total <= budget else (lo, mid - 1)
-            length = lo
-            pc, est = estimate(length)
-        if est.total > budget:
-            if est.weights + est.state > budget or auto:
-                raise refuse_weights(est)
-            raise InsufficientMemoryError(
-                f"not enough memory for {model.identity} on {cfg.device}: scoring windows of --max-model-len "
-                f"{length} tokens need {_gib(est.total)} with the weights, and there are {_gib(budget)} {what}",
-                "lower --max-model-len")
-        return StartPlan(dataclasses.replace(cfg, max_model_len=length), pc, est, budget, what, native, auto, length)
-
-    cuda = cfg.device.startswith("cuda")
-    want = native if auto else cfg.max_model_len
-    pc, est = estimate(want)
-    ps = cfg.page_size
-    if cfg.num_pages:
-        if not auto and cfg.num_pages * ps < want:
-            raise ValueError(f"num_pages {cfg.num_pages} ({cfg.num_pages * ps} tokens of page_size {ps}) cannot hold "
-                             f"one sequence of max_model_len {want}: raise --num-pages (0: sized from the memory) or "
-                             f"lower --max-model-len")
-        length = min(want, cfg.num_pages * ps) if auto else want
-        pages = cfg.num_pages
-        pc, est = estimate(length)
-    else:
-        spare = est.page_bytes                  # the prefill graphs' page beside the pool
-        entries = pc.num_slots + sizing.num_scratch(pc)
-        cap = sizing.kv_budget_pages(dims, pc, budget - est.weights, entries, est.workspace + spare)
-        length = min(want, cap * ps) if auto else want
-        if est.weights + est.state + est.workspace + spare > budget:
-            raise refuse_weights(est)
-        least = min(native, 2 * ps) if auto else length
-        if cap * ps < least:
-            fits = cap * ps
-            raise InsufficientMemoryError(
-                f"not enough memory for the KV cache of {model.identity} on {cfg.device}: a sequence of "
-                f"{least} tokens needs {_gib(-(-length // ps) * est.page_bytes)} of KV, and "
-                f"--kv-memory-fraction {cfg.kv_memory_fraction} of the {_gib(max(0, budget - est.weights))} left "
-                f"after the weights ({_gib(budget)} {what}) holds {fits} tokens beside {entries} state entries "
-                f"({_gib(est.state)}) and the workspace ({_gib(est.workspace)})",
-                f"lower --max-model-len (at most {fits} fits) or --max-concurrency / --cache-slots, or raise "
-                f"--kv-memory-fraction")
-        full = cfg.max_concurrency * -(-length // ps)
-        pages = min(full, cap)
-        pc, est = estimate(length, pages)
-        pc = (dataclasses.replace(pc, num_pages=full, fit_max_model_len=auto) if cuda
-              else dataclasses.replace(pc, kv_memory_fraction=0.0))
-    if est.total > budget:
-        raise refuse_weights(est) if est.weights + est.state + est.workspace > budget else InsufficientMemoryError(
-            f"not enough memory for {model.identity} on {cfg.device}: {pages} KV pages (--num-pages) take "
-            f"{_gib(pages * est.page_bytes)}, {_gib(est.total)} with the weights, state and workspace, and there "
-            f"are {_gib(budget)} {what}", "lower --num-pages")
-    return StartPlan(dataclasses.replace(cfg, max_model_len=length), pc, est, budget, what, native, auto, pages * ps)
-
-
-def _create_frontend(package_module: Any, artifact: Any) -> Any:
-    resources = artifact.frontend_resources()
-    factory = getattr(package_module, "create_frontend", None)
-    if factory is not None:
-        return factory(resources)
-    from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
-    return Qwen36Frontend.from_resources(resources)
 
 
 # ---- EngineConfig -> the package's ProgramConfig and the context cache's CacheConfig -------------
