@@ -59,7 +59,7 @@ class Engine:
     `availability` is STARTING while Program loads, then READY (or FAILED with the reason).
     Use `wait_ready()` to block until it is decided; `progress()` says how far the load is.
 
-    Before anything is loaded, the constructor plans the start (`start_plan`: ninfer/engine/start_plan.py): it decides
+    Before anything is loaded, the constructor plans the start (`start_plan`, engine/start_plan.py): it decides
     max_model_len (config 0: the model's native length when the KV pool holds one sequence of it, else
     the longest it holds; `max_model_len_note` says which and why) and compares the weights, KV pool,
     state and workspace with the device's memory, raising InsufficientMemoryError (a ValueError, one
@@ -436,7 +436,8 @@ def _artifact_model(path: str | os.PathLike, cfg: EngineConfig) -> _Model:
     except BaseException:
         artifact.close()
         raise
-    return _Model(cfg, lambda: _create_frontend(package_module, artifact), artifact.identity, artifact.package, package_module, artifact.groups,
+    return _Model(cfg, lambda: _create_frontend(package_module, artifact), artifact.identity, artifact.package,
+                  package_module, artifact.groups,
                   lambda: artifact, artifact.close)
 
 
@@ -473,8 +474,9 @@ def _dummy_model(cfg: EngineConfig) -> _Model:
                          f"{package.identity} has no MTP layer")
     package_module = importlib.import_module(package.module)
     dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
-    groups = ("embedding", "gdn", "attention", "ffn", "head") + (("mtp",) if package.dims.mtp_num_hidden_layers else ()) \
-        + (("vision",) if package.dims.vision is not None else ())
+    dims = package.dims
+    groups = (("embedding", "gdn", "attention", "ffn", "head") + (("mtp",) if dims.mtp_num_hidden_layers else ())
+              + (("vision",) if dims.vision is not None else ()))
     return _Model(cfg, Qwen36Frontend.builtin, package.identity, package, package_module, groups,
                   lambda: DummyWeights(package.identity, device=cfg.device, dtype=dtype, seed=cfg.seed), lambda: None)
 

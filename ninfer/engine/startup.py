@@ -72,7 +72,8 @@ class StartProgress:
 
     def warming(self, total: int) -> None:
         with self._lock:
-            self._phase, self._done, self._total, self._unit, self._t0 = "warming_up", 0, total, "prompts", self._clock()
+            self._phase, self._done, self._total, self._unit = "warming_up", 0, total, "prompts"
+            self._t0 = self._clock()
 
     def finished(self) -> None:
         with self._lock:

@@ -136,7 +136,8 @@ def engine_config(args: argparse.Namespace, purpose: Purpose = Purpose.GENERATIO
         try:
             check_device(config)
         except ValueError as e:
-            raise CLIError(f"--device {config.device}: {str(e).partition(': ')[2].replace('use device', 'use --device')}") from None
+            why = str(e).partition(": ")[2].replace("use device", "use --device")
+            raise CLIError(f"--device {config.device}: {why}") from None
     return config
 
 
