@@ -175,3 +175,22 @@ def test_generate_prints_the_max_model_len_and_why(tiny_artifact_path, capsys, m
     r = ninfer("generate", path, "-p", "Hello", "--max-tokens", "1", "--device", "cpu")
     assert r.returncode == 0, r.stderr
     assert f"max_model_len {NATIVE}: the model's native length; the KV pool holds 4 sequences of it" in r.stderr
+
+
+def test_the_program_lowers_an_automatic_max_model_len_to_the_pool_it_got():
+    """On CUDA the Program sizes the pool again once the weights are loaded; with the automatic max_model_len it
+    then lowers max_model_len to what the pool holds instead of refusing (ProgramConfig.fit_max_model_len)."""
+    from ninfer.targets.qwen3_6.program import sizing
+    from ninfer.targets.qwen3_6.program.config import ProgramConfig
+    from ninfer.targets.registry import lookup
+
+    d27 = lookup("qwen3_6-27b").dims
+    base = dict(device="cpu", dtype="bf16", num_pages=4 * NATIVE // 16, num_slots=8, max_model_len=NATIVE,
+                max_batch=4, max_steps=2, kv_memory_fraction=0.5)
+    mem = lambda dev: (30 << 30, 80 << 30)         # noqa: E731
+    with pytest.raises(ValueError, match=f"fewer than max_model_len {NATIVE}"):
+        sizing.pool_pages(d27, ProgramConfig(**base), 8, mem_get_info=mem)
+    fit = ProgramConfig(**base, fit_max_model_len=True)
+    pages = sizing.pool_pages(d27, fit, 8, mem_get_info=mem)
+    assert 0 < pages * 16 < NATIVE and sizing.fitted_max_model_len(fit, pages) == pages * 16
+    assert sizing.fitted_max_model_len(ProgramConfig(**base), pages) == NATIVE

@@ -22,8 +22,10 @@ _ENGINE_HELP = {
     "prefill_chunk_tokens": "staged prefill size in tokens",
     "page_size": "KV page size (16, 32, 64, 128, 256)",
     "num_pages": "KV pages (0 = derived from --kv-memory-fraction and --max-model-len)",
-    "kv_memory_fraction": "share of free device memory for KV pages when --num-pages is 0",
-    "max_model_len": "prompt + output limit of one request",
+    "kv_memory_fraction": "share of the memory left after the weights (CUDA: free device memory; CPU: available "
+                          "host memory) for KV pages when --num-pages is 0",
+    "max_model_len": "prompt + output limit of one request (0 = auto: the model's native length when the KV pool "
+                     "holds one sequence of it, else the longest it holds)",
     "enforce_eager": "no CUDA graphs",
     "decode_step_ahead": "decode rounds through the CUDA graphs launch the next step before waiting for "
                          "their own tokens (rows without penalties, logit bias or log-probs)",
