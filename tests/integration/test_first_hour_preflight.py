@@ -111,8 +111,13 @@ def test_loading_progress_on_health_and_the_cli_then_the_native_length(tiny_arti
         assert r.status_code == 503 and body["status"] == "loading" and body["reason"]
         assert body["progress"]["phase"] == "loading" and body["progress"]["done"] == p["done"]
         assert progress_line(body["progress"]).startswith("loading the weights: ")
-        out = io.StringIO()
-        threading.Timer(0.7, release.set).start()
+        class Stderr(io.StringIO):                 # the load goes on once the CLI has shown its progress
+            def write(self, text: str) -> int:
+                n = super().write(text)
+                release.set()
+                return n
+
+        out = Stderr()
         assert wait_ready_reporting(engine, out, after_s=0.0).ready
         assert "loading the weights: " in out.getvalue() and " MiB of " in out.getvalue()
         assert engine.progress() is None
