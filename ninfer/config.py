@@ -99,10 +99,13 @@ class EngineConfig:
     prefill_chunk_tokens: int = 8192      # staged prefill size
     page_size: int = 16                   # KV page size (power of two, 16..256)
     num_pages: int = 0                    # 0 = max_concurrency x ceil(max_model_len / page_size)
-    # NOTE: with num_pages == 0 on CUDA, the pool is the smaller of that full-length size and this
-    # share of the device memory free after the weights and StateImage slots (CPU: full-length size).
+    # NOTE: with num_pages == 0, the pool is the smaller of that full-length size and this share of the
+    # memory free after the weights, StateImage slots and workspace (CUDA: device memory; CPU: available
+    # host memory).
     kv_memory_fraction: float = 0.5
-    max_model_len: int = 8192             # prompt + output limit of one request
+    # NOTE: 0 = auto: the model's native length (max_position_embeddings) when the KV pool holds one
+    # sequence of it, else the longest it holds (the Engine decides before loading, `Engine.start_plan`).
+    max_model_len: int = 0                # prompt + output limit of one request
     enforce_eager: bool = False           # no CUDA graphs
     decode_step_ahead: bool = True        # decode rounds launch the next step before their sync (step_ahead.py)
     # NOTE: the run's seed (as vLLM's --seed): requests without a seed get consecutive private RNG
@@ -144,8 +147,8 @@ class EngineConfig:
             raise ValueError(f"num_pages must be >= 0, got {self.num_pages}")
         if not (0.0 < self.kv_memory_fraction <= 0.95):
             raise ValueError(f"kv_memory_fraction must be in (0, 0.95], got {self.kv_memory_fraction}")
-        if not (2 <= self.max_model_len <= 262144):
-            raise ValueError(f"max_model_len must be in 2..262144, got {self.max_model_len}")
+        if not (self.max_model_len == 0 or 2 <= self.max_model_len <= 262144):
+            raise ValueError(f"max_model_len must be 0 (auto) or in 2..262144, got {self.max_model_len}")
         if not (-1 <= self.cache_slots <= 1024):
             raise ValueError(f"cache_slots must be in -1..1024 (-1 = auto), got {self.cache_slots}")
         for name in ("cache_device_bytes", "cache_host_bytes", "cache_capture_stride"):

@@ -19,6 +19,8 @@ GenerationResult(finish_reason=CANCELLED) and its partial output.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 import logging
 import math
@@ -32,11 +34,18 @@ from ninfer.engine.causal_score_core import CausalScoreCore
 from ninfer.engine.context_cache import CacheConfig
 from ninfer.engine.engine_core import DECODE_STEPS, EngineCore, Trace
 from ninfer.engine.handle import GenerationHandle
+from ninfer.engine.start_plan import (MAX_MODEL_LEN, InsufficientMemoryError, ModelFacts, StartPlan,
+                                      plan_start)
+from ninfer.engine.startup import (BUDGET_ENV, CountingWeights, StartProgress, budget_override,
+                                   host_available_bytes, progress_line)
 from ninfer.contract.frontend import OutputOptions, PreparedPrompt
 from ninfer.config import (Availability, EngineConfig, EngineMetrics, EngineRequestError, ErrorKind,
                           GenerationResult, Purpose, ScoreInput, ScoreResult)
 
-__all__ = ["Engine", "GenerationHandle", "EngineRequestError", "check_model"]
+WARMUP_LOG_EVERY_S = 10.0      # a log line of the warmup's progress at most this often
+
+__all__ = ["Engine", "GenerationHandle", "EngineRequestError", "check_model", "check_device", "StartPlan",
+           "InsufficientMemoryError", "DeviceUnavailableError"]
 _log = logging.getLogger(__name__)
 
 
@@ -48,23 +57,40 @@ class Engine:
     GenerationResult.extra then has "synthetic_weights": True and `engine.synthetic` is True).
 
     `availability` is STARTING while Program loads, then READY (or FAILED with the reason).
-    Use `wait_ready()` to block until it is decided.
+    Use `wait_ready()` to block until it is decided; `progress()` says how far the load is.
+
+    Before anything is loaded, the constructor plans the start (`start_plan`, engine/start_plan.py): it decides
+    max_model_len (config 0: the model's native length when the KV pool holds one sequence of it, else
+    the longest it holds; `max_model_len_note` says which and why) and compares the weights, KV pool,
+    state and workspace with the device's memory, raising InsufficientMemoryError (a ValueError, one
+    line with both figures and what to change) when they do not fit, and DeviceUnavailableError for a
+    CUDA device this process cannot use.
     """
 
     def __init__(self, artifact_path: str | os.PathLike | None = None, config: EngineConfig = EngineConfig(), *,
                  trace: Trace | None = None):
-        import torch  # NOTE: only to resolve "auto" device/dtype; Engine itself holds no tensors
+        model = _open_model(artifact_path, config)
+        try:
+            plan = _plan(model, model.config)
+        except ValueError:
+            model.close()
+            raise
+        self.start_plan = plan
+        progress = StartProgress(plan.estimate.weights)
+        try:
+            frontend = model.frontend
+        except BaseException:
+            model.close()
+            raise
+        program_config = plan.program_config
+        if plan.config.purpose is Purpose.GENERATION:
+            program_config = dataclasses.replace(program_config, sampleable_vocab_size=frontend.vocab_size)
+        size_of = _loaded_size(program_config)
 
-        cfg = config.resolved(torch.cuda.is_available())
-        if cfg.load_format == "dummy":
-            if artifact_path is not None:
-                raise ValueError("load_format 'dummy' takes no artifact path (the model is config.identity)")
-            frontend, identity, load = _dummy_model(cfg)
-        elif artifact_path is None:
-            raise ValueError("Engine needs a .ninfer artifact path (or EngineConfig(load_format='dummy', identity=...))")
-        else:
-            frontend, identity, load = _artifact_model(artifact_path, cfg)
-        self._start(frontend, cfg, identity, load, trace)
+        def load() -> Program:
+            weights = CountingWeights(model.weights(), progress, size_of)
+            return model.package_module.create_program(weights, program_config)
+        self._start(frontend, plan.config, model.identity, load, trace, progress=progress)
 
     @classmethod
     def from_config(cls, config: EngineConfig, *, trace: Trace | None = None) -> "Engine":
@@ -87,8 +113,15 @@ class Engine:
         return self
 
     def _start(self, frontend: Any, config: EngineConfig, identity: str, load: Callable[[], Program],
-               trace: Trace | None, clock: Callable[[], float] | None = None) -> None:
+               trace: Trace | None, clock: Callable[[], float] | None = None,
+               progress: StartProgress | None = None) -> None:
+        if config.max_model_len == 0:
+            # NOTE: auto over a Program built elsewhere (from_program): the Program's own limit, taken at attach.
+            config = dataclasses.replace(config, max_model_len=MAX_MODEL_LEN)
         self.config = config
+        self._progress = progress
+        if not hasattr(self, "start_plan"):
+            self.start_plan = None
         self.identity = identity
         self.frontend = frontend
         self.warmup_plans: tuple[int, int, float] | None = None    # `warm_up`'s attention plans
@@ -117,6 +150,9 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - any load failure is a startup failure with its reason
                 core.fail_startup(f"loading the model failed: {type(e).__name__}: {e}")
                 return
+            finally:
+                if self._progress is not None:
+                    self._progress.finished()
             self._ready.set()
             try:
                 core.run()
@@ -137,10 +173,28 @@ class Engine:
         self._ready.wait(timeout)
         return self._core.availability
 
+    def progress(self) -> dict | None:
+        """While the model loads and while `warm_up` runs: {"phase": "loading" | "initializing" | "warming_up",
+        "done", "total", "unit": "bytes" | "prompts", "fraction", "elapsed_s", "eta_s"} (`ninfer.engine.startup`);
+        None otherwise (and for an Engine over a Program built elsewhere)."""
+        p = self._progress
+        if p is None or p.phase == "ready":
+            return None
+        return p.snapshot()
+
     @property
     def max_model_len(self) -> int:
         """prompt + max_tokens (+ `lookahead`) limit of one request."""
         return self._core.max_model_len
+
+    @property
+    def max_model_len_note(self) -> str:
+        """max_model_len and why it is that figure, for a start-up line ("" for an Engine over a Program
+        built elsewhere). Once ready, the figure is the Engine's own (the Program may have lowered it)."""
+        plan = self.start_plan
+        if plan is None:
+            return ""
+        return plan.note(self.max_model_len if self.availability.ready else plan.config.max_model_len)
 
     @property
     def lookahead(self) -> int:
@@ -240,11 +294,24 @@ class Engine:
         runs = [(n, SamplingParams(temperature=0.0)) for n in lengths]
         runs += [(min(lengths), sp) for sp in drawn] if lengths else []
         done = []
-        for n, sp in runs:
-            prompt = self.frontend.prepare_tokens([(7919 * i + 11) % vocab for i in range(n)])
-            t0 = time.perf_counter()
-            self.generate(prompt, sp, max_tokens=2, timeout=timeout, context_cache=False)
-            done.append((n, time.perf_counter() - t0))
+        progress = self._progress
+        if progress is not None and runs:
+            progress.warming(len(runs))
+        logged = time.perf_counter()
+        try:
+            for n, sp in runs:
+                prompt = self.frontend.prepare_tokens([(7919 * i + 11) % vocab for i in range(n)])
+                t0 = time.perf_counter()
+                self.generate(prompt, sp, max_tokens=2, timeout=timeout, context_cache=False)
+                done.append((n, time.perf_counter() - t0))
+                if progress is not None:
+                    progress.add(1)
+                    if time.perf_counter() - logged >= WARMUP_LOG_EVERY_S and len(done) < len(runs):
+                        _log.info("%s", progress_line(progress.snapshot()))
+                        logged = time.perf_counter()
+        finally:
+            if progress is not None:
+                progress.finished()
         if plans:
             t0 = time.perf_counter()
             ran, total = self._core.plan_attention().result(timeout)
@@ -299,41 +366,91 @@ def _score_inputs(inputs: Any) -> list[ScoreInput]:
     return [one(x) for x in inputs]
 
 
-# ---- the model: a package's Frontend and a loader of its Program ---------------------------------
-def _artifact_model(path: str | os.PathLike, cfg: EngineConfig) -> tuple[Any, str, Callable[[], Program]]:
-    """(Frontend, identity, Program loader) of a `.ninfer` artifact: its package builds both."""
+# ---- the model: a package's Frontend, its weights and the plan of its start -----------------------
+@dataclasses.dataclass
+class _Model:
+    """What the Engine starts from: the config with device and dtype resolved, the package's Frontend (built
+    on first use: the memory plan needs none), and the weights its Program loads (opened, not read)."""
+    config: EngineConfig
+    make_frontend: Callable[[], Any]
+    identity: str
+    package: Any                       # the TargetPackage
+    package_module: Any
+    groups: tuple[str, ...]            # the weight groups the model stores
+    weights: Callable[[], Any]
+    close: Callable[[], None]
+
+    @functools.cached_property
+    def frontend(self) -> Any:
+        return self.make_frontend()
+
+
+def _open_model(path: str | os.PathLike | None, config: EngineConfig) -> _Model:
+    cfg = _resolve_device(config)
+    if cfg.load_format == "dummy":
+        if path is not None:
+            raise ValueError("load_format 'dummy' takes no artifact path (the model is config.identity)")
+        return _dummy_model(cfg)
+    if path is None:
+        raise ValueError("Engine needs a .ninfer artifact path (or EngineConfig(load_format='dummy', identity=...))")
+    return _artifact_model(path, cfg)
+
+
+class DeviceUnavailableError(ValueError):
+    """The configured device does not exist in this process (a CPU-only PyTorch build, no visible GPU)."""
+
+
+def _resolve_device(config: EngineConfig) -> EngineConfig:
+    """config.resolved(), after refusing a CUDA device this process cannot use, in plain words."""
+    import torch
+
+    if config.device.startswith("cuda"):
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            raise DeviceUnavailableError(
+                f"device {config.device!r}: this PyTorch build has no CUDA (torch {torch.__version__} is built for "
+                f"the CPU only): use device cpu, or install a CUDA build of PyTorch")
+        if not torch.cuda.is_available():
+            raise DeviceUnavailableError(
+                f"device {config.device!r}: no CUDA device is visible (this PyTorch is built for CUDA "
+                f"{torch.version.cuda}; check the driver and CUDA_VISIBLE_DEVICES): use device cpu")
+        index = int(config.device.partition(":")[2] or 0)
+        if index >= torch.cuda.device_count():
+            raise DeviceUnavailableError(f"device {config.device!r}: this machine has {torch.cuda.device_count()} "
+                                         f"CUDA device(s), numbered from 0")
+    return config.resolved(torch.cuda.is_available())
+
+
+def check_device(config: EngineConfig) -> None:
+    """Raise DeviceUnavailableError (a ValueError) when `config.device` names a CUDA device this process cannot
+    use; a gateway calls it before it resolves or loads anything."""
+    _resolve_device(config)
+
+
+def _artifact_model(path: str | os.PathLike, cfg: EngineConfig) -> _Model:
+    """A `.ninfer` artifact: its package builds the Frontend and the Program."""
     from ninfer.artifact import open_artifact
     artifact = open_artifact(path)
     try:
         _check_speculative_weights(artifact, path, cfg)
-    except ValueError:
+        package_module = importlib.import_module(artifact.package.module)
+    except BaseException:
         artifact.close()
         raise
-    package_module = importlib.import_module(artifact.package.module)
-    frontend = _create_frontend(package_module, artifact)
-    program_config = _program_config(package_module, cfg, frontend.vocab_size)
-
-    def load() -> Program:
-        return package_module.create_program(artifact, program_config)
-    return frontend, artifact.identity, load
+    return _Model(cfg, lambda: _create_frontend(package_module, artifact), artifact.identity, artifact.package,
+                  package_module, artifact.groups,
+                  lambda: artifact, artifact.close)
 
 
-def check_model(path: str | os.PathLike | None, cfg: EngineConfig) -> None:
-    """Raise ValueError, before any weight is read, when the model cannot serve `cfg`: speculation asked
-    of an artifact (path) or a dummy identity (path None) without MTP weights. `Engine` checks this too;
-    a gateway that builds the Engine in the background (serve) calls it first to fail at once."""
-    if cfg.speculative is None:
-        return
-    if path is None:
-        from ninfer.targets.registry import lookup
-        package = lookup(cfg.identity)
-        if getattr(package.dims, "mtp_num_hidden_layers", 0) < 1:
-            raise ValueError(f"speculative method {cfg.speculative.method!r} needs MTP weights, and identity "
-                             f"{package.identity} has no MTP layer")
-        return
-    from ninfer.artifact import open_artifact
-    with open_artifact(path) as artifact:
-        _check_speculative_weights(artifact, path, cfg)
+def check_model(path: str | os.PathLike | None, cfg: EngineConfig) -> "StartPlan":
+    """What `Engine` checks before any weight is read, for a gateway that builds the Engine in the background
+    (serve) to fail at once: the device (DeviceUnavailableError), speculation asked of a model without MTP
+    weights, and the memory (`StartPlan`: InsufficientMemoryError when the model does not fit; a ValueError
+    each). Returns the plan (its max_model_len and `note`). path None: the dummy identity of `cfg`."""
+    model = _open_model(path, cfg)
+    try:
+        return _plan(model, model.config)
+    finally:
+        model.close()
 
 
 def _check_speculative_weights(artifact: Any, path: str | os.PathLike, cfg: EngineConfig) -> None:
@@ -343,26 +460,25 @@ def _check_speculative_weights(artifact: Any, path: str | os.PathLike, cfg: Engi
                          f"without --speculative-method)")
 
 
-def _dummy_model(cfg: EngineConfig) -> tuple[Any, str, Callable[[], Program]]:
-    """(Frontend, identity, Program loader) of load_format "dummy": a benchmarking aid, the package's
-    Program over seeded random weights generated on the device, with the built-in Frontend; every
-    result carries extra["synthetic_weights"] = True."""
+def _dummy_model(cfg: EngineConfig) -> _Model:
+    """load_format "dummy": a benchmarking aid, the package's Program over seeded random weights generated
+    on the device, with the built-in Frontend; every result carries extra["synthetic_weights"] = True."""
     import torch
 
     from ninfer.targets.dummy_weights import DummyWeights
     from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
     from ninfer.targets.registry import lookup
-    check_model(None, cfg)
     package = lookup(cfg.identity)
+    if cfg.speculative is not None and getattr(package.dims, "mtp_num_hidden_layers", 0) < 1:
+        raise ValueError(f"speculative method {cfg.speculative.method!r} needs MTP weights, and identity "
+                         f"{package.identity} has no MTP layer")
     package_module = importlib.import_module(package.module)
-    frontend = Qwen36Frontend.builtin()
-    program_config = _program_config(package_module, cfg, frontend.vocab_size)
     dtype = torch.bfloat16 if cfg.dtype == "bf16" else torch.float32
-
-    def load() -> Program:
-        weights = DummyWeights(package.identity, device=cfg.device, dtype=dtype, seed=cfg.seed)
-        return package_module.create_program(weights, program_config)
-    return frontend, package.identity, load
+    dims = package.dims
+    groups = (("embedding", "gdn", "attention", "ffn", "head") + (("mtp",) if dims.mtp_num_hidden_layers else ())
+              + (("vision",) if dims.vision is not None else ()))
+    return _Model(cfg, Qwen36Frontend.builtin, package.identity, package, package_module, groups,
+                  lambda: DummyWeights(package.identity, device=cfg.device, dtype=dtype, seed=cfg.seed), lambda: None)
 
 
 def _create_frontend(package_module: Any, artifact: Any) -> Any:
@@ -372,6 +488,36 @@ def _create_frontend(package_module: Any, artifact: Any) -> Any:
         return factory(resources)
     from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
     return Qwen36Frontend.from_resources(resources)
+
+
+# ---- the plan of the start (start_plan.py) and the device's memory --------------------------------
+def _plan(model: _Model, cfg: EngineConfig) -> StartPlan:
+    """`plan_start` over this model's facts, its family's sizing and the device's memory."""
+    budget, what = memory_budget(cfg.device)
+    sizing = importlib.import_module(f"ninfer.targets.{model.package.family}.program.sizing")
+    # NOTE: the sampleable vocabulary changes no size; the Engine sets it (the plan builds no Frontend).
+    facts = ModelFacts(model.identity, model.package.dims, model.groups, sizing,
+                       lambda c: _program_config(model.package_module, c, 0))
+    return plan_start(facts, cfg, budget, what)
+
+
+def _loaded_size(program_config: Any) -> Callable[[str, int], int]:
+    """(tensor name, numel) -> its bytes once loaded by this Program (the family's sizing)."""
+    from ninfer.targets.qwen3_6.program import sizing
+    dtype = program_config.torch_dtype
+    return lambda name, numel: sizing.loaded_bytes(dtype, name, numel)
+
+
+def memory_budget(device: str) -> tuple[int, str]:
+    """(bytes, whose) the memory check compares with: NINFER_MEMORY_BUDGET when set, else on CUDA the free
+    device memory, on the CPU the host's available memory."""
+    override = budget_override()
+    if override is not None:
+        return override, f"({BUDGET_ENV})"
+    if device.startswith("cuda"):
+        import torch
+        return int(torch.cuda.mem_get_info(torch.device(device))[0]), f"free on {device}"
+    return host_available_bytes(), "of available host memory"
 
 
 # ---- EngineConfig -> the package's ProgramConfig and the context cache's CacheConfig -------------
@@ -416,6 +562,8 @@ def _program_config(package_module: Any, cfg: EngineConfig, sampleable_vocab_siz
     program_config_cls = getattr(package_module, "ProgramConfig", None)
     if program_config_cls is None:
         from ninfer.targets.qwen3_6.program.config import ProgramConfig as program_config_cls
+    if not cfg.max_model_len:       # NOTE: auto is decided by `_plan`; alone, the longest EngineConfig allows
+        cfg = dataclasses.replace(cfg, max_model_len=MAX_MODEL_LEN)
     # NOTE: num_pages == 0 sizes the pool for every lane at full length (each Active request holds its
     # complete growth reservation, so this is the most max_concurrency requests can ever need).
     if cfg.purpose is Purpose.CAUSAL_SCORING:

@@ -10,18 +10,37 @@
       entries [num_slots, num_slots+scratch)  provisional area of the workspace (never a slot)
 
 Only bookkeeping-free storage lives here; ownership is in PagePool / SlotPool.
+
+On the CPU a large plane is a fresh anonymous mapping (`zeros`): the kernel hands it out zeroed and
+commits a page of memory only when it is first written, so a pool sized for long sequences costs what
+its used pages hold (pages are handed out lowest id first), not its full size at start.
 """
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
+
+# NOTE: below this a plane is an ordinary zeroed tensor (a mapping's granularity is a memory page).
+LAZY_BYTES = 1 << 20
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A zeroed tensor; on the CPU, one of LAZY_BYTES or more is backed by an anonymous mapping
+    (zero pages committed on first write; the tensor keeps the mapping alive)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if torch.device(device).type != "cpu" or nbytes < LAZY_BYTES:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=torch.uint8).view(dtype).view(shape)
 
 
 class PagedKVStore:
     def __init__(self, num_layers: int, num_pages: int, page_size: int, kv_heads: int, head_dim: int,
                  dtype: torch.dtype, device: torch.device | str) -> None:
         shape = (num_layers, num_pages, page_size, kv_heads, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.k = zeros(shape, dtype, device)
+        self.v = zeros(shape, dtype, device)
         self.page_size = page_size
 
     def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -39,8 +58,8 @@ class StateImageStore:
         own layer count (default num_layers); each plane is [layers, num_slots + num_scratch, *shape]."""
         self.num_slots = num_slots
         self.num_scratch = num_scratch
-        self.planes = {name: torch.zeros((spec[2] if len(spec) > 2 else num_layers, num_slots + num_scratch,
-                                          *spec[0]), dtype=spec[1], device=device)
+        self.planes = {name: zeros((spec[2] if len(spec) > 2 else num_layers, num_slots + num_scratch, *spec[0]),
+                                   spec[1], device)
                        for name, spec in planes.items()}
         # NOTE: entry ids (slots, scratch entries) name an image through this map; `swap` relabels two
         #       images, so a commit moves a provisional image into a slot without copying it (27B: 150

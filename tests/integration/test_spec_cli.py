@@ -66,7 +66,7 @@ def _fake_engine(config: EngineConfig, accepted: int, trace=None, round_s: float
 
     k = config.speculative.num_speculative_tokens if config.speculative is not None else 0
     prog = FakeProgram(speculative=k, spec_accept=lambda sid, rnd: accepted, num_pages=4096, page_size=16,
-                       max_model_len=config.max_model_len, vocab=5000)
+                       max_model_len=config.max_model_len or 8192, vocab=5000)     # 0: auto (the CLI's default)
     if round_s:
         prog.on_call = lambda name: time.sleep(round_s) if name == "decode" else None
     eng = Engine.from_program(prog, Qwen36Frontend.builtin(), config, trace=trace)
@@ -97,7 +97,7 @@ def test_generate_json_without_speculation_has_no_spec_fields(capsys, monkeypatc
 
     monkeypatch.setattr(cmd, "resolve_model", lambda model, quiet=False, config=None: (None, "fake", False))
     monkeypatch.setattr(cmd, "open_engine", lambda path, config: Engine.from_program(
-        FakeProgram(num_pages=1024, page_size=16, max_model_len=config.max_model_len, vocab=5000),
+        FakeProgram(num_pages=1024, page_size=16, max_model_len=config.max_model_len or 8192, vocab=5000),
         Qwen36Frontend.builtin(), config))
     r = ninfer_in_process(capsys, monkeypatch, "generate", "-p", "Hello", "--max-tokens", "4", "--json")
     assert r.returncode == 0, r.stderr

@@ -44,4 +44,26 @@ def run(args: argparse.Namespace) -> int:
                 lookup(ident)
             except UnknownIdentityError as e:
                 raise CLIError(str(e)) from None
+        if args.bench in ("decode", "prefill", "serve"):
+            check_memory(args.identity, getattr(args, "device", None))
     return importlib.import_module(SUBCOMMANDS[args.bench][0]).run(args)
+
+
+def check_memory(identities: list[str], device: str | None) -> None:
+    """Refuse, before anything is built, an identity whose weights do not fit on the device (the benchmarks run
+    the real sizes on synthetic weights, on the CPU where there is no CUDA); the Engine's own check at each
+    step then covers the KV cache of the lengths measured."""
+    from ninfer.config import EngineConfig
+    from ninfer.engine.facade import DeviceUnavailableError, InsufficientMemoryError, check_model
+    from ninfer.gateway.cli.main import CLIError
+
+    for ident in identities:
+        cfg = EngineConfig(load_format="dummy", identity=ident, device=device or "auto", max_concurrency=1,
+                           max_model_len=2 * EngineConfig.page_size, prefill_chunk_tokens=256)
+        try:
+            check_model(None, cfg)
+        except DeviceUnavailableError as e:
+            raise CLIError(f"--device {device}: {str(e).partition(': ')[2]}") from None
+        except InsufficientMemoryError as e:
+            raise CLIError(f"{e.facts}: pass --identity qwen3_6-tiny-dense (and --device cpu) for a run of the "
+                           f"wiring, or run on a CUDA device with more memory") from None

@@ -55,10 +55,11 @@ def media_parts(images: list[str], videos: list[str]) -> list[dict]:
     return parts
 
 
-def _prompt(engine, args, parts=()):
+def _prompt(engine, args, parts=(), text: str | None = None):
     from ninfer.config import OutputOptions
 
-    text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if text is None:
+        text = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not args.chat:
         return engine.frontend.prepare_text(text), OutputOptions(stop=tuple(args.stop), parse_reasoning=False,
                                                                  parse_tool_calls=False)
@@ -81,14 +82,21 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError(f"--{'image' if args.image else 'video'} needs --chat (media go into a chat message)")
     if len(args.video) > 1:
         raise CLIError("--video may be given once")
-    parts = media_parts(args.image, args.video)     # NOTE: a bad file fails before the model loads
-    sampling_params(args)                 # NOTE: a bad sampling flag fails before the model loads
+    if args.think != "on" and not args.chat:
+        raise CLIError("--think needs --chat (the chat template's thinking mode)")
+    # NOTE: everything that can be refused without the model is refused before it loads.
+    text = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not text and not (args.image or args.video):
+        raise CLIError("the prompt is empty" + (" (stdin gave no text)" if args.prompt == "-" else "")
+                       + ": pass the text to continue with -p TEXT")
+    parts = media_parts(args.image, args.video)
+    sampling_params(args)
     config = engine_config(args)
     path, _, _ = resolve_model(args.model, config=config)
     engine = open_engine(path, config)
     try:
         try:
-            prompt, output = _prompt(engine, args, parts)
+            prompt, output = _prompt(engine, args, parts, text)
         except ValueError as e:
             raise CLIError(str(e)) from None
         limit = output_room(engine, prompt.num_prompt_tokens)

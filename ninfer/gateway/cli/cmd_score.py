@@ -128,11 +128,16 @@ def run(args: argparse.Namespace) -> int:
             config = replace(config, max_model_len=args.window)
         except ValueError as e:
             raise CLIError(f"--window: {e}") from None
-    window = args.window or config.max_model_len
-    if args.stride is not None and args.stride > window:
+    window = args.window or config.max_model_len        # NOTE: 0 (auto): the Engine's, known once it starts
+    if window and args.stride is not None and args.stride > window:
         raise CLIError(f"--stride ({args.stride}) must not exceed the window ({window})")
     path, _, _ = resolve_model(args.model, config=config)
     engine = open_engine(path, config)
+    if not window:
+        window = engine.max_model_len
+        if args.stride is not None and args.stride > window:
+            engine.close()
+            raise CLIError(f"--stride ({args.stride}) must not exceed the window ({window})")
     out = sys.stdout if args.output is None else None
     try:
         tok = engine.frontend.tokenizer

@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import sys
+import threading
 
-from ninfer.gateway.cli.common import add_engine_args, add_model_arg, engine_config, open_engine, resolve_model
+from ninfer.gateway.cli.common import (add_engine_args, add_model_arg, engine_config, resolve_model,
+                                       wait_ready_reporting)
 from ninfer.gateway.cli.main import CLIError
 
 
@@ -119,14 +123,43 @@ def _check_listen(host: str, port: int) -> None:
             raise CLIError(f"cannot listen on {host}:{port}: {e.strerror}") from None
 
 
-def check_model(path, config) -> None:
-    """The model checks the Engine makes before loading, here before the server starts (it builds the
-    Engine in the background, so a refusal there would leave a server that never becomes ready)."""
+def check_model(path, config):
+    """The checks the Engine makes before loading (device, weights, memory: `facade.check_model`), here
+    before the server starts (it builds the Engine in the background, so a refusal there would leave a
+    server that never becomes ready). Returns the start plan."""
+    from ninfer.engine.facade import DeviceUnavailableError, InsufficientMemoryError
     from ninfer.engine.facade import check_model as engine_check
     try:
-        engine_check(path, config)
+        return engine_check(path, config)
+    except (DeviceUnavailableError, InsufficientMemoryError) as e:
+        raise CLIError(str(e)) from None
     except (OSError, ValueError) as e:
         raise CLIError(f"cannot load {path or config.identity}: {e}") from None
+
+
+class _LogLines:
+    """A text stream whose lines go to the server's log (the load's progress)."""
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> None:
+        if text.strip():
+            logging.getLogger("ninfer.gateway.http").info("%s", text.strip())
+
+    def flush(self) -> None:
+        pass
+
+
+def start_engine(path, config):
+    """The Engine, returned while it loads (so that /health reports the load's progress); its progress goes
+    to the log. The serve build waits for it to be ready."""
+    from ninfer import Engine
+
+    engine = Engine(path, config)
+    threading.Thread(target=wait_ready_reporting, args=(engine, _LogLines()), name="ninfer-load-progress",
+                     daemon=True).start()
+    return engine
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,8 +175,10 @@ def run(args: argparse.Namespace) -> int:
     _check_listen(args.host, args.port)
     config = engine_config(args)
     path, name, is_demo = resolve_model(args.model, config=config)
-    check_model(path, config)
-    return serve(lambda: open_engine(path, config), model_name=args.served_model_name or name,
+    plan = check_model(path, config)
+    if config.max_model_len == 0:
+        print(plan.note(), file=sys.stderr, flush=True)
+    return serve(lambda: start_engine(path, config), model_name=args.served_model_name or name,
                  host=args.host, port=args.port, api_key=args.api_key or None,
                  max_body_bytes=args.max_body_bytes, drain_timeout_s=args.drain_timeout_s,
                  log_level=args.log_level, synthetic=config.synthetic, warmup=args.warmup, media=media,

@@ -23,8 +23,10 @@ _ENGINE_HELP = {
     "prefill_chunk_tokens": "staged prefill size in tokens",
     "page_size": "KV page size (16, 32, 64, 128, 256)",
     "num_pages": "KV pages (0 = derived from --kv-memory-fraction and --max-model-len)",
-    "kv_memory_fraction": "share of free device memory for KV pages when --num-pages is 0",
-    "max_model_len": "prompt + output limit of one request",
+    "kv_memory_fraction": "share of the memory left after the weights (CUDA: free device memory; CPU: available "
+                          "host memory) for KV pages when --num-pages is 0",
+    "max_model_len": "prompt + output limit of one request (0 = auto: the model's native length when the KV pool "
+                     "holds one sequence of it, else the longest it holds)",
     "enforce_eager": "no CUDA graphs",
     "decode_step_ahead": "decode rounds through the CUDA graphs launch the next step before waiting for "
                          "their own tokens (rows without penalties, logit bias or log-probs)",
@@ -144,9 +146,17 @@ def engine_config(args: argparse.Namespace, purpose: Purpose = Purpose.GENERATIO
           if f.name not in ("purpose", "speculative") and hasattr(args, f.name)}
     kw["speculative"] = speculative_config(args)
     try:
-        return EngineConfig(purpose=purpose, **kw)
+        config = EngineConfig(purpose=purpose, **kw)
     except ValueError as e:
         raise CLIError(f"invalid engine setting: {e}") from None
+    if config.device.startswith("cuda"):
+        from ninfer.engine.facade import check_device       # NOTE: before a model is resolved, built or loaded
+        try:
+            check_device(config)
+        except ValueError as e:
+            why = str(e).partition(": ")[2].replace("use device", "use --device")
+            raise CLIError(f"--device {config.device}: {why}") from None
+    return config
 
 
 def add_sampling_args(p: argparse.ArgumentParser, max_tokens: int) -> None:
@@ -248,23 +258,53 @@ def converted_checkpoint(src: Path, quiet: bool = False) -> Path:
     return out
 
 
-def open_engine(path: Path | None, config: EngineConfig):
-    """Build the Engine and wait until the model is loaded (CLIError if it cannot start).
+def open_engine(path: Path | None, config: EngineConfig, quiet: bool = False):
+    """Build the Engine and wait until the model is loaded, showing its progress on stderr (CLIError if it
+    cannot start: the memory check's and the device's refusals as they are). With an automatic
+    max_model_len, a line on stderr says which and why (`Engine.max_model_len_note`; not when `quiet`).
     path None: `config` names the model (load_format dummy)."""
     try:
         from ninfer import Engine
     except ImportError as e:                                  # pragma: no cover - broken install
         raise CLIError(f"the NInfer engine is not available: {e}") from None
+    from ninfer.engine.facade import DeviceUnavailableError, InsufficientMemoryError
     try:
         engine = Engine(path, config)
+    except (DeviceUnavailableError, InsufficientMemoryError) as e:
+        raise CLIError(str(e)) from None
     except (OSError, ValueError) as e:
         raise CLIError(f"cannot load {path or config.identity}: {e}") from None
-    availability = engine.wait_ready()
+    availability = wait_ready_reporting(engine)
     if not availability.ready:
         engine.close(0.0)
         raise CLIError(f"cannot start the engine for {path or config.identity}: "
                        f"{availability.reason or availability.state.value}")
+    if config.max_model_len == 0 and not quiet:
+        print(engine.max_model_len_note, file=sys.stderr, flush=True)
     return engine
+
+
+def wait_ready_reporting(engine, stream=None, *, after_s: float = 2.0, every_s: float = 10.0):
+    """engine.wait_ready(), printing the load's progress (`Engine.progress`) on `stream` (stderr) once it has
+    taken `after_s`: a line each `every_s` seconds, or one line kept up to date on a terminal."""
+    from ninfer.engine.startup import progress_line
+
+    stream = stream or sys.stderr
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    t0, shown, last = time.monotonic(), False, 0.0
+    while True:
+        availability = engine.wait_ready(0.5)
+        if availability.state.value != "starting":
+            if shown and tty:
+                stream.write("\n")
+            return availability
+        now = time.monotonic() - t0
+        p = engine.progress()
+        if p is None or now < after_s or (not tty and shown and now - last < every_s):
+            continue
+        stream.write(("\r\x1b[2K" if tty else "") + progress_line(p) + ("" if tty else "\n"))
+        stream.flush()
+        shown, last = True, now
 
 
 # ---------------------------------------------------------------------------------------------

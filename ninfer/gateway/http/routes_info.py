@@ -19,10 +19,20 @@ def add_info_routes(app: FastAPI, state: GatewayState, registry: CollectorRegist
     # ---- health, metrics, models ----------------------------------------------------------
     @app.get("/health")
     async def health():
+        """200 {"status": "ready"}; else 503 {"status", "reason"}, and while the model loads or the warmup
+        runs "progress" (`Engine.progress`: phase, done, total, unit, fraction, elapsed_s, eta_s), with
+        status "loading" while the weights are read."""
         st, ready, reason = state.availability()
         if ready:
             return JSONResponse({"status": "ready"})
-        return JSONResponse({"status": st, "reason": reason}, status_code=503)
+        body = {"status": st, "reason": reason}
+        progress = getattr(state.engine, "progress", None)
+        p = progress() if callable(progress) and st == "starting" else None
+        if p is not None:
+            body["progress"] = p
+            if p["phase"] == "loading":
+                body["status"] = "loading"
+        return JSONResponse(body, status_code=503)
 
     @app.get("/metrics")
     async def metrics():

@@ -30,6 +30,9 @@ class ProgramConfig:
     num_pages      pages of the shared paged KV pool (one pool per attention layer, same page ids)
     num_slots      StateImage slots (one per active sequence; checkpoints take more later)
     max_model_len  prompt + output + lookahead limit of one sequence
+    fit_max_model_len  where the pool is sized from the free memory (kv_memory_fraction), lower max_model_len
+                   to what the pool holds instead of refusing (the Engine's automatic max_model_len: its
+                   figure is an estimate made before the weights are loaded; sizing.fitted_max_model_len)
     max_batch      rows of one decode unit (1..8)
     max_steps      provisional depth: tokens one decode/control unit may produce per row
     num_scratch    StateImage entries for the caller's open batches (0 = max_batch x max_steps: any batch
@@ -66,6 +69,7 @@ class ProgramConfig:
     num_pages: int = 256
     num_slots: int = 8
     max_model_len: int = 4096
+    fit_max_model_len: bool = False
     max_batch: int = 8
     max_steps: int = 8
     num_scratch: int = 0

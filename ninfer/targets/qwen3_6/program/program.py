@@ -64,6 +64,7 @@ the concerns that own state of their own are separate objects:
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from typing import Any
 
@@ -152,6 +153,9 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecod
         num_scratch = sizing.num_scratch(config)
         # NOTE: the vision tower's workspace for the largest admitted media is set aside first (media.py).
         num_pages = sizing.pool_pages(dims, config, num_scratch, workspace_bytes=self.media_workspace_bytes())
+        if sizing.fitted_max_model_len(config, num_pages) != config.max_model_len:
+            config = self.config = dataclasses.replace(config, max_model_len=sizing.fitted_max_model_len(config,
+                                                                                                      num_pages))
         self._ledger = ResourceLedger(num_pages, config.page_size, config.num_slots, config.max_model_len)
         self._pending = PendingLedger(num_scratch)
         # NOTE: one page more than the ledger owns where prefill graphs may run: their padding's KV goes
