@@ -549,6 +549,7 @@ def test_no_third_party_requests(page):
 
 def test_ui_routes_csp_and_no_ui(server, monkeypatch):
     import argparse
+    import types
 
     from fastapi.testclient import TestClient
 
@@ -578,7 +579,8 @@ def test_ui_routes_csp_and_no_ui(server, monkeypatch):
     cmd_serve.add_parser(parser)
     seen = {}
     monkeypatch.setattr(cmd_serve, "resolve_model", lambda model, config: (Path("demo.ninfer"), MODEL, True))
-    monkeypatch.setattr(cmd_serve, "check_model", lambda path, config: None)
+    plan = types.SimpleNamespace(note=lambda: "max_model_len: the start plan's line")
+    monkeypatch.setattr(cmd_serve, "check_model", lambda path, config: plan)
     monkeypatch.setattr(http_server, "serve", lambda factory, **kw: seen.update(kw) or 0)
     for argv, ui in ((["--port", "0"], True), (["--port", "0", "--no-ui"], False)):
         assert cmd_serve.run(parser.parse_args(argv)) == 0 and seen["ui"] is ui and seen["demo"] is True
