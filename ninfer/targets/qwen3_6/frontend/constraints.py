@@ -68,28 +68,11 @@ class ConstraintCompiler:
 
     # ------------------------------------------------------------------------------------------
     def _llg_tokenizer(self) -> llg.LLTokenizer:
-        with self._lock:
-            if self._ll is None:
-                tok = self._tok
-                pieces: list[bytes] = []
-                ws = np.zeros(self.words, dtype=np.uint32)
-                for i in range(self.vocab_size):
-                    if i in tok.added_tokens:
-                        text = tok.added_tokens[i].encode()
-                        # NOTE: llguidance's mark of a special token (never produced by grammar text).
-                        pieces.append(b"\xff" + text if i in tok.special_ids else text)
-                        continue
-                    try:
-                        b = tok.token_piece(i)
-                    except (ValueError, KeyError):
-                        b = b""
-                    pieces.append(b)
-                    if b and not b.strip():
-                        ws[i // 32] |= np.uint32(1 << (i % 32))
-                self._ws_mask = ws.view(np.int32)
-                self._ll = llg.LLTokenizer(llg.TokenizerWrapper(_Encoder(tok, pieces, self.eos_id)),
-                                           n_vocab=self.vocab_size, eos_token=self.eos_id)
-            return self._ll
+        if self._ll is None:
+            ll, ws = _vocabulary_view(self._tok, self.eos_id)
+            self._ws_mask = ws                # NOTE: before _ll: a reader that sees _ll sees the mask
+            self._ll = ll
+        return self._ll
 
     def compile(self, constraint: OutputConstraint) -> CompiledGrammar:
         """The grammar of `constraint` (cached per kind and spec); ConstraintError naming its param."""
@@ -121,6 +104,44 @@ class ConstraintCompiler:
         constraint starts after `</think>` (when the constraint asks for after_reasoning)."""
         free = thinking and grammar.constraint.after_reasoning
         return GrammarConstraint(grammar.prototype.deep_copy(), self, free)
+
+
+_VIEWS: dict[tuple[str, int], tuple[llg.LLTokenizer, np.ndarray]] = {}
+_VIEWS_LOCK = threading.Lock()
+
+
+def _vocabulary_view(tok: "Qwen36Tokenizer", eos_id: int) -> tuple[llg.LLTokenizer, np.ndarray]:
+    """llguidance's tokenizer over the vocabulary and the bitmask of the whitespace-only tokens, built once
+    per vocabulary (tokenizer digest) and EOS in the process: a second or more for the Qwen3.6 vocabulary."""
+    key = (tok.digest, eos_id)
+    with _VIEWS_LOCK:
+        view = _VIEWS.get(key)
+        if view is None:
+            pieces = _token_bytes(tok)
+            ws = np.zeros((tok.vocab_size + 31) // 32 * 32, dtype=bool)
+            for i, b in enumerate(pieces):
+                if b and not b.strip() and i not in tok.added_tokens:
+                    ws[i] = True
+            ll = llg.LLTokenizer(llg.TokenizerWrapper(_Encoder(tok, pieces, eos_id)), n_vocab=tok.vocab_size,
+                                 eos_token=eos_id)
+            view = _VIEWS[key] = (ll, np.packbits(ws, bitorder="little").view(np.int32))
+        return view
+
+
+def _token_bytes(tok: "Qwen36Tokenizer") -> list[bytes]:
+    """Every token's bytes as llguidance reads them: an ordinary token's raw bytes, an added token's text
+    (a special one behind llguidance's 0xFF mark, so that grammar text never produces it)."""
+    vocab = tok.backend.get_vocab(with_added_tokens=False)
+    # NOTE: byte-level BPE pieces are text over 256 stand-in characters: one translate turns them into bytes.
+    table = {ord(c): chr(b) for c, b in tok._byte_decoder.items()}
+    pieces = [b""] * tok.vocab_size
+    for text, i in vocab.items():
+        if 0 <= i < tok.vocab_size:
+            pieces[i] = text.translate(table).encode("latin-1")
+    for i, text in tok.added_tokens.items():
+        if 0 <= i < tok.vocab_size:
+            pieces[i] = (b"\xff" if i in tok.special_ids else b"") + text.encode()
+    return pieces
 
 
 class _Encoder:
