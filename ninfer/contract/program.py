@@ -29,7 +29,8 @@ class SamplingParams:
 
     logprobs: None = no log-probs; 0 = the sampled token's log-prob; k in 1..20 = also the top-k.
     Log-probs are those of the model's raw distribution (log_softmax of the logits before any
-    penalty, bias, temperature or truncation), as vLLM reports by default.
+    penalty, bias, temperature or truncation), as vLLM reports by default; a grammar-constrained row's
+    (SequenceRequest.constraint) are taken after its token mask, as vLLM's are.
     seed: a per-request RNG; its state advances only when a sampled token is committed.
     """
     temperature: float = 1.0

@@ -152,7 +152,8 @@ class SpecDecodeOps:
                 masks = draft_masks(self._token_masks, cons, drafts.tolist())
                 apply_token_bitmask_(logits.view(B * T, logits.shape[-1]), masks.to(logits.device, non_blocking=True))
                 target = None
-            produced, lps, rngs = self._accept(seqs, logits, drafts, target)
+            # NOTE: the benchmarks' forced acceptance would keep drafts the grammar refuses: off for such rounds.
+            produced, lps, rngs = self._accept(seqs, logits, drafts, target, force=0 if constrained else None)
             if constrained:
                 rec.data["grammar"] = self._advance_grammar(seqs, produced, False)
             rec.batch.rows = tuple(
@@ -188,13 +189,14 @@ class SpecDecodeOps:
         return self.model.logits(hidden).view(B, T, -1)
 
     def _accept(self, seqs: list[LiveSeq], logits: torch.Tensor, drafts: torch.Tensor,
-                target: torch.Tensor | None = None) -> tuple[list[list[int]], list[list[TokenLogprob | None]], list]:
+                target: torch.Tensor | None = None, force: int | None = None
+                ) -> tuple[list[list[int]], list[list[TokenLogprob | None]], list]:
         """Each row's produced tokens (accepted drafts, then the target's), their log-probs (the target's raw
         distribution) and its rng state after the round. target: the logits' argmax over the sampleable
-        vocabulary [B, T] when already computed."""
+        vocabulary [B, T] when already computed; force: the forced acceptance length (None: the Program's)."""
         B, T, V = logits.shape
         K = T - 1
-        L = self.force_accept_len
+        L = self.force_accept_len if force is None else force
         ps = [s.request.sampling for s in seqs]
         if all(self._sampler.plain_greedy(p) for p in ps):
             if target is None:
