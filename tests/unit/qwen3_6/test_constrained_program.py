@@ -21,10 +21,8 @@ SCHEDULE = [(2, "all"), (2, ["prefix", "all", "cancel", "prefix"]), (1, "abort")
             (2, ["cancel", "all", "prefix", "all"]), (2, "all")]
 
 
-def _run(tiny_artifact_path, graphs: bool):
+def _run(make_program, graphs: bool):
     fe = Qwen36Frontend.builtin()
-    _, make_program = tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=64, num_slots=6,
-                                 max_model_len=128, max_batch=4, max_steps=2)
     prog = make_program()
     if graphs:
         prog.graphs = EagerGraphs(prog, max_batch=4)
@@ -58,8 +56,10 @@ def _run(tiny_artifact_path, graphs: bool):
 
 
 def test_constrained_rows_graphs_equal_eager_and_follow_commits(tiny_artifact_path):
-    eager, _ = _run(tiny_artifact_path, graphs=False)
-    graphed, replays = _run(tiny_artifact_path, graphs=True)
+    _, make_program = tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=64, num_slots=6,
+                                 max_model_len=128, max_batch=4, max_steps=2)
+    eager, _ = _run(make_program, graphs=False)
+    graphed, replays = _run(make_program, graphs=True)
     assert replays > 0 and graphed == eager
     fe = Qwen36Frontend.builtin()
     prompt = fe.prepare_chat([{"role": "user", "content": "x"}], chat_template_kwargs={"enable_thinking": False})

@@ -119,9 +119,8 @@ def _vocabulary_view(tok: "Qwen36Tokenizer", eos_id: int) -> tuple[llg.LLTokeniz
         if view is None:
             pieces = _token_bytes(tok)
             ws = np.zeros((tok.vocab_size + 31) // 32 * 32, dtype=bool)
-            for i, b in enumerate(pieces):
-                if b and not b.strip() and i not in tok.added_tokens:
-                    ws[i] = True
+            ws[[i for i, b in enumerate(pieces) if b.isspace()]] = True
+            ws[list(tok.added_tokens)] = False
             ll = llg.LLTokenizer(llg.TokenizerWrapper(_Encoder(tok, pieces, eos_id)), n_vocab=tok.vocab_size,
                                  eos_token=eos_id)
             view = _VIEWS[key] = (ll, np.packbits(ws, bitorder="little").view(np.int32))
