@@ -3,10 +3,12 @@
 A sequence's TokenConstraint (SequenceRequest.constraint, made by the Frontend) follows the sequence's
 produced tokens (ninfer.contract.program.TokenConstraint):
 
-    unit step i     fill the rows' masks from their constraints (host), copy them to the device, apply
-                    them to step i's logits before the sampler (greedy and drawn rows alike), then
-                    advance each constraint over the token it produced (control: over the forced token)
-    PendingBatch    rec.data["grammar"][r][i] = tokens row r's constraint consumed through step i
+    unit step i     advance the rows' constraints over the unit's steps 0..i-1, fill the rows' masks
+                    (host), roll the constraints back; copy the masks to the device and apply them to step
+                    i's logits before the sampler (greedy and drawn rows alike)
+    unit end        advance each constraint over the tokens its row produced (control: the forced tokens,
+                    as far as the grammar takes them); rec.data["grammar"][r][i] = tokens row r's
+                    constraint consumed through step i
     commit(a)       roll back what steps a.. consumed (a == 0: everything)
     abort           roll back everything the batch consumed
 
