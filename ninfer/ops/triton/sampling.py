@@ -495,7 +495,8 @@ def _bitmask_kernel(x, mask, V, W, stride_x, stride_m, BLOCK_V: tl.constexpr):
     inside = offs < V
     words = tl.load(mask + b * stride_m + offs // 32, mask=inside & (offs // 32 < W), other=0)
     banned = ((words >> (offs % 32)) & 1) == 0
-    tl.store(x + b * stride_x + offs, tl.full([BLOCK_V], float("-inf"), x.dtype.element_ty), mask=inside & banned)
+    ninf = tl.full([BLOCK_V], float("-inf"), tl.float32).to(x.dtype.element_ty)
+    tl.store(x + b * stride_x + offs, ninf, mask=inside & banned)
 
 
 def apply_token_bitmask_(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
