@@ -108,3 +108,34 @@ def test_grammar_state_follows_tokens(fe):
     tc = fe.new_session(on, OutputOptions(constraint=OutputConstraint("regex", "[0-9]+", "p", after_reasoning=False))
                         ).token_constraint
     assert not tc.free and tok.encode("7")[0] in _allowed(tc, V)
+
+
+def test_random_walks_take_every_masked_token(fe):
+    """Any token the mask allows is one advance takes (the Program relies on it), through rollbacks too."""
+    import random
+    rng = random.Random(3)
+    V = fe.tokenizer.vocab_size
+    prompt = fe.prepare_chat([{"role": "user", "content": "x"}], chat_template_kwargs={"enable_thinking": False})
+    schema = {"type": "object", "properties": {"a": {"type": "array", "items": {"enum": ["x", 1, None]}, "maxItems": 3},
+                                               "b": {"type": "number", "minimum": -5, "maximum": 5},
+                                               "c": {"type": "object", "properties": {"d": {"type": "string"}}}},
+              "required": ["a"], "additionalProperties": False}
+    specs = [OutputConstraint("json_schema", json.dumps(schema), "s"), OutputConstraint("json_object", "", "o"),
+             OutputConstraint("regex", r"(foo|bar)+\d{1,3}", "r"),
+             OutputConstraint("lark", 'start: "say " %json{"type": "array", "items": {"type": "integer"}}', "l")]
+    for c in specs:
+        tc = fe.new_session(prompt, OutputOptions(constraint=c)).token_constraint
+        taken: list[int] = []
+        for _ in range(40):
+            allowed = sorted(_allowed(tc, V))
+            assert allowed and all(t < V for t in allowed)
+            t = rng.choice(allowed)
+            assert tc.advance([t]) == 1, (c.kind, taken, t)
+            taken.append(t)
+            if t == IM_END:
+                break
+            if rng.random() < 0.15:
+                k = rng.randint(1, len(taken))
+                tc.rollback(k)
+                del taken[-k:]
+        assert tc.num_consumed == len(taken)
