@@ -92,6 +92,9 @@ class TokenConstraint(Protocol):
                               many it consumed (the state moved by exactly n)
       validate(tokens) -> n   how many leading tokens advance would consume; the state does not move
       rollback(n)             undoes the last n consumed tokens
+    A class of constraints may also offer a classmethod `fill_masks(rows, ptr, row_bytes)`: fill_mask of several
+    of its constraints at once, rows = [(constraint, i)] written at ptr + i * row_bytes (e.g. in parallel); the
+    Program then calls it once per step for that class's rows.
     """
 
     @property

@@ -139,3 +139,30 @@ def test_random_walks_take_every_masked_token(fe):
                 tc.rollback(k)
                 del taken[-k:]
         assert tc.num_consumed == len(taken)
+
+
+def test_batched_masks_equal_row_masks(fe, monkeypatch):
+    """GrammarConstraint.fill_masks (llguidance's thread pool) writes what fill_mask writes row by row: free
+    rows, rows in their leading whitespace, rows inside the grammar, rows wider than the vocabulary."""
+    from ninfer.targets.qwen3_6.frontend.constraints import GrammarConstraint
+    import random
+    monkeypatch.setattr(fe._constraints, "parallel", True)
+    rng = random.Random(5)
+    V = fe.tokenizer.vocab_size
+    prompts = [fe.prepare_chat([{"role": "user", "content": "x"}], chat_template_kwargs={"enable_thinking": t})
+               for t in (False, True)]
+    c = OutputConstraint("json_schema", json.dumps({"type": "object", "properties": {
+        "s": {"type": "string"}, "n": {"type": "integer"}}, "required": ["s", "n"]}), "s")
+    tcs = [fe.new_token_constraint(prompts[r % 2], c) for r in range(5)]
+    for words in ((V + 31) // 32, (V + 31) // 32 + 7):
+        for step in range(12):
+            one = np.zeros((5, words), dtype=np.int32)
+            many = np.full((5, words), 7, dtype=np.int32)
+            for r, tc in enumerate(tcs):
+                tc.fill_mask(one[r].ctypes.data, 4 * words)
+            GrammarConstraint.fill_masks([(tc, r) for r, tc in enumerate(tcs)], many.ctypes.data, 4 * words)
+            assert np.array_equal(one, many), step
+            for r, tc in enumerate(tcs):
+                allowed = np.flatnonzero(np.unpackbits(one[r].view(np.uint8), bitorder="little"))
+                t = 248069 if (r % 2 and step == 2 and tc.free) else int(rng.choice(allowed.tolist()))
+                assert tc.advance([t]) == 1

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import os
 import threading
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Sequence
@@ -65,6 +66,19 @@ class ConstraintCompiler:
         self._ll: llg.LLTokenizer | None = None
         self._ws_mask: np.ndarray | None = None
         self._cache: OrderedDict[tuple[str, str], CompiledGrammar] = OrderedDict()
+        self._executor: llg.LLExecutor | None = None
+        # NOTE: several rows' masks in llguidance's thread pool only where there are cores to spare (on two
+        #       cores the hand-off cost more than it saved).
+        self.parallel = (os.cpu_count() or 1) >= 4
+
+    @property
+    def executor(self) -> llg.LLExecutor:
+        """llguidance's thread pool that computes several rows' masks at once (outside the GIL)."""
+        if self._executor is None:
+            with self._lock:
+                if self._executor is None:
+                    self._executor = llg.LLExecutor()
+        return self._executor
 
     # ------------------------------------------------------------------------------------------
     def _llg_tokenizer(self) -> llg.LLTokenizer:
@@ -261,18 +275,40 @@ class GrammarConstraint:
             row = np.ctypeslib.as_array((ctypes.c_int32 * words).from_address(ptr))
             np.bitwise_or(row, self._c._ws_mask, out=row)
 
-    def _kind(self, tok: int) -> int | None:
-        """Where token `tok` would go in the current state (None: the grammar refuses it)."""
-        if self._reasoning:
-            return _THINK_END if tok == self._c.think_end_id else _REASON
-        m = self._m
-        if m.is_stopped():
-            return _TAIL if tok == self._c.eos_id else None
-        if m.validate_tokens([tok]) == 1:
-            return _GRAMMAR
-        if self._num_grammar == 0 and self._num_ws < MAX_LEADING_WS_TOKENS and self._is_ws(tok):
-            return _WS
-        return None
+    @classmethod
+    def fill_masks(cls, rows: Sequence[tuple["GrammarConstraint", int]], ptr: int, row_bytes: int) -> None:
+        """fill_mask of several rows at once: row (c, i) at ptr + i * row_bytes. The rows inside their grammar
+        are computed in parallel by llguidance's executor (one compiler's rows at a time)."""
+        groups: dict[int, list[tuple[GrammarConstraint, int]]] = {}
+        for c, i in rows:
+            if c._reasoning or c._m.is_stopped() or c._m.is_error():
+                c.fill_mask(ptr + i * row_bytes, row_bytes)
+            else:
+                groups.setdefault(id(c._c), []).append((c, i))
+        for group in groups.values():
+            comp = group[0][0]._c
+            if len(group) == 1 or not comp.parallel:
+                for c, i in group:
+                    c.fill_mask(ptr + i * row_bytes, row_bytes)
+                continue
+            words = comp.words
+            if row_bytes < 4 * words:
+                raise ValueError(f"a mask row of {row_bytes} bytes is smaller than the vocabulary's {4 * words}")
+            if row_bytes == 4 * words:
+                comp.executor.unsafe_compute_mask_ptr([(c._m, i) for c, i in group], ptr, row_bytes,
+                                                      max(i for _, i in group) + 1)
+            else:
+                staged = np.empty((len(group), words), dtype=np.int32)
+                comp.executor.unsafe_compute_mask_ptr([(c._m, k) for k, (c, _) in enumerate(group)],
+                                                      staged.ctypes.data, 4 * words, len(group))
+                for k, (_, i) in enumerate(group):
+                    row = np.ctypeslib.as_array((ctypes.c_int32 * (row_bytes // 4)).from_address(ptr + i * row_bytes))
+                    row[:words] = staged[k]
+                    row[words:] = 0
+            for c, i in group:
+                if c._num_grammar == 0 and c._num_ws < MAX_LEADING_WS_TOKENS:
+                    row = np.ctypeslib.as_array((ctypes.c_int32 * words).from_address(ptr + i * row_bytes))
+                    np.bitwise_or(row, comp._ws_mask, out=row)
 
     def _is_ws(self, tok: int) -> bool:
         ws = self._c._ws_mask
@@ -280,19 +316,25 @@ class GrammarConstraint:
 
     def advance(self, tokens: Sequence[int]) -> int:
         n = 0
+        m, eos = self._m, self._c.eos_id
         for tok in tokens:
-            kind = self._kind(int(tok))
-            if kind is None:
-                break
-            if kind == _THINK_END:
-                self._reasoning = False
-            elif kind == _WS:
-                self._num_ws += 1
-            elif kind == _GRAMMAR:
-                if not self._m.consume_token(int(tok)):
-                    raise RuntimeError(f"the grammar matcher refused token {tok} it validated: "
-                                       f"{self._m.get_error()}")
+            tok = int(tok)
+            if self._reasoning:
+                kind = _THINK_END if tok == self._c.think_end_id else _REASON
+                if kind == _THINK_END:
+                    self._reasoning = False
+            elif m.is_stopped():
+                if tok != eos:
+                    break
+                kind = _TAIL
+            elif m.try_consume_tokens([tok]) == 1:        # NOTE: a refused token leaves the matcher as it was
+                kind = _GRAMMAR
                 self._num_grammar += 1
+            elif self._num_grammar == 0 and self._num_ws < MAX_LEADING_WS_TOKENS and self._is_ws(tok):
+                kind = _WS
+                self._num_ws += 1
+            else:
+                break
             self._records.append(kind)
             n += 1
         return n

@@ -52,11 +52,16 @@ class TokenMasks:
             return None
         out = self.host_rows(len(constraints))
         nbytes = self.words * 4
+        batched: dict[type, list[tuple[TokenConstraint, int]]] = {}
         for r, c in enumerate(constraints):
             if c is None:
                 out[r].fill_(-1)
+            elif hasattr(type(c), "fill_masks"):
+                batched.setdefault(type(c), []).append((c, r))
             else:
                 c.fill_mask(out[r].data_ptr(), nbytes)
+        for cls, rows in batched.items():       # NOTE: one call per class (its rows may be computed in parallel)
+            cls.fill_masks(rows, out.data_ptr(), nbytes)
         return out
 
     def apply(self, logits: torch.Tensor, constraints: Sequence[TokenConstraint | None]) -> bool:
