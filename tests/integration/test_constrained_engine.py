@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 from ninfer import Engine, EngineConfig
-from ninfer.config import GenerationDelta
+from ninfer.config import EngineRequestError, ErrorKind, GenerationDelta
 from ninfer.contract.frontend import FinishReason, OutputConstraint, OutputOptions
 from ninfer.contract.program import SamplingParams
 
@@ -127,6 +127,11 @@ def test_random_schemas_regexes_and_choices(engine):
 
 def test_unsatisfiable_cancelled_and_aborted(engine):
     prompts = _prompts(engine)
+    # a constraint that does not compile: refused at submit (the caller's thread), naming the field
+    with pytest.raises(EngineRequestError) as e:
+        engine.submit(prompts[False], GREEDY, max_tokens=4,
+                      output=OutputOptions(constraint=OutputConstraint("regex", "(ab", "guided_regex")))
+    assert e.value.kind is ErrorKind.INVALID_REQUEST and "guided_regex" in str(e.value)
     # the model cannot finish within max_tokens: "length", never a hang
     ev = _final(engine.submit(prompts[False], GREEDY, max_tokens=6,
                               output=OutputOptions(constraint=OutputConstraint("regex", "a{40}", "regex"))))
