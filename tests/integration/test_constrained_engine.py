@@ -2,10 +2,12 @@
 so only the constraint can make it parse): random JSON schemas validate with `jsonschema`, regexes and
 choices match, with thinking on (a small thinking budget closes the reasoning) and off, greedy and drawn,
 batched with unconstrained rows; an unsatisfiable constraint ends with "length"; cancelled constrained
-requests leak nothing; and with MTP speculation, greedy constrained output equals it without, token for token."""
+requests leak nothing; and with MTP speculation, greedy constrained output equals it without, token for token.
+NINFER_LONG_TESTS=1 also runs `ninfer bench decode --json-schema-mask` on the tiny model."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 
@@ -171,3 +173,19 @@ def test_speculative_constrained_equals_plain(tiny_artifact_path):
             results.append([(ev.token_ids, ev.finish_reason) for ev in map(_final, hs)])
     assert results[0] == results[1]
     assert sum(r[1] is FinishReason.STOP for r in results[0][:-1]) >= 6
+
+
+@pytest.mark.skipif(not os.environ.get("NINFER_LONG_TESTS"), reason="a bench run (~7 s): NINFER_LONG_TESTS=1")
+def test_bench_decode_json_schema_mask_cpu(capsys):
+    from ninfer.gateway.cli.main import main
+    rc = main(["bench", "decode", "--identity", "qwen3_6-tiny-dense", "--device", "cpu", "--ctx", "8",
+               "--batches", "2", "--reps", "1", "--no-hf-baseline", "--json-schema-mask"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    data = json.loads([ln for ln in out.splitlines() if ln.startswith("JSON ")][0][5:])
+    assert not data["errors"]
+    compile_rows = [r for r in data["results"] if r["kind"] == "compile"]
+    masked = [r for r in data["results"] if r["kind"] == "decode_masked"]
+    assert len(compile_rows) == 1 and compile_rows[0]["fields"] == 50 and compile_rows[0]["compile_ms"] > 0
+    assert len(masked) == 1 and masked[0]["batch"] == 2 and masked[0]["mask_ratio"] > 0
+    assert "masked_ms" in out and "compile_ms" in out
