@@ -73,3 +73,46 @@ def test_constrained_rows_graphs_equal_eager_and_follow_commits(tiny_artifact_pa
     text = tok.decode(eager[0])
     if eager[0][-1] == 248046:
         json.loads(text)
+
+
+def _run_thinking(make_program, graphs: bool):
+    """A constrained row inside its reasoning (thinking on) beside a free row: one-step rounds pipelined on
+    the graphs (with their step-ahead) while the reasoning is open, a forced `</think>`, then masked rounds."""
+    fe = Qwen36Frontend.builtin()
+    prog = make_program()
+    if graphs:
+        prog.graphs = EagerGraphs(prog, max_batch=4)
+    prompt = fe.prepare_chat([{"role": "user", "content": "x"}], chat_template_kwargs={"enable_thinking": True})
+    spec = OutputConstraint("json_schema", json.dumps(SCHEMA), "s")
+    tc = fe.new_token_constraint(prompt, spec)
+    seqs = [materialize(prog, prompt.token_ids, 40, GREEDY, constraint=c) for c in (None, tc)]
+    out = [[prefill_all(prog, s)[0]] for s in seqs]
+
+    def rounds(n):
+        for _ in range(n):
+            b = prog.decode(seqs, 1)
+            prog.commit(b, [1, 1])
+            for o, row in zip(out, b.rows):
+                o.extend(row.tokens)
+    rounds(4)
+    assert tc.free
+    forced = fe.tokenizer.encode("\n</think>\n\n")
+    b = prog.control(seqs[1], forced)
+    prog.commit(b, [len(forced)])
+    out[1].extend(forced)
+    assert not tc.free
+    rounds(5)
+    assert tc.num_consumed == len(out[1]) and fe.new_token_constraint(prompt, spec).validate(out[1]) == len(out[1])
+    adopted = prog.step_ahead_counts["adopted"]
+    for s in seqs:
+        prog.release(s)
+    prog.check_integrity()
+    return out, adopted
+
+
+def test_reasoning_rows_pipelined_until_the_grammar_starts(tiny_artifact_path):
+    _, make_program = tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=64, num_slots=6,
+                                 max_model_len=128, max_batch=4, max_steps=4)
+    eager, _ = _run_thinking(make_program, graphs=False)
+    graphed, adopted = _run_thinking(make_program, graphs=True)
+    assert graphed == eager and adopted > 0

@@ -9,7 +9,8 @@ The unit's batch stays open until the Engine commits or aborts it (commit.py). A
 (or takes the argmax of plain greedy rows); a control step takes its forced token and samples nothing.
 Each step replays the decode graph of exact B when one applies (graph_steps.py), else runs eagerly;
 plain rows through the graphs are pipelined (graph_steps.py, step_ahead.py). A unit with a grammar-
-constrained row is never pipelined: each step's masks come from the tokens of the step before (constraints.py).
+constrained row is not pipelined (each step's masks come from the tokens of the step before, constraints.py),
+unless it is one step and every such row is still inside its reasoning, where any token is allowed.
 """
 from __future__ import annotations
 
@@ -82,7 +83,12 @@ class DecodeOps:
         greedy = forced is None and all(self._sampler.plain_greedy(s.request.sampling) for s in seqs)
         plain = forced is None and all(self._sampler.plain(s.request.sampling) for s in seqs)
         constrained = any(s.request.constraint is not None for s in seqs)
-        pipelined = (plain and not keep_logits and not constrained
+        # NOTE: a constrained row whose reasoning is still open (free) takes any token: a one-step round of such
+        #       rows is pipelined like a plain one. Its step-ahead is adopted only by a round that may be
+        #       pipelined too, so never after the `</think>` that ends the freedom.
+        masked = any(s.request.constraint is not None and (num_steps > 1 or not s.request.constraint.free)
+                     for s in seqs)
+        pipelined = (plain and not keep_logits and not masked
                      and self._graphs_fit(seqs, [s.frontier + num_steps for s in seqs]))
         ahead = self.step_ahead.adopt(seqs, kind, pipelined)
         try:
@@ -100,8 +106,8 @@ class DecodeOps:
             else:
                 produced, lps, rngs = self._steps(seqs, rec, num_steps, forced, greedy,
                                                   step_logits if keep_logits else None)
-                if constrained:
-                    rec.data["grammar"] = self._advance_grammar(seqs, produced, forced is not None)
+            if constrained:
+                rec.data["grammar"] = self._advance_grammar(seqs, produced, forced is not None)
             rec.batch.rows = tuple(
                 PendingRow(s.handle, tuple(produced[r]),
                            tuple(lps[r]) if s.request.sampling.logprobs is not None else None)
