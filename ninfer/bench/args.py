@@ -119,6 +119,9 @@ def decode_args(ap: argparse.ArgumentParser) -> None:
                     help="no CUDA graphs (default: as `ninfer serve` runs, decode rounds replay CUDA graphs)")
     ap.add_argument("--host-overhead", action="store_true",
                     help="tiny dense on the GPU through the Engine: round time, graphs off and on")
+    ap.add_argument("--json-schema-mask", action="store_true",
+                    help="also the compile time of a 50-field JSON schema and, per ctx and B, the round with its "
+                         "mask on every row beside the plain round (grammar-constrained decoding)")
     add_hf_baseline_args(ap)
     ap.add_argument("--hf-batches", nargs="+", type=int_in(1), default=[1, 8], help="batches of the HF baseline")
     add_bench_speculative_args(ap)

@@ -4,6 +4,7 @@ decoding together at context 1k and 8k, real sizes with synthetic (dummy) weight
     ninfer bench decode [--identity qwen3_6-27b qwen3_6-35b-a3b] [--ctx 1024 8192] [--batches 1 2 4 8]
         [--reps 10] [--max-model-len N] [--enforce-eager] [--host-overhead] [--hf-baseline | --no-hf-baseline]
         [--speculative-method mtp --num-speculative-tokens K [--force-accept-len L ...] [--with-plain]]
+        [--json-schema-mask]
     (or: python3 -m ninfer.bench.decode ...)
 
 Per identity one Engine (`Engine.from_config(EngineConfig(load_format="dummy", identity=...))`,
@@ -36,6 +37,9 @@ at L (or K+1) tokens each, plus the K positions every request reserves. Several 
 (--force-accept-len 1 2 3 4) run one Engine each, and --with-plain first times plain decoding too,
 all in the same run (rows carry K and L; plain rows K = L = 0).
 
+--json-schema-mask: also the compile time of a 50-field JSON schema (bench/constrained.py) and, per ctx and B,
+the round with that schema's mask on every row (rows `kind: decode_masked`, `mask_ratio` = masked / plain).
+
 --hf-baseline (default on for CUDA): Hugging Face transformers' Qwen3_5(Moe)ForCausalLM with the
 identity's dims and random weights on the same device, its per-token decode with its own cache at
 the smallest ctx and --hf-batches (after the Engine is closed: 27B bf16 is ~54 GB each).
@@ -52,6 +56,7 @@ import time
 
 import torch
 
+from ninfer.bench import constrained
 from ninfer.bench.args import decode_args, hf_baseline_on
 from ninfer.bench.common import (decode_floor_ms, default_device, free_model, hf_model, measure_ceilings_apart,
                                  prefill_flops, print_prefill_rows, print_table, Recorder, run_step, start_run,
@@ -82,7 +87,8 @@ def gpu_gib(device: str) -> float:
 
 def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, device: str = "cuda",
                  batches: list[int] = list(range(1, 9)), on_row=None, max_model_len: int = 0,
-                 enforce_eager: bool = False, spec: SpeculativeConfig | None = None) -> list[dict]:
+                 enforce_eager: bool = False, spec: SpeculativeConfig | None = None,
+                 json_schema_mask: bool = False) -> list[dict]:
     cuda = device.startswith("cuda")
     dims = lookup(identity).dims
     dtype_bytes = 2 if cuda else 4
@@ -106,6 +112,12 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, device: s
               f"{max(batches)}; max_model_len {mml}; graphs {graphs}; GPU memory {gpu_gib(device):.1f} GiB"
               f"{spec_note}", flush=True)
         rng = random.Random(0)
+        if json_schema_mask:
+            row = constrained.compile_row(engine.frontend)
+            add(dict(identity=identity, **row))
+            print(f"[{identity}] 50-field JSON schema: compile {row['compile_ms']:.2f} ms (max "
+                  f"{row['compile_max_ms']:.2f}; the first, with the vocabulary's grammar view, {row['first_ms']:.0f} "
+                  f"ms; a cache hit {row['cache_hit_ms']:.3f} ms)", flush=True)
         for ctx in ctxs:
             pre_ms = [ttft_ms(engine, clock, random_prompt(rng, ctx), lambda: sync(device))
                       for _ in range(PREFILL_PROMPTS)]
@@ -128,6 +140,15 @@ def run_identity(identity: str, ctxs: list[int], bw: float, reps: int, device: s
                 print(f"[{identity}] engine graphs={graphs} ctx {ctx} B={B}: {step:.2f} ms per round "
                       f"(min {min(times):.2f}, floor {floor_ms:.2f}; {len(times)} rounds timed{accept_note})",
                       flush=True)
+                if json_schema_mask:
+                    masked = decode_rounds(engine, clock, B, ctx, reps, WARMUP_ROUNDS, rng, budget,
+                                           constraint=constrained.constraint(0))["times_ms"]
+                    m_step = statistics.median(masked)
+                    add(dict(identity=identity, kind="decode_masked", ops="engine", graphs=graphs, ctx=ctx, batch=B,
+                             step_ms=m_step, min_ms=min(masked), plain_step_ms=step, mask_ratio=m_step / step,
+                             rounds=len(masked), **spec_fields(spec)))
+                    print(f"[{identity}] engine graphs={graphs} ctx {ctx} B={B} with a 50-field JSON-schema mask on "
+                          f"every row: {m_step:.2f} ms per round ({m_step / step:.3f}x the plain round)", flush=True)
     finally:
         engine.close()
     return out
@@ -236,7 +257,8 @@ def run(args: argparse.Namespace) -> int:
                      lambda spec=spec: run_identity(ident, args.ctx, bw, args.reps, device=device,
                                                     batches=args.batches, on_row=rec.add,
                                                     max_model_len=args.max_model_len,
-                                                    enforce_eager=args.enforce_eager, spec=spec))
+                                                    enforce_eager=args.enforce_eager, spec=spec,
+                                                    json_schema_mask=args.json_schema_mask))
             free_model(device)          # each step's Engine is closed and freed here, however the step ended
         if hf:
             run_step(rec, args.step_timeout, f"{ident} transformers baseline",
@@ -263,6 +285,16 @@ def run(args: argparse.Namespace) -> int:
         headers[5:5] = ["K", "L", "accept_len", "tpot_ms"]
     print_table(headers, rows)
     print()
+    rows = [[r["identity"], r["fields"], r["compile_ms"], r["compile_max_ms"], r["first_ms"], r["cache_hit_ms"]]
+            for r in results if r["kind"] == "compile"]
+    if rows:
+        print_table(["identity", "schema_fields", "compile_ms", "max_ms", "first_ms", "cache_hit_ms"], rows)
+        print()
+    rows = [[r["identity"], r["graphs"], r["ctx"], r["batch"], r["plain_step_ms"], r["step_ms"], r["mask_ratio"]]
+            for r in results if r["kind"] == "decode_masked"]
+    if rows:
+        print_table(["identity", "graphs", "ctx", "B", "plain_ms", "masked_ms", "ratio"], rows)
+        print()
     print_prefill_rows(results, peak)
     rec.finish()
     return 1 if rec.errors and not rec.results else 0

@@ -124,12 +124,12 @@ def _prepare(engine, prompt: list[int]):
     return engine.frontend.prepare_tokens(prompt)
 
 
-def _submit(engine, prepared, max_tokens: int):
+def _submit(engine, prepared, max_tokens: int, constraint=None):
     from ninfer.contract.frontend import OutputOptions
     from ninfer.contract.program import SamplingParams
 
     return engine.submit(prepared, SamplingParams(temperature=0.0), max_tokens=max_tokens,
-                         output=OutputOptions(ignore_eos=True))
+                         output=OutputOptions(ignore_eos=True, constraint=constraint))
 
 
 def _drain(handle) -> tuple[int, ...]:
@@ -173,13 +173,14 @@ def decode_budget(batch: int, rounds: int) -> int:
 
 
 def decode_rounds(engine, clock: UnitClock, batch: int, prompt_len: int, reps: int, warmup: int,
-                  rng: random.Random, max_tokens: int) -> dict:
+                  rng: random.Random, max_tokens: int, constraint=None) -> dict:
     """B concurrent requests of `max_tokens` each (see the module docstring); returns the round times in ms
-    (`reps` of them after `warmup`, fewer when the budget held fewer) and the number of full rounds seen."""
+    (`reps` of them after `warmup`, fewer when the budget held fewer) and the number of full rounds seen.
+    constraint: an OutputConstraint on every request (it must not complete within max_tokens)."""
     prompts = [_prepare(engine, random_prompt(rng, prompt_len)) for _ in range(batch)]
     clock.start()
     try:
-        handles = [_submit(engine, p, max_tokens) for p in prompts]
+        handles = [_submit(engine, p, max_tokens, constraint) for p in prompts]
         outputs = [_drain(h) for h in handles]
     finally:
         units = clock.stop()

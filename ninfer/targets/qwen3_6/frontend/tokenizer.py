@@ -5,6 +5,7 @@ Encoding adds no BOS/EOS. Decoding is byte-level; `token_piece` exposes one toke
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Sequence
 
 from tokenizers import Tokenizer
@@ -15,6 +16,8 @@ from .vocab import bytes_to_unicode
 class Qwen36Tokenizer:
     def __init__(self, tokenizer_json: bytes | str, tokenizer_config: dict | None = None):
         text = tokenizer_json.decode("utf-8") if isinstance(tokenizer_json, bytes) else tokenizer_json
+        # NOTE: the vocabulary's identity (views built from it, e.g. the grammar library's, are shared by it)
+        self.digest = hashlib.blake2b(text.encode("utf-8"), digest_size=16).hexdigest()
         self._tok = Tokenizer.from_str(text)
         self._tok.no_padding()
         self._tok.no_truncation()

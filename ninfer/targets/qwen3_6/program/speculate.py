@@ -12,6 +12,8 @@ row r stands at frontier f with its last token x not yet in the state:
               position with the token after it (model.mtp_kv)
     accept    lossless acceptance on the T target distributions (ops.reference.speculative.verify_drafts):
               a drafts accepted, then one token of the target's; the row produces a + 1 tokens
+              (a grammar-constrained row: the T distributions masked by its grammar after x, d_1, .., d_t;
+              see constraints.py)
 
 Committing c tokens of a row (1 <= c <= a + 1; commit.py, unchanged) swaps scratch entry [r][c-1] into
 the slot: the GDN state and the anchor of frontier f + c. The MTP KV then holds every position below
@@ -37,9 +39,11 @@ from typing import Protocol, Sequence
 import torch
 
 from ninfer.contract.program import BatchKind, PendingBatch, PendingRow, SequenceHandle, TokenLogprob
+from ninfer.ops.opset import apply_token_bitmask_
 from ninfer.ops.reference.sampling import SamplingTensors, drawing_rows
 from ninfer.ops.reference.speculative import verify_drafts
 from ninfer.program.transactions import Provisional
+from ninfer.targets.qwen3_6.program.constraints import draft_masks, rollback_rows
 from ninfer.targets.qwen3_6.program.sequences import LiveSeq
 
 
@@ -140,7 +144,18 @@ class SpecDecodeOps:
                 drafts = self.drafter.propose(self, seqs)
                 logits = self._verify(seqs, rec, drafts)
                 target = None
-            produced, lps, rngs = self._accept(seqs, logits, drafts, target)
+            cons = [s.request.constraint for s in seqs]
+            constrained = any(c is not None for c in cons)
+            if constrained:
+                # NOTE: the K + 1 verify distributions under the grammar, each after the drafts before it; the
+                #       acceptance then keeps only drafts the grammar allows (constraints.py).
+                masks = draft_masks(self._token_masks, cons, drafts.tolist())
+                apply_token_bitmask_(logits.view(B * T, logits.shape[-1]), masks.to(logits.device, non_blocking=True))
+                target = None
+            # NOTE: the benchmarks' forced acceptance would keep drafts the grammar refuses: off for such rounds.
+            produced, lps, rngs = self._accept(seqs, logits, drafts, target, force=0 if constrained else None)
+            if constrained:
+                rec.data["grammar"] = self._advance_grammar(seqs, produced, False)
             rec.batch.rows = tuple(
                 PendingRow(s.handle, tuple(produced[r]),
                            tuple(lps[r]) if s.request.sampling.logprobs is not None else None, drafted=K)
@@ -148,6 +163,7 @@ class SpecDecodeOps:
             rec.data.update(rng=[[rngs[r]] * T for r in range(B)])
             return rec.batch
         except BaseException:
+            rollback_rows([s.request.constraint for s in seqs], rec.data.get("grammar"), None)
             self._pending.take(rec.batch)
             self._pending.close(rec)
             raise
@@ -173,13 +189,14 @@ class SpecDecodeOps:
         return self.model.logits(hidden).view(B, T, -1)
 
     def _accept(self, seqs: list[LiveSeq], logits: torch.Tensor, drafts: torch.Tensor,
-                target: torch.Tensor | None = None) -> tuple[list[list[int]], list[list[TokenLogprob | None]], list]:
+                target: torch.Tensor | None = None, force: int | None = None
+                ) -> tuple[list[list[int]], list[list[TokenLogprob | None]], list]:
         """Each row's produced tokens (accepted drafts, then the target's), their log-probs (the target's raw
         distribution) and its rng state after the round. target: the logits' argmax over the sampleable
-        vocabulary [B, T] when already computed."""
+        vocabulary [B, T] when already computed; force: the forced acceptance length (None: the Program's)."""
         B, T, V = logits.shape
         K = T - 1
-        L = self.force_accept_len
+        L = self.force_accept_len if force is None else force
         ps = [s.request.sampling for s in seqs]
         if all(self._sampler.plain_greedy(p) for p in ps):
             if target is None:

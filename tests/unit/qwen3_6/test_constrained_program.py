@@ -1,0 +1,118 @@
+"""Grammar-constrained rows in the Program (tiny dense, fp32, CPU): the decode graphs' run contract
+(`EagerGraphs`: the graph's input layout and body with its token mask, run eagerly) gives the eager steps'
+tokens; a row's grammar state follows exactly its committed tokens through multi-step rounds, prefix
+commits, cancelled rows and aborted batches; and every constrained row's committed output is one the
+grammar takes."""
+from __future__ import annotations
+
+import json
+
+from ninfer.contract.frontend import OutputConstraint
+from ninfer.contract.program import SamplingParams
+from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
+from support.eager_graphs import EagerGraphs
+from support.program_util import GREEDY, materialize, prefill_all, tiny_parts
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999},
+                                           "b": {"type": "string", "maxLength": 6}},
+          "required": ["a", "b"], "additionalProperties": False}
+# (steps, decision per row: "all" | "prefix" | "cancel", or "abort" for the batch)
+SCHEDULE = [(2, "all"), (2, ["prefix", "all", "cancel", "prefix"]), (1, "abort"), (2, ["all", "prefix", "all", "all"]),
+            (2, ["cancel", "all", "prefix", "all"]), (2, "all")]
+
+
+def _run(make_program, graphs: bool):
+    fe = Qwen36Frontend.builtin()
+    prog = make_program()
+    if graphs:
+        prog.graphs = EagerGraphs(prog, max_batch=4)
+    prompt = fe.prepare_chat([{"role": "user", "content": "x"}], chat_template_kwargs={"enable_thinking": False})
+    specs = [OutputConstraint("json_schema", json.dumps(SCHEMA), "s"), OutputConstraint("regex", r"[a-z]{3,}", "r"),
+             None, OutputConstraint("choice", '["first", "second"]', "c")]
+    cons = [fe.new_token_constraint(prompt, c) if c is not None else None for c in specs]
+    samplings = [GREEDY, SamplingParams(temperature=1.0, seed=5), GREEDY, GREEDY]
+    seqs = [materialize(prog, prompt.token_ids, 40, s, constraint=c) for s, c in zip(samplings, cons)]
+    out = [[prefill_all(prog, s)[0]] for s in seqs]
+    for steps, decision in SCHEDULE:
+        batch = prog.decode(seqs, steps)
+        if decision == "abort":
+            prog.abort_pending(batch)
+        else:
+            rule = decision if isinstance(decision, list) else [decision] * len(seqs)
+            acc = [row.produced_tokens if d == "all" else 1 if d == "prefix" else 0
+                   for d, row in zip(rule, batch.rows)]
+            prog.commit(batch, acc)
+            for r, (row, a) in enumerate(zip(batch.rows, acc)):
+                out[r].extend(row.tokens[:a])
+        for c, o in zip(cons, out):                  # the grammar moved by exactly the committed tokens
+            if c is not None:
+                assert c.num_consumed == len(o)
+        prog.check_integrity()
+    for s in seqs:
+        prog.release(s)
+    prog.check_integrity()
+    replays = prog.graphs.replays if graphs else 0
+    return out, replays
+
+
+def test_constrained_rows_graphs_equal_eager_and_follow_commits(tiny_artifact_path):
+    _, make_program = tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=64, num_slots=6,
+                                 max_model_len=128, max_batch=4, max_steps=2)
+    eager, _ = _run(make_program, graphs=False)
+    graphed, replays = _run(make_program, graphs=True)
+    assert replays > 0 and graphed == eager
+    fe = Qwen36Frontend.builtin()
+    prompt = fe.prepare_chat([{"role": "user", "content": "x"}], chat_template_kwargs={"enable_thinking": False})
+    tok = fe.tokenizer
+    for spec, toks in [(OutputConstraint("json_schema", json.dumps(SCHEMA), "s"), eager[0]),
+                       (OutputConstraint("regex", r"[a-z]{3,}", "r"), eager[1]),
+                       (OutputConstraint("choice", '["first", "second"]', "c"), eager[3])]:
+        fresh = fe.new_token_constraint(prompt, spec)
+        assert fresh.validate(toks) == len(toks), (spec.kind, tok.decode(toks))
+    # the JSON row completed within its tokens: only the end of turn was left, and it parses
+    text = tok.decode(eager[0])
+    if eager[0][-1] == 248046:
+        json.loads(text)
+
+
+def _run_thinking(make_program, graphs: bool):
+    """A constrained row inside its reasoning (thinking on) beside a free row: one-step rounds pipelined on
+    the graphs (with their step-ahead) while the reasoning is open, a forced `</think>`, then masked rounds."""
+    fe = Qwen36Frontend.builtin()
+    prog = make_program()
+    if graphs:
+        prog.graphs = EagerGraphs(prog, max_batch=4)
+    prompt = fe.prepare_chat([{"role": "user", "content": "x"}], chat_template_kwargs={"enable_thinking": True})
+    spec = OutputConstraint("json_schema", json.dumps(SCHEMA), "s")
+    tc = fe.new_token_constraint(prompt, spec)
+    seqs = [materialize(prog, prompt.token_ids, 40, GREEDY, constraint=c) for c in (None, tc)]
+    out = [[prefill_all(prog, s)[0]] for s in seqs]
+
+    def rounds(n):
+        for _ in range(n):
+            b = prog.decode(seqs, 1)
+            prog.commit(b, [1, 1])
+            for o, row in zip(out, b.rows):
+                o.extend(row.tokens)
+    rounds(4)
+    assert tc.free
+    forced = fe.tokenizer.encode("\n</think>\n\n")
+    b = prog.control(seqs[1], forced)
+    prog.commit(b, [len(forced)])
+    out[1].extend(forced)
+    assert not tc.free
+    rounds(5)
+    assert tc.num_consumed == len(out[1]) and fe.new_token_constraint(prompt, spec).validate(out[1]) == len(out[1])
+    adopted = prog.step_ahead_counts["adopted"]
+    for s in seqs:
+        prog.release(s)
+    prog.check_integrity()
+    return out, adopted
+
+
+def test_reasoning_rows_pipelined_until_the_grammar_starts(tiny_artifact_path):
+    _, make_program = tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=64, num_slots=6,
+                                 max_model_len=128, max_batch=4, max_steps=4)
+    eager, _ = _run_thinking(make_program, graphs=False)
+    graphed, adopted = _run_thinking(make_program, graphs=True)
+    assert graphed == eager and adopted > 0
