@@ -20,6 +20,47 @@ class SessionError(RuntimeError):
     """An OutputSession was driven out of order (stale preview, use after termination)."""
 
 
+class ConstraintError(ValueError):
+    """An output constraint cannot be compiled (invalid schema, unsupported keyword, bad regex, grammar too
+    large): a client error. `param` names the request field the constraint came from."""
+
+    def __init__(self, message: str, param: str):
+        super().__init__(message)
+        self.param = param
+
+
+CONSTRAINT_KINDS = ("json_schema", "json_object", "regex", "choice", "ebnf", "lark")
+
+
+@dataclass(frozen=True, slots=True)
+class OutputConstraint:
+    """A grammar the answer must match (the Frontend compiles it; the Program masks the sampler with it).
+
+    kind / spec:
+      "json_schema"  the JSON schema as JSON text
+      "json_object"  "" (any JSON object)
+      "regex"        a regular expression the whole answer matches
+      "choice"       a JSON array of strings: the answer is exactly one of them
+      "ebnf"         a GBNF / xgrammar-style EBNF grammar (what vLLM's guided_grammar takes)
+      "lark"         a Lark grammar in llguidance's dialect (may embed %json{...})
+    param: the request field it came from, named in errors ("response_format.json_schema.schema", ...).
+    after_reasoning: with thinking on, the reasoning stays free and the constraint applies from the token
+      after `</think>` (leading whitespace allowed); with thinking off (or False here) from the first token.
+    Once the grammar is complete only the end-of-turn token is allowed.
+    """
+    kind: str
+    spec: str
+    param: str
+    after_reasoning: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ConstraintError(f"unknown constraint kind {self.kind!r} (one of {', '.join(CONSTRAINT_KINDS)})",
+                                  self.param)
+        if not isinstance(self.spec, str):
+            raise ConstraintError(f"the constraint's spec must be text, got {type(self.spec).__name__}", self.param)
+
+
 class FinishReason(str, enum.Enum):
     STOP = "stop"               # eos / stop token / stop string
     LENGTH = "length"           # max_tokens or context limit
@@ -101,6 +142,7 @@ class OutputOptions:
     parse_tool_calls: bool = True            # False for tool_choice="none" / plain completions
     parse_reasoning: bool = True             # split reasoning from content when thinking is on
     thinking_budget: int | None = None       # max reasoning tokens before a forced </think>
+    constraint: OutputConstraint | None = None   # a grammar the answer must match (None: free)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +189,12 @@ class FinalOutput:
 
 class OutputSession(Protocol):
     """One request's output semantics. The Engine previews a span of produced tokens, commits the
-    preview only after the Program committed the model state, and finishes the session once."""
+    preview only after the Program committed the model state, and finishes the session once.
+
+    token_constraint: the request's grammar state (a `ninfer.contract.program.TokenConstraint`, created by
+    the Frontend from OutputOptions.constraint) or None; the Engine hands it to the Program.
+    """
+    token_constraint: Any
 
     def preview(self, tokens: Sequence[int], *, control: bool = False) -> Preview: ...
 
@@ -160,8 +207,18 @@ class OutputSession(Protocol):
 
 class Frontend(Protocol):
     """What the Engine asks of a family's Frontend: a session per request, the sampleable
-    vocabulary size, and the tokenizer that causal scoring encodes text with."""
+    vocabulary size, and the tokenizer that causal scoring encodes text with.
+
+    compile_constraint(constraint): compiles (and caches per kind and spec) an OutputConstraint into an
+    opaque grammar, raising ConstraintError naming `constraint.param`; a Gateway calls it up front (off
+    its event loop) so that a bad constraint is refused before submit. new_session compiles it too (a
+    cache hit when the Gateway did) and the session's `token_constraint` (None without a constraint) is
+    the per-request grammar state the Program masks the sampler with
+    (`ninfer.contract.program.TokenConstraint`).
+    """
     vocab_size: int
     tokenizer: Any
 
     def new_session(self, prompt: PreparedPrompt, options: OutputOptions = ...) -> OutputSession: ...
+
+    def compile_constraint(self, constraint: OutputConstraint) -> Any: ...

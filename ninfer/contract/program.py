@@ -75,6 +75,41 @@ class TokenLogprob(NamedTuple):
     top: tuple[tuple[int, float], ...]   # (token_id, logprob), best first; empty when logprobs == 0
 
 
+class TokenConstraint(Protocol):
+    """One request's output grammar on the host: which token may come next (created by the Frontend per
+    request, carried in SequenceRequest.constraint, driven by the Program; torch-free).
+
+    The constraint follows the row's produced tokens: the Program advances it over the tokens it samples
+    (and the forced-control tokens it runs), and rolls it back over the tokens the Engine does not accept
+    (a PendingBatch aborted, a speculative round's rejected drafts). While `free` (the reasoning is still
+    open) every token is allowed; once `done` (the grammar is complete) only the end-of-turn token is.
+
+      fill_mask(ptr, nbytes)  writes the next token's bitmask into host memory at `ptr`: int32 words, bit
+                              t % 32 of word t // 32 set = token t allowed; words past the vocabulary are
+                              zeroed (nbytes >= 4 * ceil(vocab / 32))
+      advance(tokens) -> n    consumes tokens in order up to the first one the grammar refuses; returns how
+                              many it consumed (the state moved by exactly n)
+      validate(tokens) -> n   how many leading tokens advance would consume; the state does not move
+      rollback(n)             undoes the last n consumed tokens
+    """
+
+    @property
+    def free(self) -> bool: ...        # the next token is unconstrained (the reasoning is still open)
+
+    @property
+    def done(self) -> bool: ...        # the grammar is complete: only the end-of-turn token is allowed
+
+    def fill_mask(self, ptr: int, nbytes: int) -> None: ...
+    def advance(self, tokens: Sequence[int]) -> int: ...
+    def validate(self, tokens: Sequence[int]) -> int: ...
+    def rollback(self, n: int) -> None: ...
+
+
+def mask_words(vocab_size: int) -> int:
+    """int32 words of one row of a token bitmask over `vocab_size` tokens."""
+    return (vocab_size + 31) // 32
+
+
 # --------------------------------------------------------------------------------------------
 # Resources
 # --------------------------------------------------------------------------------------------
@@ -104,6 +139,9 @@ class SequenceRequest:
     media: tuple[MediaInput, ...] = ()
     rope_positions: Any = None
     rope_delta: int = 0
+    # Output grammar (None: free): the request's TokenConstraint, its state owned by the Program from
+    # materialization to release (one sequence drives it).
+    constraint: TokenConstraint | None = field(default=None, compare=False)
 
     def identity_prompt(self) -> tuple[int, ...]:
         """The prompt's ids as prefix identities see them (`identity_token_ids`)."""

@@ -16,13 +16,15 @@ import json
 from typing import Any, Mapping, Sequence
 
 from .chat_template import ChatTemplate, normalize_messages
+from .constraints import CompiledGrammar, ConstraintCompiler, GrammarConstraint
 from .media_prompt import MediaPromptError, expand_media, has_pixels, raw_media_parts
 from .session import OutputSession
 from .tokenizer import Qwen36Tokenizer
 from .vision_preprocess import VisionPreprocessConfig
-from ninfer.contract.frontend import MediaPlaceholder, OutputOptions, PreparedPrompt, PromptError
+from ninfer.contract.frontend import MediaPlaceholder, OutputConstraint, OutputOptions, PreparedPrompt, PromptError
 
 IM_START_ID = 248045
+IM_END_ID = 248046
 ASSISTANT_HEADER = (IM_START_ID, 74455, 198)        # <|im_start|> assistant \n
 THINK_ID, THINK_END_ID = 248068, 248069
 IMAGE_PAD_ID, VIDEO_PAD_ID = 248056, 248057
@@ -126,6 +128,7 @@ class Qwen36Frontend:
         self.sampling_defaults: dict[str, float] = dict(sampling_defaults or {})
         # NOTE: the image/video preprocessing (the artifact's preprocessor configs, else the family's values).
         self.vision_config = vision_config or VisionPreprocessConfig.from_dicts()
+        self._constraints = ConstraintCompiler(tokenizer, IM_END_ID, THINK_END_ID)
 
     @classmethod
     def from_resources(cls, resources: Mapping[str, bytes]) -> "Qwen36Frontend":
@@ -231,6 +234,17 @@ class Qwen36Frontend:
 
     def new_session(self, prompt: PreparedPrompt, options: OutputOptions = OutputOptions()) -> OutputSession:
         return OutputSession(self, prompt, options)
+
+    def compile_constraint(self, constraint: OutputConstraint) -> CompiledGrammar:
+        """Compile (cached per kind and spec) an output constraint; ConstraintError names its param.
+        The first call builds the grammar library's view of the vocabulary (about a second): call it off
+        an event loop."""
+        return self._constraints.compile(constraint)
+
+    def new_token_constraint(self, prompt: PreparedPrompt, constraint: OutputConstraint) -> GrammarConstraint:
+        """A fresh per-request grammar state for `prompt` (free until `</think>` when the prompt opened
+        the reasoning and the constraint applies after it)."""
+        return self._constraints.new_state(self._constraints.compile(constraint), prompt.enable_thinking)
 
     # ------------------------------------------------------------------------------------------
     @staticmethod

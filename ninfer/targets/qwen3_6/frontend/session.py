@@ -95,6 +95,10 @@ class OutputSession:
         self._force_ids = tuple(tok.encode(FORCED_THINK_END))
         rp = prompt.reconstruction_prefix
         self._gen_tail = prompt.token_ids[rp - 3:] if rp is not None and rp >= 3 else None
+        # NOTE: the grammar state the Program masks the sampler with (None: free output); compiled here,
+        #       on the submitting thread (a cache hit when the Gateway compiled it up front).
+        self.token_constraint = (frontend.new_token_constraint(prompt, options.constraint)
+                                 if options.constraint is not None else None)
 
     # ------------------------------------------------------------------------------------------
     @property
