@@ -13,18 +13,18 @@ channels.py parses back, one call or several:
     </function>
     </tool_call>
 
-`<tool_call>` and `</tool_call>` are single added tokens (referenced as tokens, not as text). Up to
-four whitespace characters may come first (the model's "\\n\\n" after `</think>`) and between
-calls. Each function lists its declared parameters in schema order, every required one present.
-A VALUE is written the way tool_args.py types it back:
+Calls are separated by up to two newlines (the template writes one); the whitespace the model writes
+before the first call (its "\\n\\n" after `</think>`) is the constraint machinery's to allow
+(constraints.py). `<tool_call>` and `</tool_call>` are text here: the added tokens of that text
+match them, as do their byte pieces. Each function lists its declared parameters in schema order,
+every required one present. A VALUE is written the way tool_args.py types it back (by the type of
+the property's schema, a local `$ref` resolved):
 
-  string-like type (tool_args._schema_type)  raw text: an `enum`/`const` of strings is one of its
-                                             literals; `pattern`, `minLength`, `maxLength` bound the
-                                             text; otherwise any text without `</parameter>` or
-                                             `</function>` (where channels.py would cut the value)
-  any other type                             a JSON value valid against the parameter's schema
-                                             (`%json`, with the parameters' `$defs`/`definitions`),
-                                             laid out as json.dumps writes it
+  a string-like type   raw text: an `enum`/`const` of strings is one of its literals; `pattern`,
+                       `minLength`, `maxLength` bound the text; otherwise any text without
+                       `</parameter>` or `</function>` (where channels.py would cut the value)
+  any other type       a JSON value valid against the property's schema (`%json`, with the
+                       parameters' `$defs`/`definitions`), laid out as json.dumps writes it
 
 A function whose parameters declare no `properties` takes any parameters as raw text (none when
 `additionalProperties` is false).
@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 from typing import Any, Sequence
 
-from .tool_args import _STRING_TYPES, _schema_type
+from .tool_args import _STRING_TYPES, _schema_type, tool_properties
 
 # NOTE: the value text ends at the first "\n</parameter>" (lazy); it may not hold either closing
 #       tag, at which channels.py would end the parameter early.
@@ -104,7 +104,7 @@ def _json_value(schema: Any, params: dict) -> str:
 def _function_rules(fn: dict, rule: str) -> list[str]:
     """Rules of one `<function=NAME>...</function>` block, the block's rule named `rule`."""
     params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
-    props = params.get("properties")
+    props = tool_properties([fn], fn["name"]) if isinstance(params.get("properties"), dict) else None
     head = _literal(f"<function={fn['name']}>\n")
     lines: list[str] = []
     if not isinstance(props, dict):
@@ -153,11 +153,10 @@ def tool_call_grammar(tools: Sequence[dict], *, name: str | None = None, paralle
             raise ToolGrammarError(f"no tool is named {name!r}")
     if not fns:
         raise ToolGrammarError("at least one tool is needed")
-    repeat = "" if name is not None or not parallel else " (SEP call)*"
-    lines = [f"start: LEAD? call{repeat}",
-             "LEAD: /\\n{1,2}/",
-             "SEP: /\\n{0,2}/",
-             "call: <tool_call> \"\\n\" fn \"\\n\" </tool_call>",
+    repeat = "" if name is not None or not parallel else " (SEP? call)*"
+    lines = [f"start: call{repeat}",
+             "SEP: /\\n{1,2}/",
+             "call: \"<tool_call>\\n\" fn \"\\n</tool_call>\"",
              "fn: " + " | ".join(f"f{i}" for i in range(len(fns)))]
     for i, fn in enumerate(fns):
         lines.extend(_function_rules(fn, f"f{i}"))
