@@ -33,7 +33,8 @@ class MaterializationPlanner:
                                sampling=rec.sampling, lookahead=self.lookahead,
                                prompt_logprobs=rec.prompt_logprobs, publication=rec.use_cache,
                                reconstruction_prefix=p.reconstruction_prefix if rec.use_cache else None,
-                               media=media, rope_positions=p.rope_positions, rope_delta=p.rope_delta)
+                               media=media, rope_positions=p.rope_positions, rope_delta=p.rope_delta,
+                               constraint=getattr(rec.session, "token_constraint", None))
 
     def plan(self, rec: RequestRecord, source: int | None = None, evictable: tuple[int, ...] = (),
              host_bytes_free: int = 0) -> ResourcePlan | Refusal:

@@ -37,7 +37,7 @@ from typing import Callable, NamedTuple
 
 import torch
 
-__all__ = ["OpSet", "reference_ops", "fast_ops", "fast_available", "select_ops", "sample"]
+__all__ = ["OpSet", "reference_ops", "fast_ops", "fast_available", "select_ops", "sample", "apply_token_bitmask_"]
 
 
 class OpSet(NamedTuple):
@@ -133,3 +133,13 @@ def sample(logits: torch.Tensor, *args, **kwargs):
         return fast.sample(logits, *args, **kwargs)
     from ninfer.ops.reference import sampling as ref
     return ref.sample(logits, *args, **kwargs)
+
+
+def apply_token_bitmask_(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`ninfer.ops.reference.sampling.apply_token_bitmask_` (in place, same result): on CUDA, when the fast
+    kernels can run, one Triton pass (`ninfer.ops.triton.sampling.apply_token_bitmask_`)."""
+    if logits.is_cuda and fast_available():
+        from ninfer.ops.triton import sampling as fast
+        return fast.apply_token_bitmask_(logits, mask)
+    from ninfer.ops.reference import sampling as ref
+    return ref.apply_token_bitmask_(logits, mask)

@@ -21,7 +21,8 @@ class EagerGraphs:
     def fits(self, B, tables):
         return B <= self.max_batch and all(len(t) <= self.width for t in tables)
 
-    def run(self, input_ids, positions, src, dst, tables, fed=None, deltas=None):
+    def run(self, input_ids, positions, src, dst, tables, fed=None, deltas=None, mask=None):
+        from ninfer.contract.program import mask_words
         from ninfer.targets.qwen3_6.program.cuda_graphs import fill_static_inputs
         B, W = len(positions), self.width
         v = torch.zeros(6 * B + B * W, dtype=torch.long)
@@ -32,7 +33,9 @@ class EagerGraphs:
         g = SimpleNamespace(input_ids=v[:B], positions=v[B:2 * B], src=v[2 * B:3 * B], dst=v[3 * B:4 * B],
                             context_lens=v[4 * B:5 * B], delta=v[5 * B:6 * B], block_tables=v[6 * B:].view(B, W),
                             rows=torch.arange(B),
-                            fed=fed.clone() if fed is not None else torch.zeros(B, dtype=torch.long))
+                            fed=fed.clone() if fed is not None else torch.zeros(B, dtype=torch.long),
+                            mask=mask.clone() if mask is not None else
+                            torch.full((B, mask_words(self.model.dims.vocab_size)), -1, dtype=torch.int32))
         self.replays += 1
         return decode_body(self.model, self.state, g)
 

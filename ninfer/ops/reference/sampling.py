@@ -47,12 +47,26 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["CANDIDATES", "SamplingTensors", "cut_rows", "SampleResult", "rng_state_from_seed", "apply_penalties",
+__all__ = ["apply_token_bitmask_", "CANDIDATES", "SamplingTensors", "cut_rows", "SampleResult", "rng_state_from_seed", "apply_penalties",
            "drawing_rows", "Draw", "torch_draw", "sample"]
 
 
 # NOTE: the largest top-k whose rows take `topk` candidates instead of the full-vocabulary sort.
 CANDIDATES = 1024
+
+
+def apply_token_bitmask_(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Grammar masking before every sampling step: logits [B, V] (any float dtype), mask [B, W] int32 with
+    W * 32 >= V, bit t % 32 of word t // 32 set = token t allowed. Disallowed logits become -inf, in place
+    (an all-ones row is unchanged). Shapes only: safe inside a CUDA graph capture. Returns logits."""
+    B, V = logits.shape
+    W = mask.shape[1]
+    if mask.shape[0] != B or W * 32 < V:
+        raise ValueError(f"mask {tuple(mask.shape)} does not cover logits {tuple(logits.shape)}")
+    bits = torch.bitwise_left_shift(torch.ones(32, dtype=torch.int32, device=mask.device),
+                                    torch.arange(32, dtype=torch.int32, device=mask.device))
+    banned = (torch.bitwise_and(mask[:, :, None], bits) == 0).view(B, W * 32)[:, :V]
+    return logits.masked_fill_(banned, float("-inf"))
 
 
 def rng_state_from_seed(seed: int, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -45,7 +45,8 @@ import triton.language as tl
 from ninfer.ops.reference import sampling as _ref
 from ninfer.ops.reference.sampling import CANDIDATES, SampleResult, SamplingTensors
 
-__all__ = ["MAX_K", "MAX_CANDIDATES", "topk_values", "nucleus", "top_p_cut", "race", "fused_draw", "sample"]
+__all__ = ["MAX_K", "MAX_CANDIDATES", "topk_values", "nucleus", "top_p_cut", "race", "fused_draw", "sample",
+           "apply_token_bitmask_"]
 
 MAX_K = 64               # the largest k served here (k rounds per program); above it, torch.topk
 BLOCK = 4096             # the slice of a row per stage-1 program (and per nucleus / race slice program)
@@ -485,3 +486,26 @@ def sample(logits: torch.Tensor, st: SamplingTensors, rng_states: Sequence[torch
     row cuts by a top-k above CANDIDATES (or the bound is not known): then the torch draw."""
     fused = not st.truncates or 0 <= st.top_k_max <= CANDIDATES
     return _ref.sample(logits, st, rng_states, num_logprobs, drawn, logprobs, draw=fused_draw if fused else None)
+
+
+@triton.jit
+def _bitmask_kernel(x, mask, V, W, stride_x, stride_m, BLOCK_V: tl.constexpr):
+    b = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)
+    inside = offs < V
+    words = tl.load(mask + b * stride_m + offs // 32, mask=inside & (offs // 32 < W), other=0)
+    banned = ((words >> (offs % 32)) & 1) == 0
+    tl.store(x + b * stride_x + offs, tl.full([BLOCK_V], float("-inf"), x.dtype.element_ty), mask=inside & banned)
+
+
+def apply_token_bitmask_(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`ninfer.ops.reference.sampling.apply_token_bitmask_` in one launch: logits [B, V] (unit stride in V),
+    mask [B, W] int32; only the banned entries are written. Shapes only: safe inside a CUDA graph."""
+    B, V = logits.shape
+    W = mask.shape[1]
+    if mask.shape[0] != B or W * 32 < V or logits.stride(1) != 1 or mask.stride(1) != 1:
+        raise ValueError(f"mask {tuple(mask.shape)} does not cover logits {tuple(logits.shape)}")
+    block = 4096
+    _bitmask_kernel[(B, triton.cdiv(V, block))](logits, mask, V, W, logits.stride(0), mask.stride(0),
+                                                  BLOCK_V=block)
+    return logits

@@ -8,12 +8,14 @@
       slot        <- scratch entry [r][a-1] by StateImageStore.swap (a relabel, no copy); the freed
                      scratch entry gets the slot's old image
     a == 0 is a cancelled row: nothing changes. Every scratch entry of the batch goes back.
+    A constrained row's grammar is rolled back over its produced tokens past a (abort: all of them).
 """
 from __future__ import annotations
 
 from typing import Sequence
 
 from ninfer.contract.program import BatchKind, InvariantError, PendingBatch
+from ninfer.targets.qwen3_6.program.constraints import rollback_rows
 
 
 class CommitOps:
@@ -33,6 +35,7 @@ class CommitOps:
                                      f"produced tokens")
         self.step_ahead.on_commit(batch, accepted, rec.seq_ids)
         self._pending.take(batch)
+        self._rollback_grammar(batch, rec, accepted)
         try:
             for r, (row, a) in enumerate(zip(batch.rows, accepted)):
                 if a == 0:
@@ -56,5 +59,13 @@ class CommitOps:
 
     def abort_pending(self, batch: PendingBatch) -> None:
         rec = self._pending.take(batch)
+        self._rollback_grammar(batch, rec, None)
         self.step_ahead.discard(*rec.seq_ids)      # the source's rows are the step-ahead's
         self._pending.close(rec)
+
+    def _rollback_grammar(self, batch: PendingBatch, rec, accepted: Sequence[int] | None) -> None:
+        """Constrained rows: undo what the tokens past each row's accepted prefix moved in its grammar
+        (accepted None: an abort, every produced token; constraints.py)."""
+        consumed = rec.data.get("grammar")
+        if consumed is not None:
+            rollback_rows([self._seq(row.sequence).request.constraint for row in batch.rows], consumed, accepted)

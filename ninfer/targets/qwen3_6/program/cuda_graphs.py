@@ -12,11 +12,15 @@ Page ids, state entries and positions are data in static buffers, never graph ke
       delta: the rope delta of a prompt with media (rotary position = position + delta; 0 for text)
     input_ids < 0 take the row's id from the graph's device buffer `fed` [B] instead (a step fed by
     the previous step's tokens without a host round trip: step_ahead.py)
+    token masks [B, ceil(V / 32)] int32: rows of one device buffer shared by every B, copied by the graph
+    from one pinned host buffer; all ones except on the steps of grammar-constrained rows (`run(mask=)`,
+    constraints.py), after which `run` sets them back
     graph body
       hidden = model.decode_static(..., src)                  (writes KV at positions; conv and delta
                                                                rule read state at src, write it at dst;
                                                                with the MTP layer also its KV and anchor)
       logits = lm_head(hidden) in fp32  [B, V]                 (static output, overwritten per replay)
+      logits[~mask] = -inf                                     (apply_token_bitmask_)
 
 Sampling stays outside (one host sync per round for the token ids). Graph-safety of the body: no
 `.item()/.tolist()`, no host tensors, no shapes or Python branches that depend on tensor values;
@@ -32,6 +36,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from ninfer.contract.program import mask_words
+from ninfer.ops.opset import apply_token_bitmask_
 from ninfer.program.stores import StateImageStore
 from ninfer.targets.qwen3_6.program.model import Qwen36Model
 
@@ -50,7 +56,7 @@ def decode_body(model: Qwen36Model, state: StateImageStore, g) -> torch.Tensor:
                                  src_entries=g.src, rope_positions=g.positions + g.delta)
     if mtp:                                   # the MTP KV of position - 1 and the anchor at dst (speculate.py)
         model.mtp_observe(g.src, hidden, ids, g.positions, g.rows, g.block_tables, g.dst)
-    return model.logits(hidden)
+    return apply_token_bitmask_(model.logits(hidden), g.mask)
 
 
 def fill_static_inputs(host: "torch.Tensor | np.ndarray", W: int, input_ids: Sequence[int], positions: Sequence[int],
@@ -129,8 +135,9 @@ def capture_per_batch(graphs: dict, prepare, body, keep) -> float:
 
 
 class _Graph(PinnedInputs):
-    def __init__(self, B: int, W: int, device: torch.device) -> None:
+    def __init__(self, B: int, W: int, device: torch.device, mask: torch.Tensor) -> None:
         super().__init__(6 * B + B * W, device)
+        self.mask = mask[:B]                  # rows of the shared device mask buffer
         self.B, self.W = B, W
         v = self.dev
         self.input_ids, self.positions = v[0:B], v[B:2 * B]
@@ -150,13 +157,18 @@ class DecodeGraphs:
         self.ops = model.ops                  # the op set captured; another set runs eagerly
         self.width = -(-max_model_len // page_size)
         self.device = device
-        self._graphs = {B: _Graph(B, self.width, device) for B in range(1, max_batch + 1)}
+        words = mask_words(model.dims.vocab_size)
+        self.mask = torch.full((max_batch, words), -1, dtype=torch.int32, device=device)
+        self.mask_host = torch.full((max_batch, words), -1, dtype=torch.int32, pin_memory=True)
+        self._mask_rows = 0                   # host rows not all ones (the last masked replay's B)
+        self._graphs = {B: _Graph(B, self.width, device, self.mask) for B in range(1, max_batch + 1)}
         self.capture_s = 0.0
         self.replays = 0
 
     def _body(self, g: _Graph) -> torch.Tensor:
-        # NOTE: the static-input copy is the graph's first node, not a host-side launch per round (one host
-        #       op fewer per round).
+        # NOTE: the static-input copies are the graph's first nodes, not host-side launches per round (one
+        #       host op fewer per round); the mask's comes first, so that `copied` covers both.
+        g.mask.copy_(self.mask_host[:g.B], non_blocking=True)
         g.copy_in()
         return decode_body(self.model, self.state, g)
 
@@ -178,14 +190,23 @@ class DecodeGraphs:
 
     def run(self, input_ids: Sequence[int] | None, positions: Sequence[int], src: Sequence[int], dst: Sequence[int],
             tables: Sequence[Sequence[int]], fed: torch.Tensor | None = None,
-            deltas: Sequence[int] | None = None) -> torch.Tensor:
+            deltas: Sequence[int] | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
         """Replay graph B = len(positions); returns its static fp32 logits [B, V] (valid until the next
         replay of the same B: clone to keep them). fed: the rows' input ids as a device tensor [B] (then
         input_ids is None), e.g. the previous step's tokens, copied into the graph's `fed` buffer on
-        the stream (no host sync)."""
+        the stream (no host sync). mask: the rows' token bitmasks on the host [B, W] int32 (None: all ones)."""
         B = len(positions)
         g = self._graphs[B]
         g.wait_reusable()                     # this graph's last replay no longer reads its pinned buffer
+        # NOTE: the mask's host rows are shared by every B. Masked steps run unpipelined (their tokens are read,
+        #       a sync, before the next replay) and a unit with one discards the step-ahead first, so the rows
+        #       are rewritten only when no replay that still has to read them can be adopted.
+        if mask is not None:
+            self.mask_host[:B].copy_(mask)
+            self._mask_rows = max(self._mask_rows, B)
+        elif self._mask_rows:
+            self.mask_host[:self._mask_rows].fill_(-1)
+            self._mask_rows = 0
         if fed is not None:
             g.fed.copy_(fed)
             input_ids = [-1] * B

@@ -8,7 +8,8 @@
 The unit's batch stays open until the Engine commits or aborts it (commit.py). A decode step samples
 (or takes the argmax of plain greedy rows); a control step takes its forced token and samples nothing.
 Each step replays the decode graph of exact B when one applies (graph_steps.py), else runs eagerly;
-plain rows through the graphs are pipelined (graph_steps.py, step_ahead.py).
+plain rows through the graphs are pipelined (graph_steps.py, step_ahead.py). A unit with a grammar-
+constrained row is never pipelined: each step's masks come from the tokens of the step before (constraints.py).
 """
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ import torch
 
 from ninfer.contract.program import (BatchKind, InvariantError, PendingBatch, PendingRow, SequenceHandle,
                                      TokenLogprob)
+from ninfer.ops.opset import apply_token_bitmask_
 from ninfer.program.transactions import Provisional
+from ninfer.targets.qwen3_6.program.constraints import advance_row, rollback_rows
 from ninfer.targets.qwen3_6.program.model import ForwardBatch
 from ninfer.targets.qwen3_6.program.sampling import RowSampling
 from ninfer.targets.qwen3_6.program.sequences import LiveSeq
@@ -78,7 +81,9 @@ class DecodeOps:
         #       and one more step is launched before that sync (step_ahead.py).
         greedy = forced is None and all(self._sampler.plain_greedy(s.request.sampling) for s in seqs)
         plain = forced is None and all(self._sampler.plain(s.request.sampling) for s in seqs)
-        pipelined = plain and not keep_logits and self._graphs_fit(seqs, [s.frontier + num_steps for s in seqs])
+        constrained = any(s.request.constraint is not None for s in seqs)
+        pipelined = (plain and not keep_logits and not constrained
+                     and self._graphs_fit(seqs, [s.frontier + num_steps for s in seqs]))
         ahead = self.step_ahead.adopt(seqs, kind, pipelined)
         try:
             rec = self._pending.open(kind, [s.handle.seq_id for s in seqs], [], [num_steps] * B,
@@ -95,6 +100,8 @@ class DecodeOps:
             else:
                 produced, lps, rngs = self._steps(seqs, rec, num_steps, forced, greedy,
                                                   step_logits if keep_logits else None)
+                if constrained:
+                    rec.data["grammar"] = self._advance_grammar(seqs, produced, forced is not None)
             rec.batch.rows = tuple(
                 PendingRow(s.handle, tuple(produced[r]),
                            tuple(lps[r]) if s.request.sampling.logprobs is not None else None)
@@ -103,16 +110,48 @@ class DecodeOps:
             out_logits = torch.stack(step_logits, dim=1) if keep_logits else None
             return rec.batch, out_logits
         except BaseException:
+            rollback_rows([s.request.constraint for s in seqs], rec.data.get("grammar"), None)
             self._pending.take(rec.batch)
             self._pending.close(rec)
             raise
+
+    def _advance_grammar(self, seqs: list[LiveSeq], produced: list[list[int]], control: bool) -> list[list[int]]:
+        """Advance the rows' constraints over the tokens a unit produced: rec.data["grammar"] (constraints.py).
+        Sampled tokens were drawn under the masks (a refusal is an invariant break); forced control tokens
+        are taken as far as the grammar goes."""
+        cons = [s.request.constraint for s in seqs]
+        consumed: list[list[int]] = [[] for _ in seqs]
+        try:
+            for r, c in enumerate(cons):
+                n = 0
+                for t in produced[r]:
+                    if c is not None:
+                        n += c.advance([t]) if control else advance_row(c, [t], f"sequence {seqs[r].handle.seq_id}")
+                    consumed[r].append(n)
+        except BaseException:
+            rollback_rows(cons, consumed, None)
+            raise
+        return consumed
+
+    def _step_masks(self, seqs: list[LiveSeq], produced: list[list[int]]) -> torch.Tensor | None:
+        """The rows' masks of this step on the host [B, W] (None: no row constrained now)."""
+        cons = [s.request.constraint for s in seqs]
+        moved = [c.advance(produced[r]) if c is not None and produced[r] else 0 for r, c in enumerate(cons)]
+        try:
+            return self._token_masks.host(cons)
+        finally:
+            for c, n in zip(cons, moved):
+                if n:
+                    c.rollback(n)
 
     def _steps(self, seqs: list[LiveSeq], rec: Provisional, num_steps: int, forced: list[list[int]] | None,
                greedy: bool, step_logits: list[torch.Tensor] | None) -> tuple[list, list, list]:
         """The unit's steps one at a time (a graph replay or the eager forward each), the host choosing every
         step's tokens. Returns the tokens, log-probs and rng state after each step, per row; appends each
-        step's logits [B, V] to `step_logits` when given."""
+        step's logits [B, V] to `step_logits` when given. Constrained rows' logits are masked (graph input
+        data on the graphs, after the lm_head eagerly)."""
         B = len(seqs)
+        constrained = forced is None and any(s.request.constraint is not None for s in seqs)
         produced: list[list[int]] = [[] for _ in seqs]
         lps: list[list[TokenLogprob | None]] = [[] for _ in seqs]
         rngs: list[list] = [[] for _ in seqs]
@@ -124,7 +163,8 @@ class DecodeOps:
             positions = [s.frontier + i for s in seqs]
             # NOTE: with the MTP layer each step also writes its KV and anchor (speculate.py; the graph's body
             #       does it too).
-            logits = self._graph_step(seqs, inputs, positions, srcs, dsts)
+            masks = self._step_masks(seqs, produced) if constrained else None
+            logits = self._graph_step(seqs, inputs, positions, srcs, dsts, masks)
             if logits is None:
                 for dst, src in zip(dsts, srcs):
                     self._state.copy_entry(dst, src)
@@ -132,6 +172,8 @@ class DecodeOps:
                 if self.mtp_on:
                     self.mtp_observe_step(seqs, [t[0] for t in inputs], positions, srcs, dsts, hidden)
                 logits = self.model.logits(hidden)
+                if masks is not None:
+                    apply_token_bitmask_(logits, masks.to(logits.device, non_blocking=True))
             elif step_logits is not None:
                 logits = logits.clone()       # the graph's output buffer is overwritten by the next replay
             if step_logits is not None:

@@ -19,6 +19,7 @@ from ninfer.contract.program import BatchKind, InvariantError, PendingRow, Prefi
 from ninfer.program.transactions import Provisional
 from ninfer.targets.qwen3_6.program import prefill_graphs
 from ninfer.targets.qwen3_6.program.sampling import prompt_token_logprobs
+from ninfer.targets.qwen3_6.program.constraints import advance_row
 from ninfer.targets.qwen3_6.program.sequences import LiveSeq
 
 
@@ -83,9 +84,14 @@ class PrefillOps:
                     self._pub_target_reached(s, lambda T: s.slot if T == end else None)
                     return PrefillStep(end, None, prompt_lp), logits
                 last = logits[-1:] if logits is not None else self.model.logits(hidden[-1:])
+            c = s.request.constraint
+            if c is not None:                 # the first output token under the grammar (constraints.py)
+                self._token_masks.apply(last, [c])
             toks, lps, rngs = self._sampler.sample(last, [self._row_sampling(s, [])])
             rec.batch.rows = (PendingRow(s.handle, (toks[0],), (lps[0],) if lps[0] is not None else None),)
             rec.data.update(end=end, rng=[[rngs[0]]])
+            if c is not None:
+                rec.data["grammar"] = [[advance_row(c, toks[:1], f"sequence {s.handle.seq_id}")]]
             return PrefillStep(end, rec.batch, prompt_lp), logits
         except BaseException:
             if rec is not None:

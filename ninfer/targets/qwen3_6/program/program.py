@@ -61,6 +61,7 @@ the concerns that own state of their own are separate objects:
       prefill_graphs PrefillGraphs (prefill_graphs.py)  whole-stage prefill graphs
       scoring        WindowScorer (scoring.py)          CausalScoring staging (causal_scoring only)
       _sampler       Sampler (sampling.py)
+      _token_masks   TokenMasks (constraints.py)            grammar-constrained rows' masks on the host
 """
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ from ninfer.targets.qwen3_6.program import prefill_graphs, sizing, warmup
 from ninfer.targets.qwen3_6.program.checkpoints import CheckpointOps
 from ninfer.targets.qwen3_6.program.commit import CommitOps
 from ninfer.targets.qwen3_6.program.config import ProgramConfig
+from ninfer.targets.qwen3_6.program.constraints import TokenMasks
 from ninfer.targets.qwen3_6.program.cuda_graphs import DecodeGraphs
 from ninfer.targets.qwen3_6.program.decode import DecodeOps
 from ninfer.targets.qwen3_6.program.graph_steps import GraphStepOps
@@ -168,6 +170,10 @@ class Qwen36Program(ResourceOps, CheckpointOps, PrefillOps, DecodeOps, SpecDecod
         # (scoring.py); a Generation Program allocates none of it.
         self.scoring = WindowScorer(view, leaves, config) if config.purpose == "causal_scoring" else None
         self._sampler = Sampler(dims.vocab_size, dev, config.sampleable_vocab_size)
+        # NOTE: host staging of grammar-constrained rows' token masks (constraints.py): a speculative round's
+        #       K + 1 per row at most.
+        self._token_masks = TokenMasks(dims.vocab_size, dev,
+                                       config.max_batch * (1 + (config.num_speculative_tokens if spec else 0)))
         self._seqs = SequenceTable(config.seed)
         self._plan_ids = itertools.count(1)
         self._init_checkpoints()

@@ -12,6 +12,8 @@ row r stands at frontier f with its last token x not yet in the state:
               position with the token after it (model.mtp_kv)
     accept    lossless acceptance on the T target distributions (ops.reference.speculative.verify_drafts):
               a drafts accepted, then one token of the target's; the row produces a + 1 tokens
+              (a grammar-constrained row: the T distributions masked by its grammar after x, d_1, .., d_t;
+              see constraints.py)
 
 Committing c tokens of a row (1 <= c <= a + 1; commit.py, unchanged) swaps scratch entry [r][c-1] into
 the slot: the GDN state and the anchor of frontier f + c. The MTP KV then holds every position below
@@ -37,9 +39,11 @@ from typing import Protocol, Sequence
 import torch
 
 from ninfer.contract.program import BatchKind, PendingBatch, PendingRow, SequenceHandle, TokenLogprob
+from ninfer.ops.opset import apply_token_bitmask_
 from ninfer.ops.reference.sampling import SamplingTensors, drawing_rows
 from ninfer.ops.reference.speculative import verify_drafts
 from ninfer.program.transactions import Provisional
+from ninfer.targets.qwen3_6.program.constraints import draft_masks, rollback_rows
 from ninfer.targets.qwen3_6.program.sequences import LiveSeq
 
 
@@ -140,7 +144,17 @@ class SpecDecodeOps:
                 drafts = self.drafter.propose(self, seqs)
                 logits = self._verify(seqs, rec, drafts)
                 target = None
+            cons = [s.request.constraint for s in seqs]
+            constrained = any(c is not None for c in cons)
+            if constrained:
+                # NOTE: the K + 1 verify distributions under the grammar, each after the drafts before it; the
+                #       acceptance then keeps only drafts the grammar allows (constraints.py).
+                masks = draft_masks(self._token_masks, cons, drafts.tolist())
+                apply_token_bitmask_(logits.view(B * T, logits.shape[-1]), masks.to(logits.device, non_blocking=True))
+                target = None
             produced, lps, rngs = self._accept(seqs, logits, drafts, target)
+            if constrained:
+                rec.data["grammar"] = self._advance_grammar(seqs, produced, False)
             rec.batch.rows = tuple(
                 PendingRow(s.handle, tuple(produced[r]),
                            tuple(lps[r]) if s.request.sampling.logprobs is not None else None, drafted=K)
@@ -148,6 +162,7 @@ class SpecDecodeOps:
             rec.data.update(rng=[[rngs[r]] * T for r in range(B)])
             return rec.batch
         except BaseException:
+            rollback_rows([s.request.constraint for s in seqs], rec.data.get("grammar"), None)
             self._pending.take(rec.batch)
             self._pending.close(rec)
             raise

@@ -1,0 +1,110 @@
+"""Output constraints in the Frontend: compile errors name the request field, the compile cache, and the
+per-request grammar state (free reasoning until </think>, leading whitespace, EOS once complete, rollback)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ninfer.contract.frontend import ConstraintError, OutputConstraint, OutputOptions
+from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
+from ninfer.targets.qwen3_6.frontend.constraints import MAX_LEADING_WS_TOKENS, MAX_SPEC_CHARS
+
+IM_END = 248046
+
+
+@pytest.fixture(scope="module")
+def fe():
+    return Qwen36Frontend.builtin()
+
+
+def _allowed(tc, vocab: int) -> set[int]:
+    words = (vocab + 31) // 32
+    buf = np.zeros(words + 2, dtype=np.int32)          # wider than the vocabulary: the tail must be zeroed
+    buf[:] = -1
+    tc.fill_mask(buf.ctypes.data, buf.nbytes)
+    bits = np.unpackbits(buf.view(np.uint8), bitorder="little")
+    return set(np.flatnonzero(bits).tolist())
+
+
+def test_compile_errors_name_the_field(fe):
+    bad = [
+        ("json_schema", "{", "not valid JSON"),
+        ("json_schema", "[1]", "must be an object"),
+        ("json_schema", '{"type": "strin"}', "strin"),
+        ("json_schema", '{"type": "object", "if": {}}', "if"),                 # unsupported keyword
+        ("json_schema", '{"type": "string", "format": "nonsense"}', "nonsense"),
+        ("regex", "(ab", "unclosed group"),
+        ("regex", "", "empty"),
+        ("choice", "[]", "non-empty array"),
+        ("choice", '["a", 1]', "non-empty array"),
+        ("choice", "yes", "not a JSON array"),
+        ("ebnf", "root ::= (", "does not parse"),
+        ("lark", "start: undefined_rule", "undefined_rule"),
+        ("regex", "a" * (MAX_SPEC_CHARS + 1), "characters"),                  # too large
+    ]
+    for kind, spec, words in bad:
+        param = f"field.{kind}"
+        with pytest.raises(ConstraintError) as e:
+            fe.compile_constraint(OutputConstraint(kind, spec, param))
+        assert e.value.param == param and str(e.value).startswith(param + ":"), (kind, spec, str(e.value))
+        assert words in str(e.value), (kind, spec, str(e.value))
+    with pytest.raises(ConstraintError) as e:
+        OutputConstraint("xml", "", "response_format.type")
+    assert e.value.param == "response_format.type"
+    # a grammar too large for the parser's limits
+    huge = {"type": "object", "properties": {f"k{i}": {"enum": [f"v{j}" for j in range(300)]} for i in range(400)}}
+    with pytest.raises(ConstraintError) as e:
+        fe.compile_constraint(OutputConstraint("json_schema", json.dumps(huge), "response_format.json_schema"))
+    assert e.value.param == "response_format.json_schema"
+    # good ones compile, once per (kind, spec)
+    for kind, spec in [("json_object", ""), ("regex", "[a-c]{2}"), ("choice", '["yes", "no"]'),
+                       ("ebnf", 'root ::= "x" [0-9]+'), ("lark", 'start: "a" | %json{"type": "integer"}')]:
+        g = fe.compile_constraint(OutputConstraint(kind, spec, "p"))
+        assert fe.compile_constraint(OutputConstraint(kind, spec, "other")) is g
+
+
+def test_grammar_state_follows_tokens(fe):
+    tok = fe.tokenizer
+    V = tok.vocab_size
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"],
+              "additionalProperties": False}
+    c = OutputConstraint("json_schema", json.dumps(schema), "rf")
+    off = fe.prepare_chat([{"role": "user", "content": "x"}], chat_template_kwargs={"enable_thinking": False})
+    tc = fe.new_session(off, OutputOptions(constraint=c)).token_constraint
+    assert not tc.free and not tc.done
+    first = _allowed(tc, V)
+    assert tok.encode('{"')[0] in first and tok.encode("\n\n")[0] in first and IM_END not in first
+    assert tok.encode("hello")[0] not in first
+    body = tok.encode('{"a": 12}')
+    assert tc.validate(body + [IM_END]) == len(body) + 1 and tc.num_consumed == 0
+    # leading whitespace: at most MAX_LEADING_WS_TOKENS tokens, then the grammar's first token
+    ws = tok.encode("\n\n")[0]
+    assert tc.advance([ws] * (MAX_LEADING_WS_TOKENS + 1)) == MAX_LEADING_WS_TOKENS
+    assert ws not in _allowed(tc, V)
+    assert tc.advance(body) == len(body)
+    assert _allowed(tc, V) == {IM_END}
+    assert tc.advance([IM_END, IM_END, 5]) == 2 and tc.done          # after the end: only EOS again
+    assert _allowed(tc, V) == {IM_END}
+    tc.rollback(2 + 2)                                                # back to '{"a": 1'
+    assert not tc.done and tok.encode("}")[0] in _allowed(tc, V)
+    tc.rollback(tc.num_consumed)
+    assert _allowed(tc, V) == first
+    with pytest.raises(ValueError):
+        tc.rollback(1)
+    # thinking on: free until </think> (forced close included), then the grammar
+    on = fe.prepare_chat([{"role": "user", "content": "x"}], chat_template_kwargs={"enable_thinking": True})
+    tc = fe.new_session(on, OutputOptions(constraint=OutputConstraint("choice", '["yes", "no"]', "p"))
+                        ).token_constraint
+    assert tc.free and len(_allowed(tc, V)) >= V
+    forced = tok.encode("hmm\n</think>\n\n")
+    assert tc.advance(forced) == len(forced) and not tc.free
+    allowed = _allowed(tc, V)
+    assert tok.encode("yes")[0] in allowed and tok.encode("maybe")[0] not in allowed
+    tc.rollback(3)                                                     # back inside the reasoning
+    assert tc.free
+    # after_reasoning=False: constrained from the first token even with thinking on
+    tc = fe.new_session(on, OutputOptions(constraint=OutputConstraint("regex", "[0-9]+", "p", after_reasoning=False))
+                        ).token_constraint
+    assert not tc.free and tok.encode("7")[0] in _allowed(tc, V)
