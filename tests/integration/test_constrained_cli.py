@@ -1,11 +1,11 @@
 """`ninfer generate --json-schema FILE | --regex RE | --choice TEXT` on the demo model (through the CLI's
 `main` in this process): the answer matches, on a chat with thinking on (the constraint applies after
-the reasoning, closed by a budget) and on a plain prompt; a bad constraint is one line and exit code 2."""
+the reasoning, closed by a budget); a bad constraint is one line and exit code 2. (Plain prompts, regexes
+and choices: test_constrained_http.py.)"""
 from __future__ import annotations
 
 import functools
 import json
-import re
 
 import jsonschema
 
@@ -25,9 +25,6 @@ def test_generate_with_a_constraint(capsys, monkeypatch, tmp_path):
     out = json.loads(r.stdout)
     assert out["finish_reason"] == "stop" and out["usage"]["reasoning_tokens"] == 2
     jsonschema.validate(json.loads(out["text"]), SCHEMA)
-    r = ninfer(*base, "--regex", "[a-z]{2,4}-[0-9]{2}")
-    out = json.loads(r.stdout)
-    assert out["finish_reason"] == "stop" and re.fullmatch("[a-z]{2,4}-[0-9]{2}", out["text"])
 
 
 def test_bad_constraints_are_one_line(capsys, monkeypatch, tmp_path):

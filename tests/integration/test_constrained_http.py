@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import jsonschema
@@ -79,100 +80,102 @@ def complete(client, stream: bool, **kw) -> tuple[str, str]:
     return text, finish
 
 
-def is_person(text: str) -> bool:
-    jsonschema.validate(json.loads(text), PERSON)
-    return True
-
-
-def is_object(text: str) -> bool:
-    return isinstance(json.loads(text), dict)
-
-
-# (extra body, check of the answer)
-CASES = {
-    "json_schema": ({"response_format": {"type": "json_schema",
-                                         "json_schema": {"name": "person", "schema": PERSON, "strict": True}}},
-                    is_person),
-    "guided_json": ({"guided_json": PERSON}, is_person),
-    "json_object": ({"response_format": {"type": "json_object"}, "max_tokens": 200}, is_object),
-    "guided_regex": ({"guided_regex": REGEX}, lambda t: re.fullmatch(REGEX, t) is not None),
-    "guided_choice": ({"guided_choice": CHOICES}, lambda t: t in CHOICES),
-    "guided_grammar": ({"guided_grammar": GBNF}, lambda t: re.fullmatch(r"(hello|hi) (alice|bob)", t) is not None),
-    "lark_grammar": ({"structured_outputs": {"grammar": LARK}},
-                     lambda t: re.fullmatch(r"(up|down) [0-9]{1,3}", t) is not None),
-    "structured_choice": ({"structured_outputs": {"choice": CHOICES}}, lambda t: t in CHOICES),
-}
-
-
-@pytest.mark.parametrize("name", list(CASES))
-def test_chat_answers_match_their_constraint(client, name):
-    extra, check = CASES[name]
-    extra = dict(extra)
-    max_tokens = extra.pop("max_tokens", 80)
-    for stream, think in ((False, THINK_OFF), (True, THINK_OFF), (False, THINK_BUDGET), (True, THINK_BUDGET)):
-        content, reasoning, finish = chat(client, stream, max_tokens=max_tokens, extra_body={**extra, **think})
-        assert finish == "stop" and check(content), (name, stream, think, content, finish)
-        assert bool(reasoning) == (think is THINK_BUDGET)
-
-
-def test_completions_answers_match_their_constraint(client):
-    for stream in (False, True):
-        text, finish = complete(client, stream, extra_body={"guided_regex": REGEX})
-        assert finish == "stop" and re.fullmatch(REGEX, text), text
-        text, finish = complete(client, stream, extra_body={
-            "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}})
-        assert finish == "stop" and is_person(text)
-        text, finish = complete(client, stream, extra_body={"structured_outputs": {"choice": CHOICES}})
-        assert finish == "stop" and text in CHOICES
-
-
-def test_a_constraint_longer_than_max_tokens_ends_with_length(client):
-    content, _, finish = chat(client, False, max_tokens=4, extra_body={"guided_regex": "x{64}", **THINK_OFF})
-    assert finish == "length" and re.fullmatch("x*", content) and 0 < len(content) < 64
-    text, finish = complete(client, True, max_tokens=3, extra_body={"guided_regex": "[0-9]{40}"})
-    assert finish == "length" and re.fullmatch("[0-9]+", text)
-
-
-def tool_calls(client, stream: bool, **kw) -> tuple[list[tuple[str, dict]], str, str]:
-    """([(name, arguments)], content, finish_reason) of one chat completion with tools."""
+def tool_calls(client, stream: bool, **kw) -> tuple[list[tuple[str, dict]], str, str, str]:
+    """([(name, arguments)], content, reasoning, finish_reason) of one chat completion with tools."""
     kw = {"model": MODEL, "messages": USER, "temperature": 1.0, "seed": 7, "max_tokens": 120, **kw}
     if not stream:
         c = client.chat.completions.create(**kw).choices[0]
         calls = [(t.function.name, json.loads(t.function.arguments)) for t in c.message.tool_calls or ()]
         assert all(t.type == "function" and t.id for t in c.message.tool_calls or ())
-        return calls, c.message.content or "", c.finish_reason
+        return calls, c.message.content or "", getattr(c.message, "reasoning_content", None) or "", c.finish_reason
     acc: dict[int, dict] = {}
-    content, finish = "", None
+    content, reasoning, finish = "", "", None
     for chunk in client.chat.completions.create(**kw, stream=True):
         for c in chunk.choices:
             content += c.delta.content or ""
+            reasoning += getattr(c.delta, "reasoning_content", None) or ""
             finish = c.finish_reason or finish
             for d in c.delta.tool_calls or ():
                 e = acc.setdefault(d.index, {"name": "", "arguments": ""})
                 e["name"] += (d.function.name or "") if d.function else ""
                 e["arguments"] += (d.function.arguments or "") if d.function else ""
-    return [(e["name"], json.loads(e["arguments"])) for _, e in sorted(acc.items())], content, finish
+    return [(e["name"], json.loads(e["arguments"])) for _, e in sorted(acc.items())], content, reasoning, finish
 
 
-def test_tool_choice_required_and_named_are_enforced(client):
+def is_person(text: str) -> bool:
+    jsonschema.validate(json.loads(text), PERSON)
+    return True
+
+
+def starts_an_object(text: str, finish: str) -> bool:
+    """Any JSON object: the random model seldom closes a string, so an answer cut by max_tokens is
+    checked as an object's beginning."""
+    return isinstance(json.loads(text), dict) if finish == "stop" else text.startswith("{")
+
+
+OFF, ON = THINK_OFF, THINK_BUDGET
+REQUIRED = {"tools": [WEATHER, CLOCK], "tool_choice": "required", "parallel_tool_calls": False}
+NAMED = {"tools": [WEATHER, CLOCK], "tool_choice": {"type": "function", "function": {"name": "get_time"}}}
+# name -> (route, stream, extra body, check(answer, finish)); every kind on both routes, streamed and not,
+# thinking on and off, all sent at once (one batch, with an unconstrained row)
+JOBS = {
+    "json_schema": ("chat", False, {**ON, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "person", "schema": PERSON, "strict": True}}}, lambda t, f: f == "stop" and is_person(t)),
+    "guided_json": ("chat", True, {**OFF, "guided_json": PERSON}, lambda t, f: f == "stop" and is_person(t)),
+    "json_object": ("chat", True, {**ON, "response_format": {"type": "json_object"}, "max_tokens": 30},
+                    starts_an_object),
+    "guided_regex": ("chat", False, {**OFF, "guided_regex": REGEX},
+                     lambda t, f: f == "stop" and re.fullmatch(REGEX, t)),
+    "guided_choice": ("chat", True, {**ON, "guided_choice": CHOICES}, lambda t, f: f == "stop" and t in CHOICES),
+    "guided_grammar": ("chat", False, {**ON, "guided_grammar": GBNF},
+                       lambda t, f: f == "stop" and re.fullmatch(r"(hello|hi) (alice|bob)", t)),
+    "lark_grammar": ("chat", True, {**OFF, "structured_outputs": {"grammar": LARK}},
+                     lambda t, f: f == "stop" and re.fullmatch(r"(up|down) [0-9]{1,3}", t)),
+    "completion_regex": ("completion", True, {"guided_regex": REGEX},
+                         lambda t, f: f == "stop" and re.fullmatch(REGEX, t)),
+    "completion_schema": ("completion", False, {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "p", "schema": PERSON}}}, lambda t, f: f == "stop" and is_person(t)),
+    # a constraint the model cannot finish within max_tokens
+    "too_long": ("chat", True, {**OFF, "guided_regex": "x{64}", "max_tokens": 4},
+                 lambda t, f: f == "length" and re.fullmatch("x+", t) and len(t) < 64),
+    "free": ("chat", False, {**OFF, "max_tokens": 6, "ignore_eos": True}, lambda t, f: f == "length" and t),
+    # enforced tool calls (answer = the calls)
+    "required_think": ("tools", True, {**ON, **REQUIRED}, None),
+    "named": ("tools", False, {**OFF, **NAMED}, "get_time"),
+}
+
+
+def run_job(client, name: str):
+    route, stream, extra, _ = JOBS[name]
+    extra = dict(extra)
+    kw = {"max_tokens": extra.pop("max_tokens", 80)}
+    for key in ("tools", "tool_choice", "parallel_tool_calls"):
+        if key in extra:
+            kw[key] = extra.pop(key)
+    if route == "chat":
+        return chat(client, stream, **kw, extra_body=extra)
+    if route == "tools":
+        return tool_calls(client, stream, **kw, extra_body=extra)
+    text, finish = complete(client, stream, **kw, extra_body=extra)
+    return text, "", finish
+
+
+def test_answers_match_their_constraint(client):
+    with ThreadPoolExecutor(len(JOBS)) as pool:
+        results = dict(zip(JOBS, pool.map(lambda name: run_job(client, name), JOBS)))
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in (WEATHER, CLOCK)}
-    runs = [({"tool_choice": "required", "parallel_tool_calls": False}, None),
-            ({"tool_choice": {"type": "function", "function": {"name": "get_time"}}}, "get_time"),
-            ({"tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "get_weather")]
-    for (choice, name), stream, think in zip(runs * 2, (False, True, False, True, False, True),
-                                             (THINK_OFF, THINK_OFF, THINK_BUDGET, THINK_BUDGET, THINK_OFF,
-                                              THINK_BUDGET)):
-        calls, content, finish = tool_calls(client, stream, tools=[WEATHER, CLOCK], **choice, extra_body=think)
-        assert finish == "tool_calls" and not content.strip() and len(calls) == 1, (choice, calls, content, finish)
-        (fn, args), = calls
-        assert name in (None, fn)
-        jsonschema.validate(args, schemas[fn])
-
-
-def test_tool_choice_auto_stays_free(client):
-    _, content, finish = tool_calls(client, False, tools=[WEATHER], tool_choice="auto", max_tokens=8,
-                                    extra_body=THINK_OFF)
-    assert finish == "length" and content
+    for name, result in results.items():
+        route, _, extra, check = JOBS[name]
+        if route == "tools":
+            calls, content, reasoning, finish = result
+            assert finish == "tool_calls" and content == "" and len(calls) == 1, (name, result)
+            (fn, args), = calls
+            assert check in (None, fn), (name, result)
+            jsonschema.validate(args, schemas[fn])
+        else:
+            answer, reasoning, finish = result
+            assert check(answer, finish), (name, answer, finish)
+        assert bool(reasoning) == ("thinking_budget" in extra), (name, result)
 
 
 # (request body without messages/prompt, the param the 400 names)
@@ -204,8 +207,8 @@ def test_bad_constraints_are_400_naming_the_field(server):
                         "tool_choice": "required"}, "tool_choice")]
     for route, base, cases in (("/v1/chat/completions", {"messages": USER}, chat_bad),
                                ("/v1/completions", {"prompt": "x"}, BAD)):
-        for body, param in cases:
-            for stream in (False, True):
+        for i, (body, param) in enumerate(cases):
+            for stream in (False, True) if i < 2 else (i % 2 == 1,):
                 r = httpx.post(server.base + route, json={**base, **body, "max_tokens": 4, "stream": stream},
                                timeout=60)
                 assert r.status_code == 400, (route, body, r.text)
