@@ -192,6 +192,7 @@ BAD = [
     ({"guided_choice": []}, "guided_choice"),
     ({"guided_choice": "yes"}, "guided_choice"),
     ({"guided_grammar": "start: undefined_rule"}, "guided_grammar"),
+    ({"structured_outputs": {"grammar": "root ::= undefined"}}, "structured_outputs.grammar"),
     ({"structured_outputs": {}}, "structured_outputs"),
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs.choice"),
     ({"structured_outputs": {"structural_tag": {"x": 1}}}, "structured_outputs.structural_tag"),
