@@ -9,8 +9,8 @@ The library choice (llguidance over xgrammar) and its numbers: docs/performance.
 
 A GrammarConstraint's positions, one record per consumed token (what rollback undoes):
 
-    thinking on:   reasoning tokens (free) ... </think> | leading whitespace (<= 2) | grammar tokens | EOS
-    thinking off:                                       | leading whitespace (<= 2) | grammar tokens | EOS
+    thinking on:   reasoning tokens (free) ... </think> | leading whitespace (<= 1) | grammar tokens | EOS
+    thinking off:                                       | leading whitespace (<= 1) | grammar tokens | EOS
 
 Once the grammar can take nothing more only the end-of-turn token is allowed; tokens consumed after the
 matcher stopped (an ignore_eos request) are recorded as tail and leave the matcher alone.
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 
 MAX_SPEC_CHARS = 1 << 20                 # a constraint's text (schema, regex, grammar) at most 1 MiB
 MAX_GRAMMAR_SIZE = 200_000               # grammar symbols llguidance may build from one constraint
-MAX_LEADING_WS_TOKENS = 2                # whitespace tokens allowed before the grammar's first token
+MAX_LEADING_WS_TOKENS = 1                # whitespace tokens allowed before the grammar's first token
 CACHE_SIZE = 128                         # compiled grammars kept (LRU over (kind, spec))
 # NOTE: compact JSON with the separators json.dumps writes; flexible whitespace lets a model pad forever.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
