@@ -80,7 +80,7 @@ def assert_valid_calls(final, count: int | None = None) -> None:
     (call("ping"), 1),
     (call("note", text="a <b> & </c>\nmulti-line", n="null"), 1),
     (call("ping") + "\n" + call("get_weather", city="", days=1) + "\n\n" + call("note", text="x", n=7), 3),
-])
+], ids=["required-only", "every-type", "no-parameters", "free-text-and-null", "parallel"])
 def test_template_shaped_calls_are_accepted_and_validate(text, count):
     n, total, final = run(text)
     assert n == total, f"refused after {n} of {total} tokens"
@@ -111,7 +111,9 @@ def test_the_added_tool_call_tokens_and_their_byte_pieces_both_match():
     (call("ping"), {"name": "note"}),                                           # not the named function
     (call("note", text="x") + call("note", text="y"), {"name": "note"}),        # a named function: once
     (call("ping") + "\nDone.", {}),                                             # text after the calls
-])
+], ids=["text-before", "missing-required", "over-maximum", "not-integer", "over-maxLength", "not-in-enum",
+        "out-of-order", "additional-property", "not-boolean", "unknown-function", "closing-tag-in-text",
+        "second-call", "not-the-named", "named-twice", "text-after"])
 def test_malformed_calls_are_refused(text, kw):
     n, total, final = run(text, **kw)
     assert n < total and final is None
