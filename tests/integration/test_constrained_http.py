@@ -196,6 +196,7 @@ BAD = [
     ({"structured_outputs": {}}, "structured_outputs"),
     ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs.choice"),
     ({"structured_outputs": {"structural_tag": {"x": 1}}}, "structured_outputs.structural_tag"),
+    ({"guided_json": {"type": "object"}, "guided_whitespace_pattern": " *"}, "guided_whitespace_pattern"),
     ({"guided_regex": "a", "response_format": {"type": "json_object"}}, "guided_regex"),
 ]
 

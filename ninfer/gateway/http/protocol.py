@@ -157,6 +157,7 @@ class _Sampling(_Model):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None     # refused: JSON output has no free whitespace
 
     @field_validator("stop")
     @classmethod

@@ -63,6 +63,9 @@ def _structured_outputs(req: _Sampling) -> list[OutputConstraint]:
 
 def request_constraint(req: _Sampling) -> OutputConstraint | None:
     """The request's output constraint (None: free output); a 400 naming the fields when it gives two."""
+    if req.guided_whitespace_pattern is not None:
+        raise bad_request("guided_whitespace_pattern is not supported (JSON output has no free whitespace)",
+                          param="guided_whitespace_pattern")
     found: list[OutputConstraint] = []
     rf = req.response_format
     if rf is not None and rf.type == "json_object":
