@@ -146,6 +146,14 @@ def test_random_walks_over_the_masks_give_valid_calls():
     assert completed >= 6
 
 
+def test_a_keyword_the_library_cannot_enforce_does_not_refuse_the_tool():
+    tool = {"type": "function", "function": {"name": "tag", "parameters": {"type": "object", "properties": {
+        "tags": {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}}}}}
+    fe().compile_constraint(fe().tool_call_constraint([tool]))
+    n, total, final = run(call("tag", tags="[1, 2]"), tools=[tool])
+    assert n == total and json.loads(final.tool_calls[0].arguments) == {"tags": [1, 2]}
+
+
 def test_names_the_format_cannot_carry_are_refused():
     with pytest.raises(ToolGrammarError, match="function name"):
         tool_call_grammar([{"type": "function", "function": {"name": "a>b"}}])

@@ -21,8 +21,9 @@ every required one present. A VALUE is written the way tool_args.py types it bac
 the property's schema, a local `$ref` resolved):
 
   a string-like type   raw text: an `enum`/`const` of strings is one of its literals; `pattern`,
-                       `minLength`, `maxLength` bound the text; otherwise any text without
-                       `</parameter>` or `</function>` (where channels.py would cut the value)
+                       `minLength`, `maxLength` bound the text (`format` is not enforced); otherwise
+                       any text without `</parameter>` or `</function>` (where channels.py would cut
+                       the value)
   any other type       a JSON value valid against the property's schema (`%json`, with the
                        parameters' `$defs`/`definitions`), laid out as json.dumps writes it
 
@@ -41,8 +42,10 @@ from .tool_args import _STRING_TYPES, _schema_type, tool_properties
 _TEXT = r"/(?s:.*)/ & ~/(?s:.*<\/(parameter|function)>.*)/"
 _BAD_NAME_CHARS = set("<>\n\r")
 # NOTE: JSON values are laid out as json.dumps writes them (the template's `tojson`), with no
-#       other whitespace: free whitespace lets a weak model pad a value without end.
-_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+#       other whitespace: free whitespace lets a weak model pad a value without end. `lenient`: a
+#       keyword llguidance cannot enforce (uniqueItems, contains, if/then, ...) is left unenforced
+#       rather than refusing the tool (tool schemas come from frameworks, unlike a response_format).
+_JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": ", "lenient": True}
 
 
 class ToolGrammarError(ValueError):
