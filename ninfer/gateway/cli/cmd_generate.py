@@ -86,6 +86,18 @@ def output_constraint(args: argparse.Namespace):
     return None
 
 
+def compile_constraint(frontend, constraint) -> None:
+    """Compile the constraint (None: nothing to do); one CLIError line naming the flag if it does not compile."""
+    from ninfer.contract.frontend import ConstraintError
+
+    if constraint is None:
+        return
+    try:
+        frontend.compile_constraint(constraint)
+    except ConstraintError as e:
+        raise CLIError(str(e)) from None
+
+
 def _prompt(engine, args, parts=(), constraint=None):
     from ninfer.config import OutputOptions
 
@@ -120,11 +132,10 @@ def run(args: argparse.Namespace) -> int:
     path, _, _ = resolve_model(args.model, config=config)
     engine = open_engine(path, config)
     try:
+        compile_constraint(engine.frontend, constraint)         # NOTE: a bad constraint fails before submit
         try:
-            if constraint is not None:
-                engine.frontend.compile_constraint(constraint)      # NOTE: a bad constraint fails before submit
             prompt, output = _prompt(engine, args, parts, constraint)
-        except ValueError as e:                      # ConstraintError names the flag
+        except ValueError as e:
             raise CLIError(str(e)) from None
         limit = output_room(engine, prompt.num_prompt_tokens)
         if limit < 1:
