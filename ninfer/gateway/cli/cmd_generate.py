@@ -3,7 +3,8 @@
 Content goes to stdout; reasoning (thinking) goes to stderr, dimmed on a terminal, so that
 `ninfer generate ... > out.txt` keeps only the answer. A usage line ends on stderr.
 `--image PATH` (repeatable) and `--video PATH` (with --chat) put images and a video before the prompt
-in the user message. `--json` prints one JSON object (text, reasoning, tool_calls, finish_reason, usage) instead; with
+in the user message. `--json-schema FILE`, `--regex RE` or `--choice TEXT` (repeatable) constrain the
+answer (with --chat and thinking on, the answer after the reasoning). `--json` prints one JSON object (text, reasoning, tool_calls, finish_reason, usage) instead; with
 speculative decoding its usage also has num_spec_rounds, num_spec_accepted_tokens and
 mean_acceptance_length (tokens per round).
 """
@@ -35,6 +36,12 @@ def add_parser(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thinking-budget", type=int, default=None, metavar="N",
                    help="with --chat and --think on: close the reasoning after N tokens and answer (default: no cap)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+    g = p.add_argument_group("controlled output (one of them)")
+    g.add_argument("--json-schema", default=None, metavar="FILE",
+                   help="the answer is JSON valid against the JSON schema in FILE ('-' reads stdin)")
+    g.add_argument("--regex", default=None, metavar="RE", help="the answer matches the regular expression RE")
+    g.add_argument("--choice", action="append", default=None, metavar="TEXT",
+                   help="the answer is exactly one of these texts (repeatable)")
     add_sampling_args(p, max_tokens=256)
     add_engine_args(p)
 
@@ -55,19 +62,56 @@ def media_parts(images: list[str], videos: list[str]) -> list[dict]:
     return parts
 
 
-def _prompt(engine, args, parts=(), text: str | None = None):
+def output_constraint(args: argparse.Namespace):
+    """The OutputConstraint of --json-schema / --regex / --choice (None: free output); CLIError on a
+    file that cannot be read or more than one of them."""
+    from ninfer.contract.frontend import OutputConstraint
+
+    given = [flag for flag, value in (("--json-schema", args.json_schema), ("--regex", args.regex),
+                                      ("--choice", args.choice)) if value is not None]
+    if len(given) > 1:
+        raise CLIError(f"give one of --json-schema, --regex, --choice (got {' and '.join(given)})")
+    if args.json_schema is not None:
+        if args.json_schema == "-" and args.prompt == "-":
+            raise CLIError("--json-schema - and -p - cannot both read stdin")
+        try:
+            text = sys.stdin.read() if args.json_schema == "-" else open(args.json_schema, encoding="utf-8").read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise CLIError(f"--json-schema {args.json_schema}: {getattr(e, 'strerror', None) or e}") from None
+        return OutputConstraint("json_schema", text, "--json-schema")
+    if args.regex is not None:
+        return OutputConstraint("regex", args.regex, "--regex")
+    if args.choice is not None:
+        return OutputConstraint("choice", json.dumps(args.choice, ensure_ascii=False), "--choice")
+    return None
+
+
+def compile_constraint(frontend, constraint) -> None:
+    """Compile the constraint (None: nothing to do); one CLIError line naming the flag if it does not compile."""
+    from ninfer.contract.frontend import ConstraintError
+
+    if constraint is None:
+        return
+    try:
+        frontend.compile_constraint(constraint)
+    except ConstraintError as e:
+        raise CLIError(str(e)) from None
+
+
+def _prompt(engine, args, parts=(), text: str | None = None, constraint=None):
     from ninfer.config import OutputOptions
 
     if text is None:
         text = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not args.chat:
         return engine.frontend.prepare_text(text), OutputOptions(stop=tuple(args.stop), parse_reasoning=False,
-                                                                 parse_tool_calls=False)
+                                                                 parse_tool_calls=False, constraint=constraint)
     content = [*parts, {"type": "text", "text": text}] if parts else text
     messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
         [{"role": "user", "content": content}]
     prompt = engine.frontend.prepare_chat(messages, chat_template_kwargs={"enable_thinking": args.think == "on"})
-    return prompt, OutputOptions(stop=tuple(args.stop), parse_tool_calls=False, thinking_budget=args.thinking_budget)
+    return prompt, OutputOptions(stop=tuple(args.stop), parse_tool_calls=False, thinking_budget=args.thinking_budget,
+                                 constraint=constraint)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -90,13 +134,15 @@ def run(args: argparse.Namespace) -> int:
         raise CLIError("the prompt is empty" + (" (stdin gave no text)" if args.prompt == "-" else "")
                        + ": pass the text to continue with -p TEXT")
     parts = media_parts(args.image, args.video)
+    constraint = output_constraint(args)
     sampling_params(args)
     config = engine_config(args)
     path, _, _ = resolve_model(args.model, config=config)
     engine = open_engine(path, config)
     try:
+        compile_constraint(engine.frontend, constraint)         # NOTE: a bad constraint fails before submit
         try:
-            prompt, output = _prompt(engine, args, parts, text)
+            prompt, output = _prompt(engine, args, parts, text, constraint)
         except ValueError as e:
             raise CLIError(str(e)) from None
         limit = output_room(engine, prompt.num_prompt_tokens)

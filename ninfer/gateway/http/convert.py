@@ -14,6 +14,7 @@ from ninfer.gateway.http.errors import APIError, bad_request
 from ninfer.gateway.http.media_parts import PART_KINDS
 from ninfer.gateway.media import MEDIA_KEY
 from ninfer.gateway.http.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, _Sampling
+from ninfer.gateway.http.structured import conflict, request_constraint
 from ninfer.gateway.http.tools import ToolPlan, plan_tools
 from ninfer.config import OutputOptions, PreparedPrompt, SamplingParams
 
@@ -234,10 +235,10 @@ def _thinking_budget(req: ChatCompletionRequest, in_kwargs) -> int | None:
 
 
 def plan_chat(frontend, req: ChatCompletionRequest, limits: ModelLimits, media: Mapping | None = None) -> ChatPlan:
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise bad_request("response_format other than 'text' is not supported (no constrained decoding)",
-                          param="response_format")
-    tools = plan_tools(req)
+    constraint = request_constraint(req)
+    tools = plan_tools(req, frontend)
+    if constraint is not None and tools.constraint is not None:
+        raise conflict([constraint.param, "tool_choice"])
     messages = frontend_messages(req.messages, tools.instruction, media)
     kwargs = dict(req.chat_template_kwargs or {})
     budget = _thinking_budget(req, kwargs.pop("thinking_budget", None))
@@ -246,7 +247,8 @@ def plan_chat(frontend, req: ChatCompletionRequest, limits: ModelLimits, media: 
     max_tokens = _max_tokens(req.max_completion_tokens or req.max_tokens, prompt, limits, "messages")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     output = _output_options(req, limits, tools=tools.tools, parse_tool_calls=tools.parse,
-                             parse_reasoning=True, thinking_budget=budget)
+                             parse_reasoning=True, thinking_budget=budget,
+                             constraint=constraint or tools.constraint)
     calls = tuple(EngineCall(i, 0, prompt, sampling_params(req, limits, logprobs, i), output, max_tokens,
                              session_id=req.session_id)
                   for i in range(req.n))
@@ -254,6 +256,7 @@ def plan_chat(frontend, req: ChatCompletionRequest, limits: ModelLimits, media: 
 
 
 def plan_completion(frontend, req: CompletionRequest, limits: ModelLimits) -> CompletionPlan:
+    constraint = request_constraint(req)
     if req.suffix:
         raise bad_request("suffix is not supported", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
@@ -281,7 +284,8 @@ def plan_completion(frontend, req: CompletionRequest, limits: ModelLimits) -> Co
             _token_ids(item, limits, param)
             prompts.append(frontend_call(frontend.prepare_tokens, list(item), param=param))
             echo.append(frontend.tokenizer.decode(list(item)) if req.echo else "")
-    output = _output_options(req, limits, parse_tool_calls=False, parse_reasoning=False)
+    output = _output_options(req, limits, parse_tool_calls=False, parse_reasoning=False,
+                             constraint=constraint)
     calls = []
     for k, prompt in enumerate(prompts):
         discard = req.max_tokens == 0

@@ -119,6 +119,35 @@ class NamedToolChoice(_Model):
     function: NamedFunction
 
 
+class JSONSchemaFormat(_Model):
+    name: str | None = Field(default=None, max_length=64)
+    description: str | None = None
+    # NOTE: `schema` shadows a BaseModel attribute; the field is `schema_` and the JSON key "schema".
+    schema_: dict | bool | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Model):
+    """OpenAI's response_format: free text, any JSON object, or JSON valid against a schema."""
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None      # with type "json_schema" (its schema required)
+
+
+class StructuredOutputs(_Model):
+    """vLLM's `structured_outputs` (exactly one of json, regex, choice, grammar, json_object)."""
+    json_: dict | bool | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    structural_tag: Any = None
+    whitespace_pattern: str | None = None
+    # accepted and without effect: JSON output never has free whitespace, and nothing falls back
+    disable_fallback: bool | None = None
+    disable_any_whitespace: bool | None = None
+    disable_additional_properties: bool | None = None
+
+
 class StreamOptions(_Model):
     include_usage: bool = False
     continuous_usage_stats: bool = False
@@ -148,6 +177,15 @@ class _Sampling(_Model):
     # context cache: the conversation this request continues (a lookup hint; shared prefixes are
     # found without it too). NInfer extension, like vLLM's extra request fields.
     session_id: str | None = Field(default=None, min_length=1, max_length=256)
+    # controlled output (convert.py `output_constraint`): OpenAI's response_format and vLLM's extras;
+    # at most one of them constrains a request
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict | bool | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None     # refused: JSON output has no free whitespace
 
     @field_validator("stop")
     @classmethod
@@ -186,7 +224,6 @@ class ChatCompletionRequest(_Sampling):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     chat_template_kwargs: dict[str, Any] | None = None
-    response_format: dict | None = None
     # the reasoning's length cap in tokens: when spent, the reasoning is closed and the answer follows
     # (also accepted as chat_template_kwargs.thinking_budget). NInfer extension.
     thinking_budget: int | None = Field(default=None, ge=0)

@@ -2,7 +2,8 @@
 
   1. readiness, body, schema, model (`parsing.parse`)
   2. media_parts.py: image/video parts fetched and decoded under the server's MediaPolicy (400 naming
-     the part); convert.py: messages/prompt -> PreparedPrompt, SamplingParams, OutputOptions, max_tokens
+     the part); convert.py: messages/prompt -> PreparedPrompt, SamplingParams, OutputOptions, max_tokens;
+     structured.py: the output constraint compiled off the event loop (400 naming the field)
   3. engine.submit per choice (`runs.submit_all`; n > 1: n requests)
   4. stream: an SSE body (`streams.py`); otherwise wait for every choice, then one response body
 """
@@ -18,6 +19,7 @@ from ninfer.gateway.http.media_parts import acquire_async
 from ninfer.gateway.http.parsing import parse
 from ninfer.gateway.http.protocol import ChatCompletionRequest, CompletionRequest
 from ninfer.gateway.http.runs import finished_runs, submit_all
+from ninfer.gateway.http.structured import check_constraints
 from ninfer.gateway.http.state import GatewayState
 from ninfer.gateway.http.streams import SSEResponse, chat_stream, completion_stream, end_stream
 
@@ -28,6 +30,7 @@ def add_completion_routes(app: FastAPI, state: GatewayState) -> None:
         engine, req = await parse(state, request, ChatCompletionRequest)
         media = await acquire_async(req.messages, state.media)
         plan = plan_chat(engine.frontend, req, state.limits, media)
+        await check_constraints(engine.frontend, plan.calls)
         rid, created, model_name = R.new_id("chatcmpl"), R.now(), state.model_name
         runs = submit_all(state, engine, plan.calls, rid)
         if req.stream:
@@ -46,6 +49,7 @@ def add_completion_routes(app: FastAPI, state: GatewayState) -> None:
     async def completions(request: Request):
         engine, req = await parse(state, request, CompletionRequest)
         plan = plan_completion(engine.frontend, req, state.limits)
+        await check_constraints(engine.frontend, plan.calls)
         rid, created, model_name = R.new_id("cmpl"), R.now(), state.model_name
         runs = submit_all(state, engine, plan.calls, rid)
         want_logprobs = req.logprobs is not None

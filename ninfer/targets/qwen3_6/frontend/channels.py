@@ -11,7 +11,9 @@ Rules (qwen3_6.md section 8; vLLM `qwen3` reasoning and `qwen3_coder` tool parse
   name; each complete parameter appends `{"K": V` / `, "K": V`; `</function>` appends `}`. The
   concatenated fragments are the final arguments text (json.dumps formatting).
 - Whitespace right after a `</tool_call>` is dropped (between calls and at the end). A
-  `<tool_call>` not followed by `<function=NAME>` is content.
+  `<tool_call>` not followed by `<function=NAME>` is content. With `trim_answer` (a constrained
+  answer) the whitespace before the answer (after `</think>`, or at the start) is dropped too, so
+  that the content is exactly the text the constraint matched.
 - Text that may be the start of a tag is held back until it is decided; finish() flushes it.
 
 The parser is a small copyable state machine: OutputSession copies it to preview and keeps the
@@ -44,6 +46,7 @@ class ChannelConfig:
     parse_reasoning: bool
     parse_tool_calls: bool
     tools: tuple[dict, ...] = ()
+    trim_answer: bool = False   # drop the whitespace before the answer (a constrained answer)
 
 
 @dataclass(slots=True)
@@ -71,7 +74,7 @@ class ChannelParser:
     cfg: ChannelConfig
     mode: str = CONTENT
     buf: str = ""
-    after_tool: bool = False            # drop whitespace right after a </tool_call>
+    after_tool: bool = False            # drop whitespace here (after a </tool_call>; before a trimmed answer)
     num_tool_calls: int = 0             # started (header sent) calls
     num_complete: int = 0               # calls closed by </function> or </tool_call>
     num_closed: int = 0                 # calls whose </tool_call> (or end) was consumed
@@ -84,7 +87,8 @@ class ChannelParser:
 
     @classmethod
     def start(cls, cfg: ChannelConfig) -> "ChannelParser":
-        return cls(cfg=cfg, mode=REASONING if cfg.thinking else CONTENT)
+        return cls(cfg=cfg, mode=REASONING if cfg.thinking else CONTENT,
+                   after_tool=cfg.trim_answer and not cfg.thinking)
 
     def copy(self) -> "ChannelParser":
         return ChannelParser(self.cfg, self.mode, self.buf, self.after_tool, self.num_tool_calls,
@@ -147,6 +151,7 @@ class ChannelParser:
                 out.text.append(THINK_END)
             self.buf = buf[end + len(THINK_END):]
             self.mode = CONTENT
+            self.after_tool = self.cfg.trim_answer
         elif tool >= 0:
             self._emit_reasoning(buf[:tool], out)
             self.buf = buf[tool:]

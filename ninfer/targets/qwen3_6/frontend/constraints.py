@@ -222,7 +222,8 @@ def _grammar_text(c: OutputConstraint) -> str:
     if c.kind == "ebnf":
         try:
             lark = gbnf_to_lark(c.spec)
-        except GbnfToLarkError as e:
+        # NOTE: the converter raises a bare Exception for some errors (a rule used but never defined)
+        except (GbnfToLarkError, Exception) as e:  # noqa: BLE001 - any converter failure is the grammar's fault
             raise ConstraintError(f"{c.param}: the grammar does not parse: {_first_line(str(e))}", c.param) from None
         return llg.LLMatcher.grammar_from_lark(lark)
     if c.kind == "lark":

@@ -19,6 +19,7 @@ from .chat_template import ChatTemplate, normalize_messages
 from .constraints import CompiledGrammar, ConstraintCompiler, GrammarConstraint
 from .media_prompt import MediaPromptError, expand_media, has_pixels, raw_media_parts
 from .session import OutputSession
+from .tool_grammar import tool_call_grammar
 from .tokenizer import Qwen36Tokenizer
 from .vision_preprocess import VisionPreprocessConfig
 from ninfer.contract.frontend import MediaPlaceholder, OutputConstraint, OutputOptions, PreparedPrompt, PromptError
@@ -245,6 +246,13 @@ class Qwen36Frontend:
         """A fresh per-request grammar state for `prompt` (free until `</think>` when the prompt opened
         the reasoning and the constraint applies after it)."""
         return self._constraints.new_state(self._constraints.compile(constraint), prompt.enable_thinking)
+
+    def tool_call_constraint(self, tools: Sequence[dict], *, name: str | None = None,
+                             parallel: bool = True) -> OutputConstraint:
+        """The constraint of an enforced tool choice: tool calls of `tools` in the template's format with
+        arguments valid against each tool's schema (tool_grammar.py); `name`: exactly one call of it.
+        ValueError when a tool cannot be written in that format."""
+        return OutputConstraint("lark", tool_call_grammar(tools, name=name, parallel=parallel), "tool_choice")
 
     # ------------------------------------------------------------------------------------------
     @staticmethod

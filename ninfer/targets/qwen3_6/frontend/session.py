@@ -84,7 +84,7 @@ class OutputSession:
         self._hidden = tok.special_ids if options.skip_special_tokens else frozenset()
         cfg = ChannelConfig(thinking=prompt.enable_thinking, parse_reasoning=options.parse_reasoning,
                             parse_tool_calls=options.parse_tool_calls and bool(options.tools),
-                            tools=tuple(options.tools))
+                            tools=tuple(options.tools), trim_answer=options.constraint is not None)
         self._state = _State(parser=ChannelParser.start(cfg))
         self._version = 0
         self._tokens: list[int] = []

@@ -18,14 +18,28 @@ _INT_PREFIXES = ("int", "uint", "long", "short", "unsigned")
 
 
 def tool_properties(tools: tuple[dict, ...] | list[dict], name: str) -> dict[str, Any]:
-    """The `properties` of the named function's parameter schema ({} when unknown)."""
+    """The `properties` of the named function's parameter schema ({} when unknown), a property that is
+    a local `$ref` ("#/$defs/X", "#/definitions/X") replaced by the schema it names."""
     for tool in tools:
         fn = tool.get("function", tool) if isinstance(tool, dict) else None
         if isinstance(fn, dict) and fn.get("name") == name:
             params = fn.get("parameters")
             props = params.get("properties") if isinstance(params, dict) else None
-            return props if isinstance(props, dict) else {}
+            if not isinstance(props, dict):
+                return {}
+            return {k: _resolve_ref(v, params) for k, v in props.items()}
     return {}
+
+
+def _resolve_ref(schema: Any, params: dict) -> Any:
+    ref = schema.get("$ref") if isinstance(schema, dict) else None
+    if not isinstance(ref, str):
+        return schema
+    for prefix in ("#/$defs/", "#/definitions/"):
+        defs = params.get(prefix[2:-1])
+        if ref.startswith(prefix) and isinstance(defs, dict) and isinstance(defs.get(ref[len(prefix):]), dict):
+            return defs[ref[len(prefix):]]
+    return schema
 
 
 def _schema_type(schema: Any) -> tuple[str, bool]:
