@@ -129,12 +129,12 @@ def run(args: argparse.Namespace) -> int:
     if args.think != "on" and not args.chat:
         raise CLIError("--think needs --chat (the chat template's thinking mode)")
     # NOTE: everything that can be refused without the model is refused before it loads.
+    constraint = output_constraint(args)
     text = sys.stdin.read() if args.prompt == "-" else args.prompt
     if not text and not (args.image or args.video):
         raise CLIError("the prompt is empty" + (" (stdin gave no text)" if args.prompt == "-" else "")
                        + ": pass the text to continue with -p TEXT")
     parts = media_parts(args.image, args.video)
-    constraint = output_constraint(args)
     sampling_params(args)
     config = engine_config(args)
     path, _, _ = resolve_model(args.model, config=config)
