@@ -89,7 +89,25 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+# The files that take longest (each 15-40 s of one worker on 2 cores), run first: pytest-xdist's
+# `--dist loadfile` hands whole files to workers in collection order, so a long file collected last
+# keeps one worker busy while the other has finished.
+LONG_FILES = (
+    "integration/test_bench_cli.py", "integration/test_serve_e2e.py", "integration/test_constrained_engine.py",
+    "integration/test_scoring.py", "unit/qwen3_6/test_speculative_program.py",
+    "integration/test_prefix_reuse_output_boundary.py", "integration/test_serve_tools.py",
+    "integration/test_model_parity.py", "unit/artifact/test_convert.py", "integration/test_vision_parity.py",
+    "integration/test_playground.py", "integration/test_cli_gateway.py",
+)
+
+
+def _long_first(item: pytest.Item) -> int:
+    path = item.path.as_posix()
+    return next((i for i, name in enumerate(LONG_FILES) if path.endswith("tests/" + name)), len(LONG_FILES))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=_long_first)               # stable: the order within a file and among the rest is kept
     if _runs_gpu_tests():
         return
     gpu = [it for it in items if it.get_closest_marker("gpu") is not None and GPU_DIR not in it.path.parents]
