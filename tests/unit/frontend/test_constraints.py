@@ -9,7 +9,7 @@ import pytest
 
 from ninfer.contract.frontend import ConstraintError, OutputConstraint, OutputOptions
 from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
-from ninfer.targets.qwen3_6.frontend.constraints import MAX_LEADING_WS_TOKENS, MAX_SPEC_CHARS
+from ninfer.targets.qwen3_6.frontend.constraints import MAX_CHOICES, MAX_LEADING_WS_TOKENS, MAX_SPEC_CHARS
 
 IM_END = 248046
 
@@ -43,6 +43,7 @@ def test_compile_errors_name_the_field(fe):
         ("ebnf", "root ::= (", "does not parse"),
         ("lark", "start: undefined_rule", "undefined_rule"),
         ("regex", "a" * (MAX_SPEC_CHARS + 1), "characters"),                  # too large
+        ("choice", json.dumps([f"c{i}" for i in range(MAX_CHOICES + 1)]), "at most"),
     ]
     for kind, spec, words in bad:
         param = f"field.{kind}"

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .tokenizer import Qwen36Tokenizer
 
 MAX_SPEC_CHARS = 1 << 20                 # a constraint's text (schema, regex, grammar) at most 1 MiB
+MAX_CHOICES = 10_000                     # the grammar's build time grows faster than the number of choices
 MAX_GRAMMAR_SIZE = 200_000               # grammar symbols llguidance may build from one constraint
 MAX_LEADING_WS_TOKENS = 1                # whitespace tokens allowed before the grammar's first token
 CACHE_SIZE = 128                         # compiled grammars kept (LRU over (kind, spec))
@@ -217,6 +218,8 @@ def _grammar_text(c: OutputConstraint) -> str:
                 or not all(isinstance(s, str) and s for s in choices)):
             raise ConstraintError(f"{c.param}: the choices must be a non-empty array of non-empty strings",
                                   c.param)
+        if len(choices) > MAX_CHOICES:
+            raise ConstraintError(f"{c.param}: {len(choices)} choices, at most {MAX_CHOICES} allowed", c.param)
         alts = " | ".join(json.dumps(s, ensure_ascii=True) for s in dict.fromkeys(choices))
         return llg.LLMatcher.grammar_from_lark(f"start: {alts}\n")
     if c.kind == "ebnf":
