@@ -157,6 +157,8 @@ def test_load_and_api_key_prompt(page, server, shots):
     p.wait_for_selector("#banner-demo:not([hidden])")
     assert p.inner_text("#model-name") == MODEL and "random weights" in p.inner_text("#banner-demo")
     assert p.is_enabled("#send") and p.is_hidden("#banner-status")
+    # a bounded answer by default (the server's default is the rest of a 262k-token context)
+    assert p.input_value("#max-tokens") == "2048"
     best = first
     for _ in range(3):                  # NOTE: the best of a few loads: CI shares its cores with other tests
         if best < 200:
