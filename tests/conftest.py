@@ -80,6 +80,10 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
     if os.environ.get("PYTEST_XDIST_WORKER") or not torch.cuda.is_available():
         torch.set_num_threads(1)
+    # NOTE: pytest-xdist hands out whole files in collection order (LONG_FILES first, below), not sorted by
+    #       their number of tests, which would put the long files with few tests last.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
