@@ -109,6 +109,19 @@ def test_grammar_state_follows_tokens(fe):
     tc = fe.new_session(on, OutputOptions(constraint=OutputConstraint("regex", "[0-9]+", "p", after_reasoning=False))
                         ).token_constraint
     assert not tc.free and tok.encode("7")[0] in _allowed(tc, V)
+    # a `<tool_call>` inside the reasoning (where the output parser ends the reasoning too) opens an enforced
+    # tool call's grammar; for a grammar that does not start with it, the reasoning stays free
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}}]
+    call = tok.encode("<tool_call>")
+    assert len(call) == 1
+    tc = fe.new_session(on, OutputOptions(constraint=fe.tool_call_constraint(tools))).token_constraint
+    assert tc.free and tc.advance(tok.encode("hmm") + call) == len(tok.encode("hmm")) + 1 and not tc.free
+    assert tok.encode("hmm")[0] not in _allowed(tc, V)             # inside the call: only the grammar
+    tc.rollback(1)
+    assert tc.free and tc.advance(call) == 1 and not tc.free
+    tc = fe.new_session(on, OutputOptions(constraint=OutputConstraint("choice", '["yes"]', "p"))).token_constraint
+    assert tc.advance(call) == 1 and tc.free
 
 
 def test_random_walks_take_every_masked_token(fe):

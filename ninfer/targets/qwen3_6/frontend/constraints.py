@@ -41,7 +41,7 @@ CACHE_SIZE = 128                         # compiled grammars kept (LRU over (kin
 # NOTE: compact JSON with the separators json.dumps writes; flexible whitespace lets a model pad forever.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
-_REASON, _THINK_END, _WS, _GRAMMAR, _TAIL = range(5)
+_REASON, _THINK_END, _WS, _GRAMMAR, _TAIL, _OPEN = range(6)
 
 
 class CompiledGrammar:
@@ -57,10 +57,13 @@ class ConstraintCompiler:
     """Compiles OutputConstraints over one tokenizer (thread-safe; the llguidance tokenizer is built on
     first use, a second or so for the Qwen3.6 vocabulary)."""
 
-    def __init__(self, tokenizer: "Qwen36Tokenizer", eos_id: int, think_end_id: int):
+    def __init__(self, tokenizer: "Qwen36Tokenizer", eos_id: int, think_end_id: int, tool_call_id: int | None = None):
         self._tok = tokenizer
         self.eos_id = eos_id
         self.think_end_id = think_end_id
+        # NOTE: the output parser ends the reasoning at `<tool_call>` as well as at `</think>`: where the grammar
+        #       starts with it (an enforced tool call), that token opens the grammar instead of staying free.
+        self.tool_call_id = tool_call_id
         self.vocab_size = tokenizer.vocab_size
         self.words = (self.vocab_size + 31) // 32
         self._lock = threading.Lock()
@@ -327,6 +330,10 @@ class GrammarConstraint:
                 kind = _THINK_END if tok == self._c.think_end_id else _REASON
                 if kind == _THINK_END:
                     self._reasoning = False
+                elif tok == self._c.tool_call_id and m.try_consume_tokens([tok]) == 1:
+                    kind = _OPEN
+                    self._reasoning = False
+                    self._num_grammar += 1
             elif m.is_stopped():
                 if tok != eos:
                     break
@@ -356,6 +363,9 @@ class GrammarConstraint:
             kind = self._records.pop()
             if kind == _THINK_END:
                 self._reasoning = True
+            elif kind == _OPEN:
+                self._reasoning = True
+                grammar += 1
             elif kind == _WS:
                 self._num_ws -= 1
             elif kind == _GRAMMAR:

@@ -28,6 +28,7 @@ IM_START_ID = 248045
 IM_END_ID = 248046
 ASSISTANT_HEADER = (IM_START_ID, 74455, 198)        # <|im_start|> assistant \n
 THINK_ID, THINK_END_ID = 248068, 248069
+TOOL_CALL_ID = 248058                   # `<tool_call>`
 IMAGE_PAD_ID, VIDEO_PAD_ID = 248056, 248057
 DEFAULT_EOS = (248046, 248044)
 _RESERVED_KWARGS = ("messages", "tools", "documents", "add_generation_prompt")
@@ -129,7 +130,7 @@ class Qwen36Frontend:
         self.sampling_defaults: dict[str, float] = dict(sampling_defaults or {})
         # NOTE: the image/video preprocessing (the artifact's preprocessor configs, else the family's values).
         self.vision_config = vision_config or VisionPreprocessConfig.from_dicts()
-        self._constraints = ConstraintCompiler(tokenizer, IM_END_ID, THINK_END_ID)
+        self._constraints = ConstraintCompiler(tokenizer, IM_END_ID, THINK_END_ID, TOOL_CALL_ID)
 
     @classmethod
     def from_resources(cls, resources: Mapping[str, bytes]) -> "Qwen36Frontend":
