@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 
-from ninfer.bench.common import (Recorder, default_device, env_record, free_model, measure_ceilings,  # noqa: E402
+from ninfer.bench.common import (Recorder, build_hf, default_device, env_record, free_model, measure_ceilings,  # noqa: E402
                                  print_ceilings, print_table, run_step)
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
 from ninfer.targets.qwen3_6.program.vision import VisionTower, load_vision_view  # noqa: E402
@@ -116,15 +116,7 @@ def hf_visual(dims, weights: DummyWeights, device: torch.device, dtype: torch.dt
 
     cfg_cls = tf.Qwen3_5MoeVisionConfig if dims.is_moe else tf.Qwen3_5VisionConfig
     model_cls = tf.Qwen3_5MoeVisionModel if dims.is_moe else tf.Qwen3_5VisionModel
-    cfg = cfg_cls(**hf_vision_config_kwargs(dims))
-    cfg._attn_implementation = "sdpa"
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = model_cls(cfg).eval()
-    finally:
-        torch.set_default_dtype(old)
+    model = build_hf(model_cls, cfg_cls(**hf_vision_config_kwargs(dims)), dtype, device)
     state = {s.name[len("visual."):]: weights.tensor(s.name) for s in tensor_specs(dims, ("vision",))}
     model.load_state_dict(state, strict=True)
     return model

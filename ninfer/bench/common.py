@@ -210,6 +210,18 @@ def json_line(name: str, payload: dict) -> None:
 # ---------------------------------------------------------------------------------------------
 # The transformers baseline's model (decode and prefill benches)
 # ---------------------------------------------------------------------------------------------
+def build_hf(model_cls, cfg, dtype: torch.dtype, device) -> torch.nn.Module:
+    """transformers' `model_cls(cfg)` built directly on `device` in `dtype` (sdpa attention, eval mode)."""
+    cfg._attn_implementation = "sdpa"
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            return model_cls(cfg).eval()
+    finally:
+        torch.set_default_dtype(old)
+
+
 def hf_model(identity: str, device: str):
     """Hugging Face `Qwen3_5(Moe)ForCausalLM` built from the identity's dims with HF's own random init,
     directly on the device, in the bench dtype (bf16 on CUDA, fp32 on the CPU), sdpa attention, eval mode.
@@ -225,15 +237,8 @@ def hf_model(identity: str, device: str):
     cfg_cls = tf.Qwen3_5MoeTextConfig if dims.is_moe else tf.Qwen3_5TextConfig
     model_cls = tf.Qwen3_5MoeForCausalLM if dims.is_moe else tf.Qwen3_5ForCausalLM
     cfg = cfg_cls(**hf_text_config_kwargs(dims))
-    cfg._attn_implementation = "sdpa"
     t0 = time.perf_counter()
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = model_cls(cfg).eval()
-    finally:
-        torch.set_default_dtype(old)
+    model = build_hf(model_cls, cfg, dtype, device)
     sync(device)
     mem = torch.cuda.memory_allocated() / 2**30 if str(device).startswith("cuda") else 0.0
     print(f"[hf {identity}] transformers {tf.__version__} model built in {time.perf_counter() - t0:.1f} s; "

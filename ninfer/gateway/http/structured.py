@@ -44,20 +44,27 @@ def _structured_outputs(req: _Sampling) -> list[OutputConstraint]:
     if so.whitespace_pattern is not None:
         raise bad_request("structured_outputs.whitespace_pattern is not supported (JSON output has no free "
                           "whitespace)", param="structured_outputs.whitespace_pattern")
-    found = []
-    if so.json_ is not None:
-        found.append(OutputConstraint("json_schema", _json_spec(so.json_), "structured_outputs.json"))
-    if so.regex is not None:
-        found.append(OutputConstraint("regex", so.regex, "structured_outputs.regex"))
-    if so.choice is not None:
-        found.append(OutputConstraint("choice", json.dumps(so.choice, ensure_ascii=False), "structured_outputs.choice"))
-    if so.grammar is not None:
-        found.append(OutputConstraint(_grammar_kind(so.grammar), so.grammar, "structured_outputs.grammar"))
+    found = _guided(so.json_, so.regex, so.choice, so.grammar, lambda name: f"structured_outputs.{name}")
     if so.json_object:
         found.append(OutputConstraint("json_object", "", "structured_outputs.json_object"))
     if not found:
         raise bad_request("structured_outputs needs one of json, regex, choice, grammar or json_object",
                           param="structured_outputs")
+    return found
+
+
+def _guided(json_, regex, choice, grammar, param) -> list[OutputConstraint]:
+    """The constraints of vLLM's four guided fields, given as `guided_*` or inside `structured_outputs`
+    (param(name): the request field of one of them)."""
+    found = []
+    if json_ is not None:
+        found.append(OutputConstraint("json_schema", _json_spec(json_), param("json")))
+    if regex is not None:
+        found.append(OutputConstraint("regex", regex, param("regex")))
+    if choice is not None:
+        found.append(OutputConstraint("choice", json.dumps(choice, ensure_ascii=False), param("choice")))
+    if grammar is not None:
+        found.append(OutputConstraint(_grammar_kind(grammar), grammar, param("grammar")))
     return found
 
 
@@ -77,14 +84,8 @@ def request_constraint(req: _Sampling) -> OutputConstraint | None:
         found.append(OutputConstraint("json_schema", _json_spec(rf.json_schema.schema_),
                                       "response_format.json_schema.schema"))
     found.extend(_structured_outputs(req))
-    if req.guided_json is not None:
-        found.append(OutputConstraint("json_schema", _json_spec(req.guided_json), "guided_json"))
-    if req.guided_regex is not None:
-        found.append(OutputConstraint("regex", req.guided_regex, "guided_regex"))
-    if req.guided_choice is not None:
-        found.append(OutputConstraint("choice", json.dumps(req.guided_choice, ensure_ascii=False), "guided_choice"))
-    if req.guided_grammar is not None:
-        found.append(OutputConstraint(_grammar_kind(req.guided_grammar), req.guided_grammar, "guided_grammar"))
+    found.extend(_guided(req.guided_json, req.guided_regex, req.guided_choice, req.guided_grammar,
+                         lambda name: f"guided_{name}"))
     if len(found) > 1:
         raise conflict([c.param for c in found])
     return found[0] if found else None
