@@ -22,6 +22,7 @@ from ninfer.contract.frontend import FinishReason, OutputConstraint, OutputOptio
 from ninfer.contract.program import SamplingParams, SequenceRequest  # noqa: E402
 from ninfer.ops.reference.sampling import apply_token_bitmask_ as reference_mask  # noqa: E402
 from ninfer.ops.triton.sampling import apply_token_bitmask_ as fast_mask  # noqa: E402
+from support.program_util import commit_by_rule  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
 from ninfer.targets.qwen3_6.frontend import Qwen36Frontend  # noqa: E402
 from ninfer.targets.qwen3_6.program.config import ProgramConfig  # noqa: E402
@@ -93,16 +94,7 @@ def _run(mode: str):
             b = prog.decode([h for h, _ in free], 2)
             prog.commit(b, [2, 2])
             free_out.append([r.tokens for r in b.rows])
-        batch = prog.decode(seqs, steps)
-        if decision == "abort":
-            prog.abort_pending(batch)
-        else:
-            rule = decision if isinstance(decision, list) else [decision] * len(seqs)
-            acc = [row.produced_tokens if d == "all" else 1 if d == "prefix" else 0
-                   for d, row in zip(rule, batch.rows)]
-            prog.commit(batch, acc)
-            for r, (row, a) in enumerate(zip(batch.rows, acc)):
-                out[r].extend(row.tokens[:a])
+        commit_by_rule(prog, prog.decode(seqs, steps), decision, out)
         for c, o in zip(cons, out):
             if c is not None:
                 assert c.num_consumed == len(o)

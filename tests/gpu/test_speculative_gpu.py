@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 from support.numerics import rel_rms  # noqa: E402
-from support.program_util import materialize  # noqa: E402
+from support.program_util import materialize, run_rows  # noqa: E402
 from ninfer.contract.program import SamplingParams  # noqa: E402
 from ninfer.ops.opset import reference_ops  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
@@ -39,29 +39,6 @@ def _program(identity, dtype, K=0, **kw):
 def _prompts(w, n, seed=3):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, w.dims.vocab_size, (5 + 7 * i,), generator=g).tolist() for i in range(n)]
-
-
-def _generate(prog, prompts, n):
-    seqs, out = [], []
-    for p in prompts:
-        s = materialize(prog, p, n, GREEDY, lookahead=prog.lookahead)
-        st = prog.prefill(s, len(p))
-        prog.commit(st.pending, [1])
-        seqs.append(s)
-        out.append(list(st.pending.rows[0].tokens))
-    while any(len(o) < n for o in out):
-        live = [r for r in range(len(seqs)) if len(out[r]) < n]
-        b = prog.decode([seqs[r] for r in live])
-        acc = [min(row.produced_tokens, n - len(out[r])) for r, row in zip(live, b.rows)]
-        for r, row, c in zip(live, b.rows, acc):
-            out[r] += row.tokens[:c]
-        prog.commit(b, acc)
-    for s in seqs:
-        prog.release(s)
-    prog.check_integrity()
-    cap = prog.capacity()
-    assert cap.pages_free == cap.pages_total and cap.slots_free == cap.slots_total
-    return out
 
 
 @pytest.mark.parametrize("identity", IDS)
@@ -104,11 +81,11 @@ def test_graph_round_equals_eager_round(identity):
     assert prog.spec_graphs is not None and prog.graphs is None
     prompts = _prompts(w, 3)
     r0 = prog.spec_graphs.replays
-    graph = _generate(prog, prompts, 33)
+    graph = run_rows(prog, prompts, 33)[0]
     assert prog.spec_graphs.replays > r0
     prog.graphs_enabled = False
     r1 = prog.spec_graphs.replays
-    eager = _generate(prog, prompts, 33)
+    eager = run_rows(prog, prompts, 33)[0]
     assert prog.spec_graphs.replays == r1
     same = sum(a == b for g, e in zip(graph, eager) for a, b in zip(g, e))
     assert same >= 0.95 * sum(len(g) for g in graph), (graph, eager)
@@ -119,10 +96,10 @@ def test_graph_round_equals_eager_round(identity):
 def test_speculative_greedy_equals_plain_decode_graphs(identity, K):
     w, plain = _program(identity, torch.float32)
     prompts = _prompts(w, 4, seed=K)
-    ref = _generate(plain, prompts, 40)
+    ref = run_rows(plain, prompts, 40)[0]
     del plain
     _, prog = _program(identity, torch.float32, K=K)
-    out = _generate(prog, prompts, 40)
+    out = run_rows(prog, prompts, 40)[0]
     # NOTE: fp32; the verify's GEMMs run at B * (K+1) rows where the decode graph's run at B: a row may fork at
     #       a near-tie of its logits, nowhere else.
     for o, r in zip(out, ref):

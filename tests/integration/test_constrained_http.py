@@ -54,16 +54,7 @@ def client(server):
 
 def chat(client, stream: bool, **kw) -> tuple[str, str, str]:
     """(content, reasoning, finish_reason) of one chat completion, streamed or not."""
-    kw = {"model": MODEL, "messages": USER, "temperature": 1.0, "seed": 3, "max_tokens": 80, **kw}
-    if not stream:
-        c = client.chat.completions.create(**kw).choices[0]
-        return c.message.content or "", getattr(c.message, "reasoning_content", None) or "", c.finish_reason
-    content, reasoning, finish = "", "", None
-    for chunk in client.chat.completions.create(**kw, stream=True):
-        for c in chunk.choices:
-            content += c.delta.content or ""
-            reasoning += getattr(c.delta, "reasoning_content", None) or ""
-            finish = c.finish_reason or finish
+    _, content, reasoning, finish = tool_calls(client, stream, **{"seed": 3, "max_tokens": 80, **kw})
     return content, reasoning, finish
 
 

@@ -106,3 +106,50 @@ def decode_n(prog, seqs, n: int) -> list[list[int]]:
             out[r].append(row.tokens[0])
     prog.check_integrity()
     return out
+
+
+def run_rows(prog, prompts, n, sampling=GREEDY, accept=None):
+    """Drive B rows together: prefill each, then rounds over every unfinished row; each row commits what it
+    produced up to n tokens (accept(r, produced) may cut it). Returns tokens per row and the rounds' rows."""
+    seqs, out = [], []
+    for p in prompts:
+        s = materialize(prog, p, n, sampling, lookahead=prog.lookahead)
+        st = prog.prefill(s, len(p))
+        prog.commit(st.pending, [1])
+        seqs.append(s)
+        out.append(list(st.pending.rows[0].tokens))
+    rounds = []
+    while True:
+        live = [r for r in range(len(seqs)) if len(out[r]) < n]
+        if not live:
+            break
+        batch = prog.decode([seqs[r] for r in live])
+        acc = []
+        for r, row in zip(live, batch.rows):
+            c = min(row.produced_tokens, n - len(out[r]))
+            if accept is not None:
+                c = accept(r, row, c)
+            out[r].extend(row.tokens[:c])
+            acc.append(c)
+            rounds.append(row)
+        prog.commit(batch, acc)
+    for s in seqs:
+        prog.release(s)
+    prog.check_integrity()
+    cap = prog.capacity()
+    assert cap.pages_free == cap.pages_total and cap.slots_free == cap.slots_total
+    assert prog._pending.num_free_scratch == prog._state.num_scratch
+    return out, rounds
+
+
+def commit_by_rule(prog, batch, decision, out: list[list[int]]) -> None:
+    """Close a decode batch as a test schedule says: "abort", or per row ("all", "prefix" = 1 token, "cancel" = 0;
+    one word for every row or a list) commit and extend each row's `out` with what it kept."""
+    if decision == "abort":
+        prog.abort_pending(batch)
+        return
+    rule = decision if isinstance(decision, list) else [decision] * len(batch.rows)
+    acc = [row.produced_tokens if d == "all" else 1 if d == "prefix" else 0 for d, row in zip(rule, batch.rows)]
+    prog.commit(batch, acc)
+    for r, (row, a) in enumerate(zip(batch.rows, acc)):
+        out[r].extend(row.tokens[:a])

@@ -11,7 +11,7 @@ from ninfer.contract.frontend import OutputConstraint
 from ninfer.contract.program import SamplingParams
 from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
 from support.eager_graphs import EagerGraphs
-from support.program_util import GREEDY, materialize, prefill_all, tiny_parts
+from support.program_util import GREEDY, commit_by_rule, materialize, prefill_all, tiny_parts
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999},
                                            "b": {"type": "string", "maxLength": 6}},
@@ -34,16 +34,7 @@ def _run(make_program, graphs: bool):
     seqs = [materialize(prog, prompt.token_ids, 40, s, constraint=c) for s, c in zip(samplings, cons)]
     out = [[prefill_all(prog, s)[0]] for s in seqs]
     for steps, decision in SCHEDULE:
-        batch = prog.decode(seqs, steps)
-        if decision == "abort":
-            prog.abort_pending(batch)
-        else:
-            rule = decision if isinstance(decision, list) else [decision] * len(seqs)
-            acc = [row.produced_tokens if d == "all" else 1 if d == "prefix" else 0
-                   for d, row in zip(rule, batch.rows)]
-            prog.commit(batch, acc)
-            for r, (row, a) in enumerate(zip(batch.rows, acc)):
-                out[r].extend(row.tokens[:a])
+        commit_by_rule(prog, prog.decode(seqs, steps), decision, out)
         for c, o in zip(cons, out):                  # the grammar moved by exactly the committed tokens
             if c is not None:
                 assert c.num_consumed == len(o)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ninfer.contract.program import SamplingParams
-from support.program_util import GREEDY, greedy_reference, materialize, prompt, tiny_program
+from support.program_util import GREEDY, greedy_reference, materialize, prompt, run_rows, tiny_program
 
 KINDS = ["dense", "moe"]
 
@@ -15,40 +15,6 @@ KINDS = ["dense", "moe"]
 def _spec(tiny_artifact_path, kind, K, **kw):
     return tiny_program(tiny_artifact_path, kind, speculative_method="mtp", num_speculative_tokens=K,
                         max_steps=K + 1, **kw)
-
-
-def _run(prog, prompts, n, sampling=GREEDY, accept=None):
-    """Drive B rows together: prefill each, then rounds over every unfinished row; each row commits what it
-    produced up to n tokens (accept(r, produced) may cut it). Returns tokens per row and the rounds' rows."""
-    seqs, out = [], []
-    for p in prompts:
-        s = materialize(prog, p, n, sampling, lookahead=prog.lookahead)
-        st = prog.prefill(s, len(p))
-        prog.commit(st.pending, [1])
-        seqs.append(s)
-        out.append(list(st.pending.rows[0].tokens))
-    rounds = []
-    while True:
-        live = [r for r in range(len(seqs)) if len(out[r]) < n]
-        if not live:
-            break
-        batch = prog.decode([seqs[r] for r in live])
-        acc = []
-        for r, row in zip(live, batch.rows):
-            c = min(row.produced_tokens, n - len(out[r]))
-            if accept is not None:
-                c = accept(r, row, c)
-            out[r].extend(row.tokens[:c])
-            acc.append(c)
-            rounds.append(row)
-        prog.commit(batch, acc)
-    for s in seqs:
-        prog.release(s)
-    prog.check_integrity()
-    cap = prog.capacity()
-    assert cap.pages_free == cap.pages_total and cap.slots_free == cap.slots_total
-    assert prog._pending.num_free_scratch == prog._state.num_scratch
-    return out, rounds
 
 
 class ScriptedDrafter:
@@ -74,7 +40,7 @@ def test_mtp_greedy_equals_plain_greedy(tiny_artifact_path, kind):
     ref = [list(greedy_reference(plain, p, 24)) for p in prompts]
     for K, vocab in ((3, 0), (1, 5000)):
         prog = _spec(tiny_artifact_path, kind, K, draft_vocab_size=vocab)
-        out, rounds = _run(prog, prompts, 24)
+        out, rounds = run_rows(prog, prompts, 24)
         assert out == ref, K
         assert prog.drafter.vocab == (vocab or prog._sampler.sampleable)
         assert all(r.drafted == K and 1 <= r.produced_tokens <= K + 1 for r in rounds)
@@ -88,12 +54,12 @@ def test_scripted_drafts_are_accepted_or_rejected_where_they_should(tiny_artifac
     K = 4
     prog = _spec(tiny_artifact_path, kind, K)
     prog.drafter = ScriptedDrafter(K, ref)
-    out, rounds = _run(prog, prompts, 30)
+    out, rounds = run_rows(prog, prompts, 30)
     assert out == [ref[tuple(p)] for p in prompts]
     assert all(r.produced_tokens == K + 1 for r in rounds[:-len(prompts)])     # everything accepted
     wrong = {3, 9, 10, 17}
     prog.drafter = ScriptedDrafter(K, ref, wrong=lambda i: i in wrong)
-    out, rounds = _run(prog, prompts, 30)
+    out, rounds = run_rows(prog, prompts, 30)
     assert out == [ref[tuple(p)] for p in prompts]
     # NOTE: a round starting at output n (the drafts are tokens n..n+K-1) stops at the first wrong one.
     n = 1
@@ -107,7 +73,7 @@ def test_force_accept_keeps_exactly_L_tokens(tiny_artifact_path):
     K = 3
     for L in (1, 2, 4):
         prog = _spec(tiny_artifact_path, "dense", K, force_accept_len=L)
-        out, rounds = _run(prog, [prompt(7, seed=3)], 13)
+        out, rounds = run_rows(prog, [prompt(7, seed=3)], 13)
         assert all(r.produced_tokens == L for r in rounds)
 
 
@@ -134,7 +100,7 @@ def test_without_mtp_weights_speculation_is_refused(tiny_artifact_path):
         prog_mod._require_mtp(type("D", (), {"mtp_num_hidden_layers": 1})(), {"embed_tokens.weight": None})
 
 
-def _plain_run(prog, p, n, sampling):
+def _plainrun_rows(prog, p, n, sampling):
     s = materialize(prog, p, n, sampling)
     st = prog.prefill(s, len(p))
     prog.commit(st.pending, [1])
@@ -159,9 +125,9 @@ def test_penalties_bias_and_logprobs_behave_as_without_speculation(tiny_artifact
     K = 3
     prog = _spec(tiny_artifact_path, kind, K)
     for p in ps:
-        ref, ref_lp = _plain_run(plain, p, 16, sp)
+        ref, ref_lp = _plainrun_rows(plain, p, 16, sp)
         prog.drafter = ScriptedDrafter(K, {tuple(p): ref}, wrong=lambda i: i % 5 == 3)
-        out, rounds = _run(prog, [p], 16, sp)
+        out, rounds = run_rows(prog, [p], 16, sp)
         assert out[0] == ref
         lps = [lp for r in rounds for lp in r.logprobs]
         for a, b in zip(lps, ref_lp[1:]):
@@ -173,9 +139,9 @@ def test_a_seeded_request_gives_the_same_text_twice(tiny_artifact_path):
     prog = _spec(tiny_artifact_path, "moe", 2)
     sp = SamplingParams(temperature=0.8, top_k=4, seed=1234)
     p = prompt(10, seed=5)
-    a, _ = _run(prog, [p], 20, sp)
-    b, _ = _run(prog, [p], 20, sp)
-    c, _ = _run(prog, [p], 20, SamplingParams(temperature=0.8, top_k=4, seed=99))
+    a, _ = run_rows(prog, [p], 20, sp)
+    b, _ = run_rows(prog, [p], 20, sp)
+    c, _ = run_rows(prog, [p], 20, SamplingParams(temperature=0.8, top_k=4, seed=99))
     assert a == b and a != c
 
 
@@ -267,8 +233,8 @@ def test_the_round_graph_contract_equals_the_eager_round(tiny_artifact_path):
     prog = _spec(tiny_artifact_path, "dense", K)
     prog.vision = FakeEncoder(prog.dims.hidden_size)
     eager = generate(prog, media_request(12, K=K), [18], 12)
-    plain_eager, _ = _run(prog, [prompt(9, seed=77)], 12)
+    plain_eager, _ = run_rows(prog, [prompt(9, seed=77)], 12)
     prog.spec_graphs = EagerSpecGraphs(prog)
     assert generate(prog, media_request(12, K=K), [18], 12) == eager
-    assert _run(prog, [prompt(9, seed=77)], 12)[0] == plain_eager
+    assert run_rows(prog, [prompt(9, seed=77)], 12)[0] == plain_eager
     assert prog.spec_graphs.replays > 8
