@@ -14,7 +14,7 @@ import jsonschema
 import openai
 import pytest
 
-from support.serve_util import Server
+from support.serve_util import serving
 
 MODEL = "ninfer-demo"
 USER = [{"role": "user", "content": "Describe a person."}]
@@ -39,12 +39,8 @@ CLOCK = {"type": "function", "function": {"name": "get_time", "parameters": {
 
 @pytest.fixture(scope="module")
 def server():
-    s = Server("--max-model-len", "1024", "--max-concurrency", "4")
-    try:
-        s.wait_ready()
+    with serving("--max-model-len", "1024", "--max-concurrency", "4") as s:
         yield s
-    finally:
-        assert s.stop() == 0, s.log_text()
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from support.serve_util import Server, metric
+from support.serve_util import metric, serving
 
 API_KEY = "sk-playground"
 MODEL = "ninfer-demo"
@@ -55,11 +55,8 @@ def shots(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server_process():
-    s = Server("--max-model-len", "4096", "--max-concurrency", "2", api_key=API_KEY)
-    try:
+    with serving("--max-model-len", "4096", "--max-concurrency", "2", api_key=API_KEY, wait=False) as s:
         yield s
-    finally:
-        assert s.stop() == 0, s.log_text()
 
 
 @pytest.fixture(scope="module")

@@ -6,18 +6,14 @@ import openai
 import pytest
 
 from support.media_util import data_url, image_bytes, video_bytes
-from support.serve_util import Server
+from support.serve_util import serving
 
 
 @pytest.fixture(scope="module")
 def client(tiny_artifact_path):
-    s = Server(str(tiny_artifact_path("dense")), "--max-model-len", "1024", "--max-concurrency", "2",
-               "--served-model-name", "m")
-    try:
-        s.wait_ready()
+    with serving(str(tiny_artifact_path("dense")), "--max-model-len", "1024", "--max-concurrency", "2",
+                 "--served-model-name", "m") as s:
         yield openai.OpenAI(base_url=s.base + "/v1", api_key="x", max_retries=0, timeout=120)
-    finally:
-        assert s.stop() == 0, s.log_text()
 
 
 def test_openai_client_sends_an_image_and_a_video(client):

@@ -2,6 +2,7 @@
 shared test cache directory (demo model built once), and a scripted tool-calling artifact."""
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -83,6 +84,19 @@ class Server:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+
+@contextlib.contextmanager
+def serving(*args: str, wait: bool = True, **kw):
+    """A Server for the block (a module fixture's `with serving(...) as s: yield s`): ready on entry unless
+    wait=False, stopped on exit, and a stop that is not clean (exit code 0) fails."""
+    s = Server(*args, **kw)
+    try:
+        if wait:
+            s.wait_ready()
+        yield s
+    finally:
+        assert s.stop() == 0, s.log_text()
 
 
 def metric(text: str, name: str, default: float | None = None, **labels: str) -> float:

@@ -8,7 +8,7 @@ import pytest
 
 from ninfer import Engine, EngineConfig
 from ninfer.config import ScoreInput
-from support.serve_util import Server
+from support.serve_util import serving
 
 MAX_LEN = 256
 REL = 1e-5
@@ -21,13 +21,9 @@ def artifact(tiny_artifact_path):
 
 @pytest.fixture(scope="module")
 def server(artifact):
-    s = Server(str(artifact), "--device", "cpu", "--dtype", "fp32", "--max-model-len", str(MAX_LEN),
-               "--prefill-chunk-tokens", "16", "--served-model-name", "tiny")
-    try:
-        s.wait_ready()
+    with serving(str(artifact), "--device", "cpu", "--dtype", "fp32", "--max-model-len", str(MAX_LEN),
+                 "--prefill-chunk-tokens", "16", "--served-model-name", "tiny") as s:
         yield s
-    finally:
-        assert s.stop() == 0, s.log_text()
 
 
 @pytest.fixture(scope="module")
