@@ -3,9 +3,9 @@ Shared helpers that are not fixtures live in the `support` package (tests/suppor
 `from support.program_util import tiny_parts`); a test file never imports another test file.
 
 Which tests a run collects
-    Without CUDA, tests/gpu/ is not collected and `gpu`-marked tests elsewhere (the "cuda" device
-    parameter of tests/unit/ops) are deselected, so the CPU run (`bash .ci/run`) neither runs nor skips
-    the GPU suite. They are collected where they can run: with CUDA (`python3 -m pytest -m gpu tests`),
+    Without CUDA, tests/gpu/ is not collected (and a `gpu`-marked test outside it would be deselected),
+    so the CPU run (`bash .ci/run`) neither runs nor skips the GPU suite. It is collected where it can
+    run: with CUDA (`python3 -m pytest -m gpu tests/gpu`; bench/gpu_suite.sh on a device machine),
     or in the Triton interpreter mode (TRITON_INTERPRET=1 NINFER_FAST_TEST_DEVICE=cpu, see
     support/fast_env.py). Naming tests/gpu or a file in it on the command line always collects it
     (without CUDA its tests then report as skipped).
