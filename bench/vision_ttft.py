@@ -3,7 +3,7 @@
     python3 bench/vision_ttft.py [--identity qwen3_6-27b qwen3_6-35b-a3b] [--image 1024x1024]
         [--question-tokens 100] [--reps 5] [--device cuda|cpu] [--out DIR]
 
-Per identity: `ninfer serve --load-format dummy` (synthetic weights, the vision tower included), then, each
+Per identity: `ninfer serve --load-format dummy --no-prefix-cache` (synthetic weights, the vision tower included), then, each
 --reps times after one untimed warm-up, streamed chat requests (1 output token, greedy) timed to the first
 token:
   image     a PNG of --image pixels (synthetic) and a question of about --question-tokens tokens
@@ -62,7 +62,9 @@ def _ttft(client: httpx.Client, model: str, content) -> float:
 def run_identity(identity: str, args, rec: Recorder, log_dir: Path) -> None:
     w, h = (int(x) for x in args.image.lower().split("x"))
     server = Server(identity, max_concurrency=1, max_model_len=args.max_model_len, device=args.device,
-                    log_path=log_dir / f"serve-{identity}.log", extra=["--no-warmup"] if args.no_warmup else [])
+                    log_path=log_dir / f"serve-{identity}.log",
+                    # every rep repeats the same two prompts: with the context cache on, the later ones would hit it
+                    extra=["--no-prefix-cache", *(["--no-warmup"] if args.no_warmup else [])])
     try:
         server.wait_ready(args.ready_timeout)
         with httpx.Client(base_url=server.url, timeout=600) as client:
