@@ -149,6 +149,15 @@ def bench_identity(identity: str, media: list[tuple[int, ...]], args, device: to
                    "ninfer_ms": time_ms(lambda: tower(pv, [grid]), args.reps, device),
                    "ninfer_peak_mib": peak_mib(lambda: tower(pv, [grid]), device),
                    "activation_bound_mib": tower.activation_bytes([grid]) / MiB}
+            for backends in args.sdpa_backends or ():
+                alt = VisionTower(tower.view, dims, device, dtype, sdpa_backends=backends.split(","))
+                row[f"ninfer_{backends}_ms"] = time_ms(lambda: alt(pv, [grid]), args.reps, device)
+            if args.gelu_epilogue:
+                alt = VisionTower(tower.view, dims, device, dtype, gelu_epilogue=not tower._gelu_epilogue)
+                name = "ninfer_gelu_epilogue_ms" if alt._gelu_epilogue else "ninfer_no_gelu_epilogue_ms"
+                row[name] = time_ms(lambda: alt(pv, [grid]), args.reps, device)
+                row[name.replace("_ms", "_rel_rms")] = ((alt(pv, [grid]).double() - ours.double()).norm()
+                                                        / ours.double().norm()).item()
             if hf is not None:
                 theirs = hf(pv, grid_thw=grid_t).pooler_output
                 row["rel_rms_vs_hf"] = ((ours.double() - theirs.double()).norm()
@@ -169,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--video", type=lambda s: parse_size(s, 3), default=(30, 448, 448), help="FxHxW frames x pixels")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-hf", action="store_true", help="time NInfer's tower only")
+    ap.add_argument("--gelu-epilogue", action="store_true",
+                    help="also time the tower with the other setting of its fc1 GELU epilogue (CUDA)")
+    ap.add_argument("--sdpa-backends", nargs="+", default=None, metavar="B[,B...]",
+                    help="also time the tower with these torch SDPA kernel orders (e.g. cudnn_attention "
+                         "flash_attention efficient_attention): one ninfer_<order>_ms column each")
     ap.add_argument("--no-ceilings", action="store_true", help="skip the matmul ceiling (no floor column)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--step-timeout", type=float, default=900.0, help="seconds per identity")

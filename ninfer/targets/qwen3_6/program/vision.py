@@ -44,6 +44,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ninfer.ops.opset import fast_available
 from ninfer.targets.qwen3_6.dims import Qwen36Dims, VisionDims
@@ -56,6 +57,27 @@ __all__ = ["VisionBlockWeights", "VisionView", "VisionTower", "load_vision_view"
 # NOTE: not in the checkpoint's vision_config; transformers' default for the axial vision rotary.
 ROPE_THETA = 10000.0
 LN_EPS = 1e-6
+# The order in which the `sdpa` form asks torch for its attention kernels (names of
+# torch.nn.attention.SDPBackend; a kernel that cannot take the inputs is passed over for the next);
+# None leaves the choice to torch. `bench/vision_encode.py --sdpa-backends` times each one.
+SDPA_BACKENDS: tuple[str, ...] | None = None
+# On CUDA, the blocks' fc1 + bias + tanh GELU as one cuBLASLt GEMM with its GELU epilogue.
+GELU_EPILOGUE = False
+
+
+def _sdpa_backends(names: Sequence[str] | None) -> list[SDPBackend] | None:
+    if names is None:
+        return None
+    out = []
+    for name in names:
+        member = getattr(SDPBackend, name.upper(), None)
+        if member is None or name.upper() in ("ERROR", "OVERRIDEABLE"):
+            raise ValueError(f"unknown SDPA backend {name!r}: one of flash_attention, cudnn_attention, "
+                             f"efficient_attention, math")
+        out.append(member)
+    if not out:
+        raise ValueError("sdpa_backends is empty: name at least one backend, or None for torch's choice")
+    return out
 
 
 @dataclass(frozen=True)
@@ -170,7 +192,8 @@ class VisionTower:
     (sdpa on CUDA, reference elsewhere)."""
 
     def __init__(self, view: VisionView, dims: Qwen36Dims | VisionDims, device: torch.device | str,
-                 dtype: torch.dtype, attention: str | None = None) -> None:
+                 dtype: torch.dtype, attention: str | None = None,
+                 sdpa_backends: Sequence[str] | None = SDPA_BACKENDS, gelu_epilogue: bool = GELU_EPILOGUE) -> None:
         v = dims.vision if isinstance(dims, Qwen36Dims) else dims
         if v is None:
             raise ValueError("this model identity has no vision tower (its dims carry no vision facts)")
@@ -183,6 +206,8 @@ class VisionTower:
         if attention not in ("sdpa", "reference"):
             raise ValueError(f"attention must be 'sdpa' or 'reference', got {attention!r}")
         self.attention = attention
+        self._sdpa_backends = _sdpa_backends(sdpa_backends) if attention == "sdpa" else None
+        self._gelu_epilogue = gelu_epilogue and self.device.type == "cuda"
         self._rope_ = None
         if attention == "sdpa" and self.device.type == "cuda" and fast_available():
             from ninfer.ops.triton.vision_rope import vision_rope_
@@ -293,7 +318,10 @@ class VisionTower:
         x.add_(F.linear(a, blk.proj_weight, blk.proj_bias))
         del a
         h = F.layer_norm(x, (C,), blk.norm2_weight, blk.norm2_bias, LN_EPS)
-        h = F.gelu(F.linear(h, blk.fc1_weight, blk.fc1_bias), approximate="tanh")
+        if self._gelu_epilogue:       # cuBLASLt's bias + tanh-GELU epilogue on the fp32 accumulator
+            h = torch._addmm_activation(blk.fc1_bias, h, blk.fc1_weight.t(), use_gelu=True)
+        else:
+            h = F.gelu(F.linear(h, blk.fc1_weight, blk.fc1_bias), approximate="tanh")
         x.add_(F.linear(h, blk.fc2_weight, blk.fc2_bias))
 
     def _attend_reference(self, q, k, v, grids) -> torch.Tensor:
@@ -319,7 +347,11 @@ class VisionTower:
             L = h * w
             sl = slice(start, start + t * L)
             qs, ks, vs = (z[sl].view(t, L, self.heads, self.head_dim).transpose(1, 2) for z in (q, k, v))
-            o = F.scaled_dot_product_attention(qs, ks, vs, scale=self.head_dim ** -0.5)      # [t, H, L, D]
+            if self._sdpa_backends is None:
+                o = F.scaled_dot_product_attention(qs, ks, vs, scale=self.head_dim ** -0.5)  # [t, H, L, D]
+            else:
+                with sdpa_kernel(self._sdpa_backends, set_priority=True):
+                    o = F.scaled_dot_product_attention(qs, ks, vs, scale=self.head_dim ** -0.5)
             out[sl].view(t, L, self.heads, self.head_dim).copy_(o.transpose(1, 2))
             start += t * L
         return out
