@@ -198,3 +198,40 @@ def test_capture_failure_falls_back_to_eager(monkeypatch):
     prog.prefill_graphs_enabled = False
     assert _once(prog, prompt, (len(prompt),))[0] == tokens
     assert prog._pending.num_free_scratch == prog._state.num_scratch      # the capture's scratch entry is back
+
+
+def test_text_stages_at_a_rope_delta_replay_the_graphs_and_equal_eager():
+    """A prompt with MRoPE positions (the next turn of a chat about an image: its rotary positions fall behind
+    the KV positions after the image): a stage of text at one constant delta replays a prefill graph (the
+    delta as data), a final 1-token stage the decode graph (the request's rope_delta), and both equal the
+    eager forward; the stage over the uneven positions stays eager."""
+    import numpy as np
+    w, prog = _program("qwen3_6-tiny-dense", torch.float32)
+    pg = prog.prefill_graphs
+    n, jump_at, jump = 300, 40, 25
+    rope = np.tile(np.arange(n), (3, 1))
+    rope[:, jump_at:] -= jump
+    rope[1, jump_at - 4:jump_at] += np.arange(4) % 2
+    prompt = tuple(torch.randint(0, w.dims.vocab_size, (n,), generator=torch.Generator().manual_seed(5)).tolist())
+    for stages, graphed in (((32, 18, 250), 2), ((50, 249, 1), 1)):
+        out = {}
+        for mode in ("graph", "eager"):
+            prog.prefill_graphs_enabled = mode == "graph"
+            prog.graphs_enabled = mode == "graph"
+            req = SequenceRequest(prompt_token_ids=prompt, sampling=SamplingParams(temperature=0.0),
+                                  max_output_tokens=4, rope_positions=rope, rope_delta=-jump)
+            h = prog.start_materialize(prog.plan_materialize(req)).sequence
+            r0 = pg.replays
+            for size in stages:
+                st = prog.prefill(h, size)
+            assert pg.replays - r0 == (graphed if mode == "graph" else 0), (stages, mode)
+            prog.commit(st.pending, [1])
+            b, lg = prog.decode_with_logits([h], 2)
+            prog.commit(b, [2])
+            out[mode] = (st.pending.rows[0].tokens + b.rows[0].tokens, lg)
+            prog.release(h)
+        assert out["graph"][0] == out["eager"][0], stages
+        assert rel_rms(out["graph"][1], out["eager"][1]) < 2e-3, stages
+    prog.graphs_enabled = True
+    cap = prog.capacity()
+    assert cap.pages_free == cap.pages_total and cap.slots_free == cap.slots_total

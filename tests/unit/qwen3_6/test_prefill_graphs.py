@@ -42,12 +42,13 @@ def test_graph_tokens_stop_where_a_stage_stops_being_host_bound():
 
 def test_fill_prefill_inputs_layout():
     N, W = 16, 4
-    a = np.full(N + 3 + 2 * W, -7, dtype=np.int64)
-    pgm.fill_prefill_inputs(a, N, W, [5, 6, 7], 11, [3, 9], 99, 20, 16)
+    a = np.full(N + 4 + 2 * W, -7, dtype=np.int64)
+    pgm.fill_prefill_inputs(a, N, W, [5, 6, 7], 11, [3, 9], 99, 20, 16, delta=-12)
     assert a[:N].tolist() == [5, 6, 7] + [0] * 13
-    assert a[N:N + 3].tolist() == [3, 11, 20]
-    assert a[N + 3:].reshape(2, W).tolist() == [[3, 9, 99, 99], [99, 99, 99, 99]]
+    assert a[N:N + 4].tolist() == [3, 11, 20, -12]
+    assert a[N + 4:].reshape(2, W).tolist() == [[3, 9, 99, 99], [99, 99, 99, 99]]
     pgm.fill_prefill_inputs(a, N, W, [5], 11, [3], 99, 48, 16)        # the padding's last position, 63
+    assert a[N + 3] == 0
     with pytest.raises(ValueError, match="17 tokens"):
         pgm.fill_prefill_inputs(a, N, W, [1] * 17, 0, [], 99, 0, 16)
     with pytest.raises(ValueError, match="5 pages"):
@@ -67,6 +68,7 @@ class _EagerPrefillGraphs:
         self.max_model_len = prog.config.max_model_len
         self.buckets: set[int] = set()
         self.replays = 0
+        self.deltas: list[int] = []
 
     def fits(self, L):
         return pgm.bucket(L, self.max_tokens) is not None
@@ -79,17 +81,18 @@ class _EagerPrefillGraphs:
         self.buckets.add(pgm.bucket(L, self.max_tokens))
         return True
 
-    def run(self, tokens, start, entry, pages):
+    def run(self, tokens, start, entry, pages, delta=0):
         N = pgm.bucket(len(tokens), self.max_tokens)
         W = pgm.table_pages(N, self.page_size, self.max_model_len)
-        v = np.zeros(N + 3 + 2 * W, dtype=np.int64)
+        v = np.zeros(N + 4 + 2 * W, dtype=np.int64)
         pgm.fill_prefill_inputs(v, N, W, tokens, entry, pages[:-(-(start + len(tokens)) // self.page_size)],
-                                self.dummy_page, start, self.page_size)
+                                self.dummy_page, start, self.page_size, delta)
         t = torch.from_numpy(v)
         g = SimpleNamespace(input_ids=t[:N], length=t[N:N + 1], entry=t[N + 1:N + 2], start=t[N + 2:N + 3],
-                            block_tables=t[N + 3:].view(2, W), positions=torch.arange(N),
+                            delta=t[N + 3:N + 4], block_tables=t[N + 4:].view(2, W), positions=torch.arange(N),
                             zero=torch.zeros(1, dtype=torch.long))
         self.replays += 1
+        self.deltas.append(delta)
         ops = self.model.ops
         with no_host_data() as saved:
             self.model.ops = guarded_ops(ops, saved)
@@ -157,6 +160,46 @@ def test_prefill_graph_stages_match_eager(identity):
         assert p0 == p1
         assert replays == sum(plp is None and 2 <= size <= 64 for size in stages), (n, stages, replays)
     assert fake.buckets == {8, 16, 32, 64}
+
+
+def _mrope_positions(n: int, jump_at: int, jump: int) -> np.ndarray:
+    """[3, n] MRoPE positions of a prompt whose rotary positions fall behind its KV positions by `jump` from
+    token jump_at on (as after an image, whose placeholders advance the rotary position by less than their
+    count), with the three axes apart inside [jump_at - 4, jump_at) (the image's own rows)."""
+    pos = np.tile(np.arange(n), (3, 1))
+    pos[:, jump_at:] -= jump
+    pos[1, jump_at - 4:jump_at] += np.arange(4) % 2
+    pos[2, jump_at - 4:jump_at] += np.arange(4) // 2
+    return pos
+
+
+def test_a_text_stage_after_mrope_positions_runs_the_graph_at_its_delta():
+    """A prompt with MRoPE positions (a chat turn after an image): its stages of text at one constant delta
+    replay the prefill graph (the delta as data) or the decode graph's step, equal to the eager forward; a
+    stage over the uneven positions stays eager."""
+    eager, graphed = _program("qwen3_6-tiny-dense"), _program("qwen3_6-tiny-dense")
+    graphed.prefill_graphs = fake = _EagerPrefillGraphs(graphed, max_tokens=64)
+    n, jump_at, jump = 60, 20, 7
+    prompt = tuple(torch.randint(0, 1000, (n,), generator=torch.Generator().manual_seed(9)).tolist())
+    rope = _mrope_positions(n, jump_at, jump)
+    out = []
+    for prog in (eager, graphed):
+        req = SequenceRequest(prompt_token_ids=prompt, sampling=SamplingParams(temperature=0.0),
+                              max_output_tokens=8, rope_positions=rope, rope_delta=-jump)
+        h = prog.start_materialize(prog.plan_materialize(req)).sequence
+        s = prog._seq(h)
+        assert [prog.text_stage_delta(s, a, b) for a, b in ((0, 16), (0, 20), (10, 30), (20, 60), (59, 60))] == [
+            0, None, None, -jump, -jump]
+        for size in (16, 14, 30):           # 0..16 text at delta 0; 16..30 over the image's rows; then text
+            st = prog.prefill(h, size)
+        prog.commit(st.pending, [1])
+        b, dl = prog.decode_with_logits([h], 2)
+        prog.commit(b, [2])
+        out.append((st.pending.rows[0].tokens, b.rows[0].tokens, dl))
+        prog.release(h)
+    assert fake.deltas == [0, -jump]
+    assert out[0][:2] == out[1][:2]
+    torch.testing.assert_close(out[1][2], out[0][2], rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("start", [0, 19, 32])

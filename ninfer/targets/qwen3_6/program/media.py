@@ -11,9 +11,11 @@ same image reuses a checkpoint and a different one never does.
 
 A prefill stage [start, end) that overlaps a media run takes that run's rows from the tower's output, computed
 once per sequence when the first stage reaches the run (a stage may split a run: the later stage slices the
-same rows) and dropped when a stage has consumed the run's last row. Stages of a prompt with media run the
-eager forward (the prefill graphs take text positions only). Decode steps and speculative rounds add the
-delta to their rotary positions; the MTP layer keeps KV positions (its own cache is consistent in them).
+same rows) and dropped when a stage has consumed the run's last row. A stage with media rows, or whose rotary
+positions are not its KV positions plus one constant, runs the eager forward; any other stage (the text after
+the last image, which the next turn of a chat prefills over its cached prefix) runs as text does, the prefill
+and decode graphs taking its constant delta as data (`text_stage_delta`). Decode steps and speculative rounds
+add the delta to their rotary positions; the MTP layer keeps KV positions (its own cache is consistent in them).
 """
 from __future__ import annotations
 
@@ -110,6 +112,21 @@ class MediaOps:
         if not s.request.media:
             return tuple(s.tokens[:n])
         return s.request.identity_prompt()[:n] + tuple(s.tokens[s.num_prompt:n])
+
+    def text_stage_delta(self, s: LiveSeq, start: int, end: int) -> int | None:
+        """d when the prompt stage [start, end) runs as text does: no media row in it, and every token rotating
+        at its position + d on every MRoPE axis (0 for a text prompt; the request's rope_delta for the text
+        after its last media, e.g. the next turn of a chat about an image). The graphs take d as data. None
+        otherwise: the stage runs eagerly (`media_rows`)."""
+        req = s.request
+        if any(m.offset < end and start < m.offset + m.length for m in req.media):
+            return None
+        if req.rope_positions is None:
+            return 0
+        rot = torch.as_tensor(req.rope_positions[:, start:end], dtype=torch.long)
+        d = rot - torch.arange(start, end, dtype=torch.long)
+        first = int(d[0, 0])
+        return first if bool((d == first).all()) else None
 
     def rope_deltas(self, seqs: Sequence[LiveSeq]) -> list[int]:
         return [s.request.rope_delta for s in seqs]

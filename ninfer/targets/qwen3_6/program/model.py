@@ -162,7 +162,8 @@ class Qwen36Model:
 
     def prefill_static(self, input_ids: torch.Tensor, positions: torch.Tensor, rows: torch.Tensor,
                        valid: torch.Tensor, cu_seqlens: torch.Tensor, state_entries: torch.Tensor,
-                       block_tables: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+                       block_tables: torch.Tensor, start: torch.Tensor,
+                       rope_delta: torch.Tensor | None = None) -> torch.Tensor:
         """One prompt stage of one sequence at positions start.., padded to a fixed row count N, from
         device tensors only (the prefill graphs' body, prefill_graphs.py): no host sync, no host-to-device
         copy, no branch on tensor values. input_ids / positions / rows [N] int64, positions = start +
@@ -170,13 +171,15 @@ class Qwen36Model:
         0); cu_seqlens [2] int64 = [0, L]; state_entries [1], the state after the prefix (zero for start
         0), read and updated in place; block_tables [2, W]: row 0 the sequence's pages (its prefix's KV
         is read there), row 1 pages that only the padding's KV is written to, both W >= (start + N) /
-        page_size; start [1] int64.
-        Returns hidden [N, H]: rows < L are `forward` of the L tokens over the prefix (text positions),
+        page_size; start [1] int64; rope_delta [1] int64 (None: 0): every token rotates at its position +
+        rope_delta on every MRoPE axis (text after media).
+        Returns hidden [N, H]: rows < L are `forward` of the L tokens over the prefix (those rotary positions),
         and the state and KV written are theirs. The padding is read by no real token (causal), and it
         enters the delta rule as q = k = v = 0, g = 0, beta = 0 (no decay, no update); the conv's state
         is taken at L."""
         x = F.embedding(input_ids, self.view.embed_tokens)
-        theta = positions.float().unsqueeze(-1) * self._inv_freq          # [N, rot/2]
+        rot = positions if rope_delta is None else positions + rope_delta
+        theta = rot.float().unsqueeze(-1) * self._inv_freq                # [N, rot/2]
         emb = torch.cat([theta, theta], dim=-1)
         N = input_ids.shape[0]
         fb = ForwardBatch(input_ids, positions, (N,), (0,), state_entries, block_tables)

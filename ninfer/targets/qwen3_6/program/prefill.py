@@ -55,14 +55,16 @@ class PrefillOps:
             #       the slot and written to the scratch entry): the decode graph of B=1 runs it when it
             #       applies. The context cache makes this the common case: prefill stops at P - 1 to
             #       capture, leaving one token. Prompt log-probs need the hidden states: eager.
-            # NOTE: a prompt with media takes its MRoPE positions and media rows: eager (media.py).
-            plain_text = not s.request.media and s.request.rope_positions is None
+            # NOTE: a stage with media rows or uneven MRoPE positions runs eagerly (media.py); one of text at
+            #       a constant rope delta takes the graphs (the decode graph adds the request's rope_delta).
+            delta = self.text_stage_delta(s, start, end)
             graphed = (self._graph_step([s], [[s.tokens[start]]], [start], [s.slot], [entry])
-                       if final and n == 1 and s.request.prompt_logprobs is None and plain_text else None)
-            if graphed is None and not keep_logits and plain_text:
+                       if final and n == 1 and s.request.prompt_logprobs is None
+                       and delta == s.request.rope_delta else None)
+            if graphed is None and not keep_logits and delta is not None:
                 # NOTE: a short stage (over a prefix or not) replays a graph of the whole stage: such a stage
                 #       is host bound (prefill_graphs.py).
-                graphed = self._prefill_graph(s, start, end, entry, final)
+                graphed = self._prefill_graph(s, start, end, entry, final, delta)
                 if graphed is not None and not final:
                     s.frontier = end
                     self._pub_target_reached(s, lambda T: s.slot if T == end else None)
@@ -99,8 +101,10 @@ class PrefillOps:
                 self._pending.close(rec)
             raise
 
-    def _prefill_graph(self, s: LiveSeq, start: int, end: int, entry: int, final: bool) -> torch.Tensor | None:
-        """A stage of the prompt, tokens start..end-1 over the prefix before them (none at start 0), through
+    def _prefill_graph(self, s: LiveSeq, start: int, end: int, entry: int, final: bool,
+                       delta: int = 0) -> torch.Tensor | None:
+        """A stage of the prompt, tokens start..end-1 (rotating at their positions + delta) over the prefix
+        before them (none at start 0), through
         the prefill graph of its bucket, with the stage's state in entry `entry` (the slot; a final stage's
         scratch entry, which gets the slot's image first, as on the eager path). Returns the last token's
         fp32 logits [1, V] for a final stage, the graph's hidden output otherwise (unread); None when no
@@ -116,7 +120,7 @@ class PrefillOps:
         s.holding.table.ensure(end)
         if final:
             self._state.copy_entry(entry, s.slot)
-        hidden = pg.run(s.tokens[start:end], start, self._state.phys(entry), s.holding.table.pages)
+        hidden = pg.run(s.tokens[start:end], start, self._state.phys(entry), s.holding.table.pages, delta)
         return self.model.logits(hidden) if final else hidden
 
     def _capture_prefill(self, pg: "prefill_graphs.PrefillGraphs", n: int, scratch: int | None) -> bool:

@@ -78,9 +78,10 @@ def bucket(L: int, max_tokens: int = MAX_TOKENS) -> int | None:
 
 
 def fill_prefill_inputs(a, N: int, W: int, tokens: Sequence[int], entry: int, pages: Sequence[int],
-                        dummy_page: int, start: int, page_size: int) -> None:
+                        dummy_page: int, start: int, page_size: int, delta: int = 0) -> None:
     """Write one stage's inputs into a prefill graph's int64 host buffer (numpy, `_Graph` layout): the
-    tokens then zeros up to N, L, the state entry, the start, row 0 of the tables (the pages, then the
+    tokens then zeros up to N, L, the state entry, the start, the rope delta (the stage's tokens rotate at
+    their position + delta on every axis: text after media), row 0 of the tables (the pages, then the
     dummy page up to W) and row 1 (the dummy page). The tables must reach the padding's last position
     (start + N - 1, at page_size tokens a page)."""
     L = len(tokens)
@@ -92,20 +93,20 @@ def fill_prefill_inputs(a, N: int, W: int, tokens: Sequence[int], entry: int, pa
         raise ValueError(f"a prefill stage at {start} padded to {N} rows past tables of {W} pages of {page_size}")
     a[:L] = tokens
     a[L:N] = 0
-    a[N], a[N + 1], a[N + 2] = L, entry, start
-    a[N + 3:N + 3 + len(pages)] = pages
-    a[N + 3 + len(pages):] = dummy_page
+    a[N], a[N + 1], a[N + 2], a[N + 3] = L, entry, start, delta
+    a[N + 4:N + 4 + len(pages)] = pages
+    a[N + 4 + len(pages):] = dummy_page
 
 
 def prefill_body(model: Qwen36Model, g) -> torch.Tensor:
     """The captured region, from the device tensors of `g` only (`_Graph`'s views: input_ids [N], length
-    [1], entry [1], start [1], block_tables [2, W], positions = arange(N), zero [1]): the stage's forward,
-    then the hidden state of its last real token [1, H]."""
+    [1], entry [1], start [1], delta [1], block_tables [2, W], positions = arange(N), zero [1]): the stage's
+    forward, then the hidden state of its last real token [1, H]."""
     valid = g.positions < g.length
     rows = (~valid).long()
     cu = torch.cat([g.zero, g.length])
     hidden = model.prefill_static(g.input_ids, g.positions + g.start, rows, valid, cu, g.entry, g.block_tables,
-                                  g.start)
+                                  g.start, rope_delta=g.delta)
     last = hidden.index_select(0, g.length - 1)
     if model.view.mtp is not None:
         # NOTE: the MTP layer's KV of positions start-1.. (the hidden state of each position with the token
@@ -159,10 +160,11 @@ def table_pages(N: int, page_size: int, max_model_len: int) -> int:
 class _Graph(PinnedInputs):
     def __init__(self, N: int, W: int, device: torch.device) -> None:
         self.N, self.W = N, W
-        super().__init__(N + 3 + 2 * W, device)
+        super().__init__(N + 4 + 2 * W, device)
         v = self.dev
         self.input_ids, self.length, self.entry, self.start = v[:N], v[N:N + 1], v[N + 1:N + 2], v[N + 2:N + 3]
-        self.block_tables = v[N + 3:].view(2, W)
+        self.delta = v[N + 3:N + 4]
+        self.block_tables = v[N + 4:].view(2, W)
         self.positions = torch.arange(N, dtype=torch.long, device=device)
         self.zero = torch.zeros(1, dtype=torch.long, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -228,8 +230,9 @@ class PrefillGraphs:
         self.capture_s += time.perf_counter() - t0
         return True
 
-    def run(self, tokens: Sequence[int], start: int, entry: int, pages: Sequence[int]) -> torch.Tensor:
-        """Replay the captured bucket of len(tokens) (`capture` first): the stage at positions start..,
+    def run(self, tokens: Sequence[int], start: int, entry: int, pages: Sequence[int], delta: int = 0) -> torch.Tensor:
+        """Replay the captured bucket of len(tokens) (`capture` first): the stage at positions start.. (rotary
+        positions start + delta.., the same on every MRoPE axis),
         its prefix's KV read from and its own written into `pages` (the sequence's, from position 0), its
         state read (the state after the prefix) and written at the physical image `entry`. Returns the
         hidden state of its last token [1, H] (the graph's static output, valid until the next replay of
@@ -243,7 +246,7 @@ class PrefillGraphs:
             raise ValueError(f"{len(pages)} pages of {self.page_size} tokens for a prefill stage ending at {end}")
         g.wait_reusable()                     # this graph's last replay no longer reads its pinned buffer
         fill_prefill_inputs(g.host_np, g.N, g.W, tokens, entry, pages[:need], self.dummy_page, start,
-                            self.page_size)
+                            self.page_size, delta)
         g.graph.replay()
         self.replays += 1
         return g.hidden
