@@ -26,10 +26,11 @@ import pytest
 import torch
 from PIL import Image, ImageOps
 
+from ninfer.targets.qwen3_6.frontend.resample import resize_uint8_bicubic_torch
+from ninfer.targets.qwen3_6.frontend.video_preprocess import frame_timestamps, preprocess_video, sample_frame_indices
 from ninfer.targets.qwen3_6.frontend.vision_preprocess import (
-    FAMILY_IMAGE_CONFIG, FAMILY_VIDEO_CONFIG, ImageInput, VideoInput, VisionPreprocessConfig, frame_timestamps,
-    image_placeholder_text, num_placeholder_tokens, preprocess_image, preprocess_video, resize_uint8_bicubic_torch,
-    sample_frame_indices, smart_resize, smart_resize_video, video_groups, video_placeholder_text)
+    FAMILY_IMAGE_CONFIG, FAMILY_VIDEO_CONFIG, ImageInput, VideoInput, VisionPreprocessConfig, image_placeholder_text,
+    num_placeholder_tokens, preprocess_image, smart_resize, smart_resize_video, video_groups, video_placeholder_text)
 
 FAMILY = VisionPreprocessConfig.from_dicts(FAMILY_IMAGE_CONFIG, FAMILY_VIDEO_CONFIG)
 RNG = np.random.default_rng(1234)

@@ -22,7 +22,8 @@ import numpy as np
 
 from ninfer.contract.frontend import MEDIA_KEY, MediaPlaceholder
 from .mrope import IMAGE_PAD_ID, VIDEO_PAD_ID, MediaGrid, rope_positions
-from .vision_preprocess import VisionPreprocessConfig, preprocess_image, preprocess_video, video_groups
+from .video_preprocess import preprocess_video
+from .vision_preprocess import VisionPreprocessConfig, preprocess_image, video_groups
 from .vocab import SPECIAL_START_ID, SPECIAL_TOKENS
 
 VISION_START_ID = SPECIAL_START_ID + SPECIAL_TOKENS.index("<|vision_start|>")

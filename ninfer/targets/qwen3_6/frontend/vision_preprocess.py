@@ -6,7 +6,7 @@ the same `preprocessor_config.json` / `video_preprocessor_config.json`:
     cfg = VisionPreprocessConfig.from_resources(artifact.frontend_resources())
     img = preprocess_image(png_bytes, cfg, max_image_pixels=64_000_000)
     img.pixel_values        # float32 [gh*gw, 3*2*16*16], img.grid_thw == (1, gh, gw)
-    vid = preprocess_video(frames_thwc_uint8, cfg, fps=29.97)
+    vid = preprocess_video(frames_thwc_uint8, cfg, fps=29.97)      # video_preprocess.py
     video_placeholder_text(vid, cfg.merge_size)      # what replaces the prompt's one <|video_pad|>
 
 Images (transformers' `Qwen2VLImageProcessorPil`, the PIL backend):
@@ -31,34 +31,8 @@ Images (transformers' `Qwen2VLImageProcessorPil`, the PIL backend):
   as under vLLM): steps 3 and 4 become the video path's steps 4 and 5 (torch's uint8 bicubic and the
   fused normalisation). Both backends give the same grid; pixel values differ slightly.
 
-Videos (transformers' `Qwen3VLVideoProcessor`, which runs on torch/torchvision):
-  1. Input: uint8 frames [T, H, W, 3] (RGB) and the source frame rate `fps` (None: 24, as
-     transformers assumes when the metadata lacks it).
-  2. Frame indices (`sample_frame_indices`): with a sampling rate `cfg.fps`,
-     n = clamp(int(T / source_fps * cfg.fps), min_frames, max_frames) and at most T; with a fixed
-     `cfg.num_frames` (and no fps), n = num_frames; with neither, n = min(max(T, min_frames),
-     max_frames). indices = round-half-even(linspace(0, T-1, n)). `do_sample_frames: false` keeps
-     every frame (timestamps then use indices 0..T-1; transformers' processor has no indices to
-     time them and fails). Callers that decode only the sampled frames pass them with
-     `frame_indices`. `max_frame_pixels` refuses frames larger than a limit.
-  3. (h, w) = smart_resize_video(n, H, W, ...): the image rule over the whole clip's pixel count
-     (t_bar*h*w against min/max pixels, t_bar = round(n / temporal_patch_size) * temporal_patch_size;
-     frames thinner than the factor are first scaled up to it); with `cap_pixels_per_frame`, the
-     per-frame budget is max(min(max_video_tokens*factor^2, max_pixels // n), int(1.05*min_pixels)).
-  4. Resize every frame with torch's uint8 antialiased bicubic (what torchvision runs on the CPU for
-     a uint8 tensor), reproduced exactly here (`resize_uint8_bicubic_torch`): separable, width pass
-     then height pass through a uint8 intermediate, Keys cubic a = -0.5 widened by the downscale
-     factor, weights normalised then rounded to int16 at the largest precision that keeps the
-     biggest weight below 2^15, sums rounded half up and clamped. It differs from Pillow's bicubic
-     by one level on about 0.5% of pixels, so images and videos use different resizers on purpose.
-  5. Fused rescale+normalise as the torchvision backend does: x = (float32(x) - mean/rescale) /
-     (std/rescale), with mean/rescale and std/rescale computed in float32.
-  6. Pad the frame count to a multiple of temporal_patch_size by repeating the last frame; grid
-     (t, gh, gw) = (n'/temporal_patch_size, h/patch, w/patch); patches in (t, merge-block-major
-     rows and columns) order, each flattened in (channel, time, row, column) order.
-  7. Timestamps (`Qwen3VLProcessor._calculate_timestamps`): the sampled indices padded like the
-     frames, seconds = index / source_fps, and one timestamp per temporal group: the mean of the
-     group's first and last frame times.
+Videos: video_preprocess.py (transformers' `Qwen3VLVideoProcessor`); the uint8 antialiased bicubic
+resampler both paths use where torchvision would: resample.py.
 
 Prompt expansion (transformers' `Qwen3VLProcessor`, also used for Qwen3.5/3.6):
   - Image: the chat template's one `<|image_pad|>` becomes t*h*w / merge_size^2 copies; the
@@ -90,6 +64,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from .resample import resize_uint8_bicubic_torch
+
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 VIDEO_PREPROCESSOR_CONFIG = "video_preprocessor_config.json"
 
@@ -99,7 +75,6 @@ ALLOWED_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP", "GIF", "BMP")
 
 _BICUBIC = 3    # PIL.Image.Resampling.BICUBIC, the value transformers stores as "resample"
 IMAGE_BACKENDS = ("pil", "torchvision")
-_BLOCK_ELEMENTS = 1 << 18      # resampler working-set size (elements of one output block)
 
 # The official Qwen3.6 files (qwen3_6.md 2.3), used when a file is absent.
 FAMILY_IMAGE_CONFIG: dict[str, Any] = {
@@ -577,179 +552,3 @@ def preprocess_image(image: Any, cfg: VisionPreprocessConfig, *, max_image_pixel
         table = _table_fused(cfg.rescale_factor, cfg.image_mean, cfg.image_std)
     rows, gh, gw = _patchify_image(resized.transpose(2, 0, 1), cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size)
     return ImageInput(pixel_values=_normalize_rows(rows, table), grid_thw=(1, gh, gw))
-
-
-# ---------------------------------------------------------------------------------------------
-# Video
-# ---------------------------------------------------------------------------------------------
-
-def sample_frame_indices(total_num_frames: int, cfg: VisionPreprocessConfig, fps: float | None = None) -> np.ndarray:
-    """Indices of the source frames the video processor keeps (Qwen3VLVideoProcessor.sample_frames).
-
-    fps: the source frame rate (None: 24, transformers' fallback).
-    """
-    if (isinstance(total_num_frames, bool) or not isinstance(total_num_frames, (int, np.integer))
-            or total_num_frames <= 0):
-        raise ValueError(f"a video needs at least one frame, got {total_num_frames!r}")
-    total = int(total_num_frames)
-    if not cfg.do_sample_frames:
-        return np.arange(total)
-    source_fps = _source_fps(fps)
-    num = cfg.num_frames
-    if num is None and cfg.fps is not None:
-        num = int(total / source_fps * cfg.fps)
-        num = min(max(num, cfg.min_frames), cfg.max_frames, total)
-    if num is None:
-        num = min(max(total, cfg.min_frames), cfg.max_frames)
-    return np.linspace(0, total - 1, num).round().astype(int)
-
-
-def _source_fps(fps: float | None) -> float:
-    if fps is None:
-        return 24.0
-    if (isinstance(fps, bool) or not isinstance(fps, (int, float, np.floating, np.integer))
-            or not math.isfinite(fps) or fps <= 0):
-        raise ValueError(f"video fps must be a positive number, got {fps!r}")
-    return float(fps)
-
-
-def frame_timestamps(frame_indices: Sequence[int], source_fps: float, temporal_patch_size: int) -> tuple[float, ...]:
-    """Seconds of each temporal group: mean of its first and last frame time (indices padded by repeating the last)."""
-    idx = [int(i) for i in frame_indices]
-    if len(idx) % temporal_patch_size:
-        idx.extend(idx[-1] for _ in range(temporal_patch_size - len(idx) % temporal_patch_size))
-    secs = [i / source_fps for i in idx]
-    return tuple((secs[i] + secs[i + temporal_patch_size - 1]) / 2 for i in range(0, len(secs), temporal_patch_size))
-
-
-def _cubic_keys(x: np.ndarray, a: float = -0.5) -> np.ndarray:
-    x = np.abs(x)
-    near = ((a + 2) * x - (a + 3)) * x * x + 1
-    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
-    return np.where(x < 1.0, near, np.where(x < 2.0, far, 0.0))
-
-
-def _aa_bicubic_int_weights(in_size: int, out_size: int, precision: int | None = None):
-    """(first tap, integer weights [out, taps], precision) of one antialiased bicubic pass.
-
-    precision None: torch's uint8 rule (largest p < 22 keeping round(max weight * 2^(p+1)) < 2^15);
-    22 gives Pillow's fixed precision."""
-    scale = in_size / out_size
-    support = 2.0 * scale if scale >= 1.0 else 2.0
-    invscale = 1.0 / scale if scale >= 1.0 else 1.0
-    taps = int(math.ceil(support)) * 2 + 1
-    center = scale * (np.arange(out_size, dtype=np.float64) + 0.5)
-    xmin = np.maximum(np.trunc(center - support + 0.5), 0).astype(np.int64)
-    xmax = np.minimum(np.trunc(center + support + 0.5).astype(np.int64), in_size)
-    xsize = np.clip(xmax - xmin, 0, taps)
-    j = np.arange(taps)
-    w = _cubic_keys((j[None, :] + xmin[:, None] - center[:, None] + 0.5) * invscale)
-    w = np.where(j[None, :] < xsize[:, None], w, 0.0)
-    total = np.zeros(out_size)
-    for k in range(taps):              # sequential sum, as the reference does
-        total = total + w[:, k]
-    w = np.where(total[:, None] != 0.0, w / np.where(total == 0.0, 1.0, total)[:, None], w)
-    if precision is None:
-        wt_max = float(w.max()) if w.size else 0.0
-        precision = 0
-        while precision < 22 and int(0.5 + wt_max * (1 << (precision + 1))) < (1 << 15):
-            precision += 1
-    v = w * float(1 << precision)
-    iw = np.where(v < 0, np.trunc(v - 0.5), np.trunc(v + 0.5)).astype(np.int64)
-    return xmin, iw, precision
-
-
-def _resample_axis(x: np.ndarray, axis: int, out_size: int, precision: int | None) -> np.ndarray:
-    in_size = x.shape[axis]
-    if in_size == out_size:
-        return x
-    xmin, iw, p = _aa_bicubic_int_weights(in_size, out_size, precision)
-    acc_t = np.int32 if p <= 16 else np.int64
-    lead, trail = x.shape[:axis], x.shape[axis + 1:]
-    n_lead, n_trail = math.prod(lead), math.prod(trail)
-    flat = x.reshape(n_lead, in_size, n_trail)
-    out = np.empty((n_lead, out_size, n_trail), dtype=np.uint8)
-    # blocks small enough for the temporaries to stay in cache
-    cols = min(n_trail, max(1, _BLOCK_ELEMENTS // out_size))
-    rows = max(1, _BLOCK_ELEMENTS // (out_size * cols))
-    taps = [(np.minimum(xmin + k, in_size - 1), iw[:, k].astype(acc_t).reshape(1, -1, 1))
-            for k in range(iw.shape[1]) if iw[:, k].any()]      # zero weights where the window is shorter
-    for r in range(0, n_lead, rows):
-        for c in range(0, n_trail, cols):
-            block = flat[r:r + rows, :, c:c + cols]
-            acc = np.full((block.shape[0], out_size, block.shape[2]), 1 << (p - 1), dtype=acc_t)
-            tmp = np.empty_like(acc)
-            for idx, wk in taps:
-                np.multiply(np.take(block, idx, axis=1), wk, out=tmp)
-                acc += tmp
-            np.right_shift(acc, p, out=acc)
-            np.clip(acc, 0, 255, out=acc)
-            out[r:r + rows, :, c:c + cols] = acc
-    return out.reshape(*lead, out_size, *trail)
-
-
-def resize_uint8_bicubic_torch(frames: np.ndarray, height: int, width: int, *,
-                               precision: int | None = None) -> np.ndarray:
-    """Antialiased bicubic resize of uint8 [..., H, W, C] frames, bit-exact with
-    torch.nn.functional.interpolate(mode="bicubic", antialias=True) on uint8 (CPU) and so with
-    torchvision's resize. precision=22 gives Pillow's BICUBIC instead.
-
-    Cost: each pass does (taps per output sample) multiply-adds per output sample, taps about
-    4 * max(1, in/out) + 1, so roughly 4 per input sample when shrinking; pure numpy, int32."""
-    if frames.dtype != np.uint8 or frames.ndim < 3:
-        raise ValueError(f"frames must be uint8 [..., H, W, C], got {frames.dtype} {frames.shape}")
-    out = _resample_axis(frames, frames.ndim - 2, width, precision)      # width pass first
-    return _resample_axis(out, frames.ndim - 3, height, precision)
-
-
-def _patchify_video(frames: np.ndarray, patch: int, merge: int, temporal: int) -> tuple[np.ndarray, int, int, int]:
-    n, c, h, w = frames.shape
-    if pad := -n % temporal:
-        frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)], axis=0)
-        n += pad
-    gt, gh, gw = n // temporal, h // patch, w // patch
-    p = frames.reshape(gt, temporal, c, gh // merge, merge, patch, gw // merge, merge, patch)
-    p = p.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)             # (t, gh/m, gw/m, m, m, C, T, P, P)
-    return np.ascontiguousarray(p.reshape(gt * gh * gw, c * temporal * patch * patch)), gt, gh, gw
-
-
-def preprocess_video(frames: np.ndarray, cfg: VisionPreprocessConfig, fps: float | None = None, *,
-                     frame_indices: Sequence[int] | None = None, max_frame_pixels: int | None = None) -> VideoInput:
-    """RGB uint8 frames [T, H, W, 3] at source rate `fps` -> VideoInput equal to transformers'
-    Qwen3VLVideoProcessor and Qwen3VLProcessor timestamps (module docstring).
-
-    frame_indices: the frames are already the sampled ones, taken at these source indices (from
-    `sample_frame_indices`), so only those need decoding; None: `frames` is the whole video and
-    is sampled here. max_frame_pixels: refuse frames larger than this.
-    """
-    if not isinstance(frames, np.ndarray) or frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[3] != 3:
-        got = f"{frames.dtype} {frames.shape}" if isinstance(frames, np.ndarray) else type(frames).__name__
-        raise ValueError(f"video frames must be an RGB uint8 array [T, H, W, 3], got {got}")
-    total, height, width = frames.shape[:3]
-    if total == 0:
-        raise ValueError("video has no frames")
-    _check_pixels(width, height, max_frame_pixels)
-    source_fps = _source_fps(fps)
-    if frame_indices is None:
-        indices = sample_frame_indices(total, cfg, source_fps)
-        frames = frames[indices]
-    else:
-        indices = np.asarray([int(i) for i in frame_indices], dtype=np.int64)
-        if len(indices) != total:
-            raise ValueError(f"frame_indices has {len(indices)} entries for {total} frames")
-        if (indices < 0).any():
-            raise ValueError("frame_indices must be non-negative")
-    n = len(indices)
-    tp, factor = cfg.temporal_patch_size, cfg.factor
-    max_pixels = cfg.video_max_pixels
-    if cfg.cap_pixels_per_frame:
-        frame_cap = cfg.max_video_tokens * factor * factor
-        max_pixels = max(min(frame_cap, cfg.video_max_pixels // n), int(cfg.video_min_pixels * 1.05)) * n
-    rh, rw = smart_resize_video(n, height, width, tp, factor, cfg.video_min_pixels, max_pixels)
-    if (rh, rw) != (height, width):
-        frames = resize_uint8_bicubic_torch(frames, rh, rw)
-    rows, gt, gh, gw = _patchify_video(frames.transpose(0, 3, 1, 2), cfg.patch_size, cfg.merge_size, tp)
-    pixel_values = _normalize_rows(rows, _table_fused(cfg.video_rescale_factor, cfg.video_mean, cfg.video_std))
-    return VideoInput(pixel_values=pixel_values, grid_thw=(gt, gh, gw),
-                      frame_indices=tuple(int(i) for i in indices), source_fps=source_fps,
-                      timestamps=frame_timestamps(indices, source_fps, tp))
