@@ -72,14 +72,35 @@ def _sharded(src: Path, dst: Path, shards: int) -> Path:
     return dst
 
 
+@pytest.fixture(scope="module")
+def moe_per_expert(tmp_path_factory):
+    """The MoE checkpoint in the "vl" layout (per-expert main experts, as `save_pretrained` writes them):
+    only this module reads it, so it is built here and removed when the module ends rather than kept
+    in the session's shared folder."""
+    from ninfer.targets.qwen3_6.frontend.vocab import write_tokenizer_files
+    from ninfer.testing.tiny_hf import write_tiny_checkpoint
+    from support.scratch import scratch_dir
+
+    with scratch_dir(tmp_path_factory, "hf-moe-vl") as d:
+        write_tiny_checkpoint(d, "moe", "vl")
+        write_tokenizer_files(d)
+        yield d
+
+
+def _checkpoint(request, kind: str, layout: str) -> Path:
+    if (kind, layout) == ("moe", "vl"):
+        return request.getfixturevalue("moe_per_expert")
+    return request.getfixturevalue("tiny_checkpoint_dir")(kind, layout)
+
+
 CASES = [("dense", "text", 1), ("moe", "text", 1), ("dense", "vl", 1), ("moe", "vl", 1),
          ("dense", "official", 3), ("moe", "official", 3), ("moe", "official", 1)]
 
 
 @pytest.mark.parametrize("kind,layout,shards", CASES)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_roundtrip_bit_exact(tiny_checkpoint_dir, tmp_path, kind, layout, shards, dtype):
-    src = tiny_checkpoint_dir(kind, layout)
+def test_roundtrip_bit_exact(request, tmp_path, kind, layout, shards, dtype):
+    src = _checkpoint(request, kind, layout)
     if shards > 1:
         src = _sharded(src, tmp_path / "src", shards)
     assert (src / "model.safetensors.index.json").exists() == (shards > 1)
@@ -126,9 +147,9 @@ def _check_roundtrip(src: Path, out: Path, kind: str, layout: str, dtype: str) -
         assert len(prov["config.json"]["sha256"]) == 64
 
 
-def test_per_expert_and_fused_layouts_give_identical_payloads(tiny_checkpoint_dir, tmp_path):
-    a = convert(tiny_checkpoint_dir("moe", "vl"), tmp_path / "a.ninfer")
-    b = convert(tiny_checkpoint_dir("moe", "official"), tmp_path / "b.ninfer")
+def test_per_expert_and_fused_layouts_give_identical_payloads(moe_per_expert, tiny_checkpoint_dir, tmp_path):
+    a = convert(moe_per_expert, tmp_path / "a.ninfer", dtype="bf16")        # bf16: half the disk, same check
+    b = convert(tiny_checkpoint_dir("moe", "official"), tmp_path / "b.ninfer", dtype="bf16")
     with open_artifact(a) as x, open_artifact(b) as y:
         for n in x.tensor_names():
             assert x.tensor_info(n)["sha256"] == y.tensor_info(n)["sha256"], n
