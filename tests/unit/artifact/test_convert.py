@@ -72,6 +72,21 @@ def _sharded(src: Path, dst: Path, shards: int) -> Path:
     return dst
 
 
+def test_roundtrip_of_an_fp32_source(tmp_path):
+    """An all-F32 source (the shared tiny checkpoints are BF16): fp32 keeps it, bf16 rounds it. (Defined
+    before the tests that build the module's per-expert checkpoint: the two never share the disk.)"""
+    from ninfer.targets.qwen3_6.frontend.vocab import write_tokenizer_files
+    from ninfer.testing.tiny_hf import write_tiny_checkpoint
+
+    src = write_tiny_checkpoint(tmp_path / "src", "dense", "text", dtype="fp32")
+    write_tokenizer_files(src)
+    assert {t.dtype for t in _source_tensors(src).values()} == {torch.float32}
+    for dtype in ("bf16", "fp32"):
+        out = tmp_path / f"{dtype}.ninfer"
+        _check_roundtrip(src, out, "dense", "text", dtype)
+        out.unlink()                    # disk: one 140 MB output at a time
+
+
 @pytest.fixture(scope="module")
 def moe_per_expert(tmp_path_factory):
     """The MoE checkpoint in the "vl" layout (per-expert main experts, as `save_pretrained` writes them):
@@ -107,20 +122,6 @@ def test_roundtrip_bit_exact(request, tmp_path, kind, layout, shards, dtype):
     # BF16 as in the official checkpoints; A_log / GDN norm F32 as in the 35B-A3B
     assert {t.dtype for t in _source_tensors(src).values()} == {torch.bfloat16, torch.float32}
     _check_roundtrip(src, tmp_path / "m.ninfer", kind, layout, dtype)
-
-
-def test_roundtrip_of_an_fp32_source(tmp_path):
-    """An all-F32 source (the shared tiny checkpoints are BF16): fp32 keeps it, bf16 rounds it."""
-    from ninfer.targets.qwen3_6.frontend.vocab import write_tokenizer_files
-    from ninfer.testing.tiny_hf import write_tiny_checkpoint
-
-    src = write_tiny_checkpoint(tmp_path / "src", "dense", "text", dtype="fp32")
-    write_tokenizer_files(src)
-    assert {t.dtype for t in _source_tensors(src).values()} == {torch.float32}
-    for dtype in ("bf16", "fp32"):
-        out = tmp_path / f"{dtype}.ninfer"
-        _check_roundtrip(src, out, "dense", "text", dtype)
-        out.unlink()                    # disk: one 140 MB output at a time
 
 
 def _check_roundtrip(src: Path, out: Path, kind: str, layout: str, dtype: str) -> None:
@@ -166,7 +167,7 @@ def test_without_mtp_and_template_inside_tokenizer_config(tiny_checkpoint_dir, t
     cfg = json.loads((src / "tokenizer_config.json").read_text())
     cfg["chat_template"] = tpl
     (src / "tokenizer_config.json").write_text(json.dumps(cfg))
-    out = convert(src, tmp_path / "m.ninfer")
+    out = convert(src, tmp_path / "m.ninfer", dtype="bf16")
     with open_artifact(out) as art:
         assert not art.has_group("mtp") and not art.has_group("vision")
         assert art.frontend_resources()["chat_template.jinja"].decode() == tpl
