@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         write_tiny_checkpoint(src, args.kind, "text")
         write_tokenizer_files(src)
         artifact = convert(src, Path(tmp) / "tiny.ninfer", dtype="fp32")
+        shutil.rmtree(src)                      # disk: only the artifact is used
         engine = Engine(artifact, EngineConfig(purpose="causal_scoring", device=args.device, dtype="fp32",
                                                max_model_len=args.window))
         assert engine.wait_ready().ready, engine.availability

@@ -3,6 +3,8 @@
 It is the registered `qwen3_6-tiny-dense` identity with deterministic seeded random weights
 (normal, std 0.02, like Hugging Face's init; norm weights perturbed) and the real Qwen3.6
 tokenizer and chat template. Everything but the weights is real, so its text is meaningless.
+The weights are bf16, stored bf16 like the real checkpoints' (`linear_attn.A_log` and
+`linear_attn.norm.weight` fp32, as the 35B-A3B stores them); the CPU computes in fp32 all the same.
 
 The artifact is built on first use into the user cache directory
 (`$NINFER_CACHE_DIR`, else `$XDG_CACHE_HOME/ninfer`, else `~/.cache/ninfer`), written atomically
@@ -15,7 +17,7 @@ Deliberate tweaks, so that it behaves like a language model in the ways a user s
    (so the final hidden state points that way) and each padding row is -30 in that dimension and 0
    elsewhere, which keeps their logits far below every real token's.
 2. The real rows of the head are 0 in dimension 0 (the shared offset favours no token) and all of
-   one norm, HEAD_ROW_NORM: no row is long enough to win whatever the state, and the next-token
+   one norm, HEAD_ROW_NORM (to bf16 precision): no row is long enough to win whatever the state, and the next-token
    distribution is peaked (its top token holds a few percent to tens of percent) rather than flat
    over the vocabulary.
 3. The output depends on the whole prompt, not only on its last token (which is the same for every
@@ -43,7 +45,7 @@ DEMO_MODEL_NAME = "ninfer-demo"
 DEMO_SEED = 1234
 INIT_STD = 0.02
 # NOTE: bump when the produced weights or resources change, so a stale cache file is not reused.
-DEMO_VERSION = 3
+DEMO_VERSION = 4
 DEMO_NOTICE = ("note: using the built-in demo model (qwen3_6-tiny-dense with random weights): "
                "its text is meaningless; pass a .ninfer file or a Hugging Face checkpoint directory "
                "to use a real model")
@@ -64,9 +66,10 @@ def demo_artifact_path() -> Path:
 
 def demo_tensors(seed: int = DEMO_SEED, groups: tuple[str, ...] | None = None, *,
                  context_mix: float = CONTEXT_MIX) -> Iterator[tuple[str, torch.Tensor]]:
-    """(canonical name, tensor) of the demo weights, generated one at a time (deterministic).
+    """(canonical name, tensor) of the demo weights, generated one at a time (deterministic): computed
+    in fp32, then bf16 but for the fp32 `linear_attn.A_log` / `linear_attn.norm.weight`.
     context_mix 0: the attention layers keep their plain random weights (no tweak 3)."""
-    from ninfer.targets.qwen3_6.schema import REQUIRED_GROUPS, tensor_specs
+    from ninfer.targets.qwen3_6.schema import FP32_KEEP_SUFFIXES, REQUIRED_GROUPS, tensor_specs
     from ninfer.targets.registry import lookup
 
     dims = lookup(DEMO_IDENTITY).dims
@@ -102,7 +105,7 @@ def demo_tensors(seed: int = DEMO_SEED, groups: tuple[str, ...] | None = None, *
         elif name.endswith("self_attn.o_proj.weight"):
             heads = dims.num_attention_heads
             t += (context_mix / heads) * torch.eye(dims.hidden_size).repeat(1, heads)
-        yield name, t
+        yield name, (t if name.endswith(FP32_KEEP_SUFFIXES) else t.to(torch.bfloat16))
 
 
 def demo_resources() -> dict[str, bytes]:
@@ -134,7 +137,7 @@ def build_demo_artifact(path: str | os.PathLike, seed: int = DEMO_SEED,
                         on_tensor: Callable[[str, int], None] | None = None) -> Path:
     from ninfer.artifact import write_artifact
 
-    return write_artifact(path, DEMO_IDENTITY, demo_tensors(seed), demo_resources(), dtype="fp32",
+    return write_artifact(path, DEMO_IDENTITY, demo_tensors(seed), demo_resources(), dtype="bf16",
                           eos_token_ids=EOS_TOKEN_IDS,
                           source={"kind": "ninfer-demo", "seed": seed, "init_std": INIT_STD,
                                   "version": DEMO_VERSION}, on_tensor=on_tensor)

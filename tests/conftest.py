@@ -18,13 +18,13 @@ Threads
 
 Fixtures (session-scoped; each is built once a run, ~1-2 s a build, by the first pytest-xdist worker that
 asks for it, in a folder all workers read: tests must not write into them; copy first)
-    tiny_artifact_path(kind, dtype="fp32", *, layout="official", seed=0) -> Path of a tiny .ninfer file
-    tiny_checkpoint_dir(kind, layout="official", *, seed=0, shards=1) -> HF checkpoint dir incl.
-        tokenizer files
+    tiny_artifact_path(kind, dtype="bf16", *, layout="official", seed=0) -> Path of a tiny .ninfer file
+    tiny_checkpoint_dir(kind, layout="official", *, seed=0) -> HF checkpoint dir incl. tokenizer files
+        (hard links to one copy: never write into them)
 
     def test_something(tiny_artifact_path):
         path = tiny_artifact_path("dense")                 # -> Path of a .ninfer file
-        path = tiny_artifact_path("moe", dtype="bf16")     # dtype "fp32" (default) | "bf16"
+        path = tiny_artifact_path("moe", dtype="fp32")     # dtype "bf16" (default) | "fp32"
         with ninfer.artifact.open_artifact(path) as art: ...
 
     def test_other(tiny_checkpoint_dir):
@@ -37,9 +37,18 @@ asks for it, in a folder all workers read: tests must not write into them; copy 
           `ninfer.testing.tiny_hf.build_hf_model(kind, "vl" or "text", seed=seed)` (same seed),
           so that HF model is the reference for parity tests. NOTE: "vl" and "text" builds of
           the same seed draw different random weights: compare a "text"-layout artifact with
-          `build_hf_model(kind, "text")`, any other layout with the "vl" model. With dtype="bf16"
-          the artifact holds the bf16-rounded weights, except `linear_attn.A_log` /
-          `linear_attn.norm.weight`, which stay fp32.
+          `build_hf_model(kind, "text")`, any other layout with the "vl" model.
+  dtype   The checkpoints are stored BF16 like the official ones (`linear_attn.A_log` /
+          `linear_attn.norm.weight` F32, as the 35B-A3B stores them), and build_hf_model rounds its
+          parameters to the same bf16 values: the HF model, a bf16 artifact and an fp32 artifact all
+          hold identical numbers, and a CPU Program computes in fp32 from either. The bf16 default
+          halves the file (~75 MB instead of ~140 MB, mostly the 248k-row embedding and LM head); ask
+          for "fp32" only where a test is about fp32 storage. The dense kind's "official" layout is its
+          "vl" layout (nothing to fuse): both names give one checkpoint and one artifact.
+
+Disk: the suite's temporary files stay under 1 GB at their peak (tests/unit/test_suite_disk.py). A module
+fixture that writes a model file of its own builds it in `support.scratch.scratch_dir`, removed when the
+module ends; a test that needs a variant of a tiny checkpoint (sharded, F32) writes it in its tmp_path.
 
 The artifacts hold the real Qwen3.6 tokenizer files (frontend `write_tokenizer_files`).
 """
@@ -149,22 +158,32 @@ def _build_once(shared: Path, name: str, build) -> Path:
     return out
 
 
+def _same_tensors_layout(kind: str, layout: str) -> str:
+    """The dense kind has no MoE experts to fuse, so its "official" layout writes the "vl" layout's
+    tensors: both names share one build."""
+    return "vl" if kind == "dense" and layout == "official" else layout
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint_dir(tmp_path_factory):
     cache: dict[tuple, Path] = {}
     shared = _run_shared_dir(tmp_path_factory)
 
-    def get(kind: str, layout: str = "official", *, seed: int = 0, shards: int = 1) -> Path:
-        key = (kind, layout, seed, shards)
+    def get(kind: str, layout: str = "official", *, seed: int = 0) -> Path:
+        layout = _same_tensors_layout(kind, layout)
+        key = (kind, layout, seed)
         if key not in cache:
             from ninfer.targets.qwen3_6.frontend.vocab import write_tokenizer_files
             from ninfer.testing.tiny_hf import write_tiny_checkpoint
 
-            def build(out: Path) -> None:
-                write_tiny_checkpoint(out, kind, layout, seed=seed, shards=shards)
-                write_tokenizer_files(out)
+            tokenizer = _build_once(shared, "tokenizer", write_tokenizer_files)
 
-            cache[key] = _build_once(shared, f"hf-{kind}-{layout}-s{seed}-x{shards}", build)
+            def build(out: Path) -> None:
+                write_tiny_checkpoint(out, kind, layout, seed=seed)
+                for f in tokenizer.iterdir():          # hard links: one copy of the 15 MB of tokenizer files
+                    os.link(f, out / f.name)
+
+            cache[key] = _build_once(shared, f"hf-{kind}-{layout}-s{seed}", build)
         return cache[key]
 
     return get
@@ -175,7 +194,8 @@ def tiny_artifact_path(tmp_path_factory, tiny_checkpoint_dir):
     cache: dict[tuple, Path] = {}
     shared = _run_shared_dir(tmp_path_factory)
 
-    def get(kind: str, dtype: str = "fp32", *, layout: str = "official", seed: int = 0) -> Path:
+    def get(kind: str, dtype: str = "bf16", *, layout: str = "official", seed: int = 0) -> Path:
+        layout = _same_tensors_layout(kind, layout)
         key = (kind, dtype, layout, seed)
         if key not in cache:
             from ninfer.convert import convert

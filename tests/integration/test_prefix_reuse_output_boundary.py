@@ -24,6 +24,7 @@ from ninfer import Engine
 from ninfer.contract.program import SamplingParams
 from ninfer.contract.frontend import FinishReason, OutputOptions
 from ninfer.config import EngineConfig, GenerationStart
+from support.scratch import scratch_dir
 from support.serve_util import IM_END, build_tool_script_artifact
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -36,16 +37,18 @@ ANSWER = "Sunny in Paris today."
 
 @pytest.fixture(scope="module")
 def tool_artifact(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tool-script") / "tool-script.ninfer"
-    return path, build_tool_script_artifact(path)
+    with scratch_dir(tmp_path_factory, "tool-script") as d:
+        path = d / "tool-script.ninfer"
+        yield path, build_tool_script_artifact(path)
 
 
 @pytest.fixture(scope="module")
 def text_artifact(tmp_path_factory):
     from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
     chain = [*Qwen36Frontend.builtin().tokenizer.encode(ANSWER), IM_END]
-    path = tmp_path_factory.mktemp("text-script") / "text-script.ninfer"
-    return path, build_tool_script_artifact(path, output_ids=chain)
+    with scratch_dir(tmp_path_factory, "text-script") as d:
+        path = d / "text-script.ninfer"
+        yield path, build_tool_script_artifact(path, output_ids=chain)
 
 
 def _engine(path, cache: bool) -> Engine:

@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from support.scratch import scratch_dir
 from support.serve_util import Server, build_tool_script_artifact
 
 WEATHER = {"type": "function", "function": {
@@ -27,9 +28,10 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
-    path = tmp_path_factory.mktemp("tool-script") / "tool-script.ninfer"
-    build_tool_script_artifact(path)
-    return path
+    with scratch_dir(tmp_path_factory, "tool-script") as d:
+        path = d / "tool-script.ninfer"
+        build_tool_script_artifact(path)
+        yield path
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 
 import pytest
 
 from ninfer.config import EngineConfig
 from ninfer.gateway.cli.main import main
 from support.fakes import FakeProgram
+from support.scratch import scratch_dir
 from support.serve_util import ninfer_in_process
 
 SPEC = ("--speculative-method", "mtp", "--num-speculative-tokens")
@@ -25,13 +27,14 @@ def artifact_without_mtp(tmp_path_factory):
     from ninfer.targets.qwen3_6.frontend.vocab import write_tokenizer_files
     from ninfer.testing.tiny_hf import write_tiny_checkpoint
 
-    src = tmp_path_factory.mktemp("hf-dense-no-mtp")
-    write_tiny_checkpoint(src, "dense", "text", mtp=False)
-    write_tokenizer_files(src)
-    path = convert(src, tmp_path_factory.mktemp("ninfer") / "tiny-dense-no-mtp.ninfer")
-    with open_artifact(path) as art:
-        assert not art.has_group("mtp") and art.dims.mtp_num_hidden_layers >= 1
-    return path
+    with scratch_dir(tmp_path_factory, "dense-no-mtp") as d:
+        src = write_tiny_checkpoint(d / "hf", "dense", "text", mtp=False)
+        write_tokenizer_files(src)
+        path = convert(src, d / "tiny-dense-no-mtp.ninfer", dtype="bf16")
+        shutil.rmtree(src)                      # only the artifact is used
+        with open_artifact(path) as art:
+            assert not art.has_group("mtp") and art.dims.mtp_num_hidden_layers >= 1
+        yield path
 
 
 def test_engine_refuses_an_artifact_without_mtp_weights_before_loading(artifact_without_mtp):

@@ -162,7 +162,9 @@ def build_tool_script_artifact(path: Path, output_ids: list[int] | None = None) 
     Each chain token's embedding is a one-hot direction and the next token's lm_head row points
     along it: a bigram model, which works because the chain repeats no token. Every layer still
     runs (with its random weights, without the demo's context averaging, which would blend the
-    prompt's one-hot tokens into the state) through the real Program. Returns the scripted output ids.
+    prompt's one-hot tokens into the state) through the real Program. Stored bf16 (the scripted
+    one-hot and 50.0 entries are exact in bf16; the CPU computes in fp32 all the same). Returns the
+    scripted output ids.
     """
     from ninfer.artifact import write_artifact
     from ninfer.demo import DEMO_IDENTITY, demo_resources, demo_tensors
@@ -192,7 +194,7 @@ def build_tool_script_artifact(path: Path, output_ids: list[int] | None = None) 
             yield name, t
 
     assert len(edges) < 63
-    write_artifact(path, DEMO_IDENTITY, tensors(), demo_resources(), dtype="fp32",
+    write_artifact(path, DEMO_IDENTITY, tensors(), demo_resources(), dtype="bf16",
                    source={"kind": "test-tool-script"})
     return output
 

@@ -60,16 +60,72 @@ def _no_leftovers(directory: Path, out: Path) -> None:
     assert [p.name for p in directory.iterdir() if p.name.endswith(".partial")] == []
 
 
+def _sharded(src: Path, dst: Path, shards: int) -> Path:
+    """A copy of the one-file checkpoint `src` whose tensors are split over `shards` files and an index."""
+    from ninfer.testing.tiny_hf import save_safetensors
+
+    dst.mkdir()
+    for p in src.iterdir():
+        if p.suffix != ".safetensors":
+            shutil.copyfile(p, dst / p.name)
+    save_safetensors(_source_tensors(src), dst, shards)
+    return dst
+
+
+def test_roundtrip_of_an_fp32_source(tmp_path):
+    """An all-F32 source (the shared tiny checkpoints are BF16): fp32 keeps it, bf16 rounds it. (Defined
+    before the tests that build the module's per-expert checkpoint: the two never share the disk.)"""
+    from ninfer.targets.qwen3_6.frontend.vocab import write_tokenizer_files
+    from ninfer.testing.tiny_hf import write_tiny_checkpoint
+
+    src = write_tiny_checkpoint(tmp_path / "src", "dense", "text", dtype="fp32")
+    write_tokenizer_files(src)
+    assert {t.dtype for t in _source_tensors(src).values()} == {torch.float32}
+    for dtype in ("bf16", "fp32"):
+        out = tmp_path / f"{dtype}.ninfer"
+        _check_roundtrip(src, out, "dense", "text", dtype)
+        out.unlink()                    # disk: one 140 MB output at a time
+
+
+@pytest.fixture(scope="module")
+def moe_per_expert(tmp_path_factory):
+    """The MoE checkpoint in the "vl" layout (per-expert main experts, as `save_pretrained` writes them):
+    only this module reads it, so it is built here and removed when the module ends rather than kept
+    in the session's shared folder."""
+    from ninfer.targets.qwen3_6.frontend.vocab import write_tokenizer_files
+    from ninfer.testing.tiny_hf import write_tiny_checkpoint
+    from support.scratch import scratch_dir
+
+    with scratch_dir(tmp_path_factory, "hf-moe-vl") as d:
+        write_tiny_checkpoint(d, "moe", "vl")
+        write_tokenizer_files(d)
+        yield d
+
+
+def _checkpoint(request, kind: str, layout: str) -> Path:
+    if (kind, layout) == ("moe", "vl"):
+        return request.getfixturevalue("moe_per_expert")
+    return request.getfixturevalue("tiny_checkpoint_dir")(kind, layout)
+
+
 CASES = [("dense", "text", 1), ("moe", "text", 1), ("dense", "vl", 1), ("moe", "vl", 1),
          ("dense", "official", 3), ("moe", "official", 3), ("moe", "official", 1)]
 
 
 @pytest.mark.parametrize("kind,layout,shards", CASES)
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_roundtrip_bit_exact(tiny_checkpoint_dir, tmp_path, kind, layout, shards, dtype):
-    src = tiny_checkpoint_dir(kind, layout, shards=shards)
+def test_roundtrip_bit_exact(request, tmp_path, kind, layout, shards, dtype):
+    src = _checkpoint(request, kind, layout)
+    if shards > 1:
+        src = _sharded(src, tmp_path / "src", shards)
     assert (src / "model.safetensors.index.json").exists() == (shards > 1)
-    out = convert(src, tmp_path / "m.ninfer", dtype=dtype)
+    # BF16 as in the official checkpoints; A_log / GDN norm F32 as in the 35B-A3B
+    assert {t.dtype for t in _source_tensors(src).values()} == {torch.bfloat16, torch.float32}
+    _check_roundtrip(src, tmp_path / "m.ninfer", kind, layout, dtype)
+
+
+def _check_roundtrip(src: Path, out: Path, kind: str, layout: str, dtype: str) -> None:
+    out = convert(src, out, dtype=dtype)
     expected = _expected(src, dtype)
     with open_artifact(out, verify=True) as art:
         assert art.identity == f"qwen3_6-tiny-{kind}"
@@ -79,7 +135,7 @@ def test_roundtrip_bit_exact(tiny_checkpoint_dir, tmp_path, kind, layout, shards
             got = art.tensor(name)
             assert got.dtype == want.dtype and got.shape == want.shape, name
             assert torch.equal(_bits(got), _bits(want)), name
-        if dtype == "bf16":  # the tiny sources are F32: norm/A_log stay fp32, everything else is cast
+        if dtype == "bf16":  # norm/A_log are F32 in every tiny source and stay fp32; everything else is bf16
             assert art.tensor("layers.0.linear_attn.A_log").dtype == torch.float32
             assert art.tensor("layers.0.linear_attn.norm.weight").dtype == torch.float32
             assert art.tensor("layers.0.input_layernorm.weight").dtype == torch.bfloat16
@@ -92,9 +148,9 @@ def test_roundtrip_bit_exact(tiny_checkpoint_dir, tmp_path, kind, layout, shards
         assert len(prov["config.json"]["sha256"]) == 64
 
 
-def test_per_expert_and_fused_layouts_give_identical_payloads(tiny_checkpoint_dir, tmp_path):
-    a = convert(tiny_checkpoint_dir("moe", "vl"), tmp_path / "a.ninfer")
-    b = convert(tiny_checkpoint_dir("moe", "official"), tmp_path / "b.ninfer")
+def test_per_expert_and_fused_layouts_give_identical_payloads(moe_per_expert, tiny_checkpoint_dir, tmp_path):
+    a = convert(moe_per_expert, tmp_path / "a.ninfer", dtype="bf16")        # bf16: half the disk, same check
+    b = convert(tiny_checkpoint_dir("moe", "official"), tmp_path / "b.ninfer", dtype="bf16")
     with open_artifact(a) as x, open_artifact(b) as y:
         for n in x.tensor_names():
             assert x.tensor_info(n)["sha256"] == y.tensor_info(n)["sha256"], n
@@ -111,7 +167,7 @@ def test_without_mtp_and_template_inside_tokenizer_config(tiny_checkpoint_dir, t
     cfg = json.loads((src / "tokenizer_config.json").read_text())
     cfg["chat_template"] = tpl
     (src / "tokenizer_config.json").write_text(json.dumps(cfg))
-    out = convert(src, tmp_path / "m.ninfer")
+    out = convert(src, tmp_path / "m.ninfer", dtype="bf16")
     with open_artifact(out) as art:
         assert not art.has_group("mtp") and not art.has_group("vision")
         assert art.frontend_resources()["chat_template.jinja"].decode() == tpl
@@ -218,7 +274,7 @@ def test_truncated_shard(moe_src, tmp_path):
 
 
 def test_truncated_shard_of_index(tiny_checkpoint_dir, tmp_path):
-    src = _copy(tiny_checkpoint_dir("dense", "official", shards=3), tmp_path / "src")
+    src = _sharded(tiny_checkpoint_dir("dense", "official"), tmp_path / "src", 3)
     p = src / "model-00002-of-00003.safetensors"
     os.truncate(p, 100)
     _rejects(src, tmp_path, r"shard model-00002-of-00003\.safetensors is truncated")

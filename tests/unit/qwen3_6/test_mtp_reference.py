@@ -42,7 +42,8 @@ def case(request, tiny_checkpoint_dir) -> Case:
     models = load_hf_mtp(ckpt)
     ids = torch.randint(0, dims.vocab_size, (N,), generator=torch.Generator().manual_seed(11))
     hidden, logits = hf_mtp_logits(models, ids)
-    return Case(kind, ckpt, dims, load_state_dict(ckpt), models, ids, hidden, logits)
+    sd = {k: v.float() for k, v in load_state_dict(ckpt).items()}    # the checkpoint's BF16 values, in fp32
+    return Case(kind, ckpt, dims, sd, models, ids, hidden, logits)
 
 
 def test_hand_written_mtp_equals_hf_mtp_model(case):
