@@ -38,7 +38,7 @@ from typing import Sequence
 import numpy as np
 
 from .resample import resize_uint8_bicubic_torch
-from .vision_preprocess import (VideoInput, VisionPreprocessConfig, _check_pixels, _normalize_rows, _table_fused,
+from .vision_preprocess import (VideoInput, VisionPreprocessConfig, _check_pixels, _normalize_planes, _table_fused,
                                 smart_resize_video)
 
 
@@ -127,8 +127,8 @@ def preprocess_video(frames: np.ndarray, cfg: VisionPreprocessConfig, fps: float
     rh, rw = smart_resize_video(n, height, width, tp, factor, cfg.video_min_pixels, max_pixels)
     if (rh, rw) != (height, width):
         frames = resize_uint8_bicubic_torch(frames, rh, rw)
-    rows, gt, gh, gw = _patchify_video(frames.transpose(0, 3, 1, 2), cfg.patch_size, cfg.merge_size, tp)
-    pixel_values = _normalize_rows(rows, _table_fused(cfg.video_rescale_factor, cfg.video_mean, cfg.video_std))
+    planes = _normalize_planes(frames, _table_fused(cfg.video_rescale_factor, cfg.video_mean, cfg.video_std))
+    pixel_values, gt, gh, gw = _patchify_video(planes, cfg.patch_size, cfg.merge_size, tp)
     return VideoInput(pixel_values=pixel_values, grid_thw=(gt, gh, gw),
                       frame_indices=tuple(int(i) for i in indices), source_fps=source_fps,
                       timestamps=frame_timestamps(indices, source_fps, tp))

@@ -504,10 +504,14 @@ def _table_fused(rescale: float, mean, std) -> np.ndarray:
     return (np.arange(256, dtype=np.float32)[None, :] - m) / s
 
 
-def _normalize_rows(rows_u8: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """uint8 patch rows [N, C*T*P*P] (channel-major columns) -> float32 through the channel's table."""
-    channel = np.repeat(np.arange(table.shape[0]), rows_u8.shape[1] // table.shape[0])
-    return table[channel[None, :], rows_u8]
+def _normalize_planes(pixels_u8: np.ndarray, table: np.ndarray) -> np.ndarray:
+    """uint8 pixels [..., H, W, C] -> float32 planes [..., C, H, W] through each channel's table (before
+    patchifying: an image's patches repeat each frame temporal_patch_size times, so this looks up half the
+    values, and a 1-D take per channel is several times faster than one 2-D fancy index)."""
+    out = np.empty(pixels_u8.shape[:-3] + (pixels_u8.shape[-1],) + pixels_u8.shape[-3:-1], dtype=np.float32)
+    for c in range(pixels_u8.shape[-1]):
+        np.take(table[c], pixels_u8[..., c], out=out[..., c, :, :])
+    return out
 
 
 def _patchify_image(img: np.ndarray, patch: int, merge: int, temporal: int) -> tuple[np.ndarray, int, int]:
@@ -550,5 +554,6 @@ def preprocess_image(image: Any, cfg: VisionPreprocessConfig, *, max_image_pixel
     else:
         resized = resize_uint8_bicubic_torch(rgb, rh, rw)
         table = _table_fused(cfg.rescale_factor, cfg.image_mean, cfg.image_std)
-    rows, gh, gw = _patchify_image(resized.transpose(2, 0, 1), cfg.patch_size, cfg.merge_size, cfg.temporal_patch_size)
-    return ImageInput(pixel_values=_normalize_rows(rows, table), grid_thw=(1, gh, gw))
+    rows, gh, gw = _patchify_image(_normalize_planes(resized, table), cfg.patch_size, cfg.merge_size,
+                                   cfg.temporal_patch_size)
+    return ImageInput(pixel_values=rows, grid_thw=(1, gh, gw))
