@@ -6,7 +6,8 @@
 Per identity: `ninfer serve --load-format dummy --no-prefix-cache` (synthetic weights, the vision tower included), then, each
 --reps times after one untimed warm-up, streamed chat requests (1 output token, greedy) timed to the first
 token:
-  image     a PNG of --image pixels (synthetic) and a question of about --question-tokens tokens
+  image     an image of --image pixels (synthetic; --format jpeg or png) and a question of about
+            --question-tokens tokens
   text      a text-only prompt of the same token count as the image request's (the `/tokenize` count)
 The difference between the image request and the text request of equal length is what the image adds (the vision
 rows replace the placeholders' embeddings; every other step is the same). Reported: TTFT image, TTFT text, their difference, and with the
@@ -34,12 +35,20 @@ from ninfer.bench.common import Recorder, env_record, print_table  # noqa: E402
 from ninfer.bench.serve import Server  # noqa: E402
 
 
-def _png(w: int, h: int) -> str:
+def _image_url(w: int, h: int, fmt: str) -> str:
+    """A data: URL of a synthetic w x h image. jpeg: smooth colour gradients with mild noise at quality 90
+    (what a photo costs to send and decode); png: uniform noise (the costliest to decode, incompressible)."""
     from PIL import Image
-    a = (np.random.default_rng(0).random((h, w, 3)) * 255).astype(np.uint8)
+    rng = np.random.default_rng(0)
+    if fmt == "png":
+        a = (rng.random((h, w, 3)) * 255).astype(np.uint8)
+    else:
+        y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+        base = np.stack([x / w, y / h, 0.5 + 0.5 * np.sin((x + y) / 50.0)], axis=-1) * 220
+        a = np.clip(base + rng.normal(0, 8, (h, w, 3)), 0, 255).astype(np.uint8)
     buf = io.BytesIO()
-    Image.fromarray(a).save(buf, format="PNG")
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+    Image.fromarray(a).save(buf, format="PNG" if fmt == "png" else "JPEG", quality=90)
+    return f"data:image/{fmt};base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def _question(n: int) -> str:
@@ -68,7 +77,7 @@ def run_identity(identity: str, args, rec: Recorder, log_dir: Path) -> None:
     try:
         server.wait_ready(args.ready_timeout)
         with httpx.Client(base_url=server.url, timeout=600) as client:
-            image = [{"type": "image_url", "image_url": {"url": _png(w, h)}},
+            image = [{"type": "image_url", "image_url": {"url": _image_url(w, h, args.format)}},
                      {"type": "text", "text": _question(args.question_tokens)}]
             msgs = [{"role": "user", "content": image}]
             n = client.post("/tokenize", json={"model": server.name, "messages": msgs}).json()["count"]
@@ -87,7 +96,7 @@ def run_identity(identity: str, args, rec: Recorder, log_dir: Path) -> None:
     ti, tt = statistics.median(times["image"]), statistics.median(times["text"])
     # NOTE: the ratio needs the encode measured apart (--encode-ms); the difference alone would make it 1.
     enc = args.encode_ms or None
-    row = dict(identity=identity, image=args.image, prompt_tokens=n, ttft_image_ms=ti, ttft_text_ms=tt,
+    row = dict(identity=identity, image=args.image, format=args.format, prompt_tokens=n, ttft_image_ms=ti, ttft_text_ms=tt,
                image_minus_text_ms=ti - tt, encode_ms=enc, ratio=ti / (tt + enc) if enc else None)
     rec.add(row)
     ratio = "-" if enc is None else f"{row['ratio']:.3f}"
@@ -99,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--identity", nargs="+", default=["qwen3_6-27b", "qwen3_6-35b-a3b"])
     ap.add_argument("--image", default="1024x1024")
+    ap.add_argument("--format", choices=["jpeg", "png"], default="jpeg",
+                    help="jpeg: a photo-like image at quality 90; png: uniform noise (the slowest to decode)")
     ap.add_argument("--question-tokens", type=int, default=100)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--max-model-len", type=int, default=4096)
