@@ -150,7 +150,7 @@ def bench_identity(identity: str, media: list[tuple[int, ...]], args, device: to
                    "ninfer_peak_mib": peak_mib(lambda: tower(pv, [grid]), device),
                    "activation_bound_mib": tower.activation_bytes([grid]) / MiB}
             for backends in args.sdpa_backends or ():
-                alt = VisionTower(tower.view, dims, device, dtype, sdpa_backends=backends.split(","))
+                alt = VisionTower(tower.view, dims, device, dtype, attention="sdpa", sdpa_backends=backends.split(","))
                 row[f"ninfer_{backends}_ms"] = time_ms(lambda: alt(pv, [grid]), args.reps, device)
             if args.gelu_epilogue:
                 alt = VisionTower(tower.view, dims, device, dtype, gelu_epilogue=not tower._gelu_epilogue)

@@ -146,6 +146,13 @@ def test_bad_inputs_are_refused_with_a_clear_error():
         tower(pv, [])
     with pytest.raises(ValueError, match="attention must be"):
         VisionTower(tower.view, dims, "cpu", torch.float32, attention="flash")
+    with pytest.raises(ValueError, match="unknown SDPA backend 'fast'"):
+        VisionTower(tower.view, dims, "cpu", torch.float32, attention="sdpa", sdpa_backends=["math", "fast"])
+    with pytest.raises(ValueError, match="sdpa_backends is empty"):
+        VisionTower(tower.view, dims, "cpu", torch.float32, attention="sdpa", sdpa_backends=[])
+    # the sdpa form under a chosen kernel order equals the reference form
+    chosen = VisionTower(tower.view, dims, "cpu", torch.float32, attention="sdpa", sdpa_backends=["math"])
+    assert rel_rms(chosen(pv, GRIDS), tower(pv, GRIDS)) < 1e-5
     with pytest.raises(ValueError, match="no vision tower"):
         load_vision_view(dataclasses.replace(dims, vision=None), weights, "cpu", torch.float32)
 
@@ -166,7 +173,7 @@ def test_bad_inputs_are_refused_with_a_clear_error():
 def test_vision_encode_bench_runs_on_the_cpu(capsys):
     rc = load_bench_script("vision_encode").main([
         "--device", "cpu", "--identity", "qwen3_6-tiny-dense", "qwen3_6-tiny-moe", "--image", "64x96",
-        "--video", "4x32x64", "--reps", "1", "--no-ceilings"])
+        "--video", "4x32x64", "--reps", "1", "--no-ceilings", "--sdpa-backends", "math"])
     out = capsys.readouterr().out
     assert rc == 0, out
     data = json_line(out)
@@ -176,6 +183,7 @@ def test_vision_encode_bench_runs_on_the_cpu(capsys):
         ("qwen3_6-tiny-moe", "image 64x96"), ("qwen3_6-tiny-moe", "video 4x32x64")]
     assert rows[0]["grid"] == [1, 4, 6] and rows[1]["grid"] == [2, 2, 4] and rows[1]["tokens"] == 4
     assert all(r["ninfer_ms"] > 0 and r["hf_ms"] > 0 and r["rel_rms_vs_hf"] < 1e-5 for r in rows)
+    assert all(r["ninfer_math_ms"] > 0 for r in rows)
     assert not data["errors"]
 
 
