@@ -86,6 +86,29 @@ def test_bf16_fast_path_equals_the_fp32_reference(identity, grids):
 
 
 @cuda
+@pytest.mark.parametrize("option", [dict(gelu_epilogue=True), dict(sdpa_backends=["cudnn_attention"]),
+                                    dict(sdpa_backends=["flash_attention"]),
+                                    dict(sdpa_backends=["efficient_attention"])])
+def test_the_towers_kernel_options_equal_the_fp32_reference(option):
+    """The bf16 tower with fc1's cuBLASLt GELU epilogue, or under one SDPA kernel (a kernel this build or card
+    lacks is skipped, saying so), equals the fp32 reference form at the 27B tower's size."""
+    dims = lookup("qwen3_6-27b").dims
+    grids = [(1, 32, 32), (2, 16, 24)]
+    w = unit_weights(dims, "cuda")
+    pv = pixels(dims, grids, "cuda")
+    ref = VisionTower(load_vision_view(dims, w, "cuda", torch.float32), dims, "cuda", torch.float32,
+                      attention="reference")(pv, grids)
+    tower = VisionTower(load_vision_view(dims, w, "cuda", torch.bfloat16), dims, "cuda", torch.bfloat16, **option)
+    try:
+        got = tower(pv.bfloat16(), grids)
+    except RuntimeError as e:
+        if "sdpa_backends" in option and "No available kernel" in str(e):
+            pytest.skip(f"{option['sdpa_backends'][0]} cannot run here: {str(e).splitlines()[0]}")
+        raise
+    assert rel_rms(got.float(), ref) < BF16_TOL
+
+
+@cuda
 @pytest.mark.parametrize("moe", [False, True])
 def test_fp32_on_cuda_equals_hf_visual(moe):
     import transformers as tf
