@@ -89,6 +89,9 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
     if os.environ.get("PYTEST_XDIST_WORKER") or not torch.cuda.is_available():
         torch.set_num_threads(1)
+        # and in every subprocess a test starts (bench scripts, `ninfer bench serve`'s server, CLI runs that
+        # do not go through support.serve_util.cli_env), which inherit this environment
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     # NOTE: pytest-xdist hands out whole files in collection order (LONG_FILES first, below), not sorted by
     #       their number of tests, which would put the long files with few tests last.
     if hasattr(config.option, "loadscopereorder"):

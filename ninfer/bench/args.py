@@ -50,6 +50,16 @@ def float_in(lo: float, hi: float | None = None, *, lo_open: bool = False) -> Ca
     return parse
 
 
+class DistinctList(argparse.Action):
+    """A nargs="+" flag whose values may not repeat (the error names the repeated value)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise argparse.ArgumentError(self, f"{', '.join(repeated)} given more than once")
+        setattr(namespace, self.dest, list(values))
+
+
 def add_common_args(ap, default_identities: list[str]) -> None:
     ap.add_argument("--identity", nargs="+", default=default_identities,
                     help=f"registered identities, synthetic weights (default: {' '.join(default_identities)})")
@@ -158,9 +168,10 @@ def serve_args(ap: argparse.ArgumentParser) -> None:
                     help="seconds to wait for the server's /health")
     ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                     help="extra `ninfer serve` argument (repeatable, e.g. --server-arg=--enforce-eager)")
-    ap.add_argument("--client", choices=["http", "openai"], default="http",
+    ap.add_argument("--client", nargs="+", choices=["http", "openai"], default=["http"], action=DistinctList,
                     help="http: raw streaming requests over httpx (default); openai: the official openai client, "
-                         "whose per-request client CPU time then counts in the TTFT")
+                         "whose per-request client CPU time then counts in the TTFT. Several (e.g. --client http "
+                         "openai): each level runs once per client, in that order, against the same server")
     ap.add_argument("--in-process", action="store_true",
                     help="drive the public Engine in this process instead of `ninfer serve` (no HTTP): "
                          "the difference is what the gateway adds")

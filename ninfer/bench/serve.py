@@ -15,6 +15,8 @@ request (first-call compiles), then for each concurrency c runs c clients, each 
 the OpenAI request JSON over one shared `httpx.AsyncClient` and read the SSE lines themselves, as
 vLLM's and SGLang's serving benches do with aiohttp. `--client openai` uses the official `openai`
 async client instead; its client-side work counts in the TTFT (docs/performance.md, "Decision log").
+`--client http openai` runs each level once per client, one after the other, against the same server
+(one warm-up request per client first); each row's `path` names its client.
 
 Per request: TTFT = first streamed chunk with a choice - send time; TPOT = (last chunk - first
 chunk) / (output tokens - 1). Per level: TTFT mean/p50/p99, TPOT mean/p50/p99, output tokens/s =
@@ -111,7 +113,7 @@ class Server:
                     raise RuntimeError(f"server failed to start: {body}")
             except (OSError, ValueError):
                 pass
-            time.sleep(0.5)
+            time.sleep(0.1)                 # startup_s is read to this resolution
         raise TimeoutError(f"server not ready after {timeout:.0f} s: {self.log_tail()}")
 
     def log_tail(self, n: int = 2000) -> str:
@@ -347,9 +349,14 @@ def summarize(identity: str, c: int, reqs: list[dict], wall: float, prompt_len: 
                 **spec_fields(spec), mean_acceptance_length=mean_acceptance_length)
 
 
-def client_path(args) -> str:
-    """The `path` the rows of an HTTP run record: the raw client or the openai SDK."""
-    return "http" if args.client == "http" else "openai-sdk"
+def client_path(client: str) -> str:
+    """The `path` the rows of an HTTP run record for one --client: the raw client or the openai SDK."""
+    return "http" if client == "http" else "openai-sdk"
+
+
+def run_path(args) -> str:
+    """The header's `path`: the one client's, or theirs joined with "+" when --client names several."""
+    return "+".join(client_path(c) for c in args.client)
 
 
 def model_len(args, spec=None) -> int:
@@ -383,27 +390,30 @@ def bench_identity(identity: str, args, ceil: dict, device: str, rec: Recorder, 
         synthetic = bool(models.get("data") and models["data"][0].get("synthetic_weights"))
         print(f"[{identity}] ready in {startup_s:.1f} s; /v1/models synthetic_weights={synthetic}", flush=True)
         rec.add(dict(identity=identity, kind="startup", startup_s=startup_s, models_synthetic=synthetic))
-        t0 = time.perf_counter()
-        asyncio.run(asyncio.wait_for(run_level(server.url, server.name, 1, 1, args.prompt_len,
-                                               min(args.output_len, 8), rng, args.client), args.step_timeout or None))
-        print(f"[{identity}] warm-up request {time.perf_counter() - t0:.1f} s", flush=True)
+        for client in args.client:
+            t0 = time.perf_counter()
+            asyncio.run(asyncio.wait_for(run_level(server.url, server.name, 1, 1, args.prompt_len,
+                                                   min(args.output_len, 8), rng, client), args.step_timeout or None))
+            print(f"[{identity}] {client_path(client)} warm-up request {time.perf_counter() - t0:.1f} s", flush=True)
         for c in args.concurrency:
-            try:
-                before = spec_counters(server.url) if spec is not None else None
-                reqs, wall = asyncio.run(asyncio.wait_for(
-                    run_level(server.url, server.name, c, args.requests_per_client, args.prompt_len, args.output_len,
-                              rng, args.client), args.step_timeout or None))
-                accept = counters_acceptance(before, spec_counters(server.url)) if spec is not None else None
-            except (asyncio.TimeoutError, TimeoutError):
-                rec.error(f"{identity} concurrency {c}: timed out after {args.step_timeout:.0f} s")
-                continue
-            except Exception as e:  # noqa: BLE001 - keep the other levels
-                rec.error(f"{identity} concurrency {c}: failed: {type(e).__name__}: {e}")
-                continue
-            row = summarize(identity, c, reqs, wall, args.prompt_len, args.output_len, ceil, 2 if cuda else 4,
-                            path=client_path(args), spec=spec, mean_acceptance_length=accept)
-            rec.add(row)
-            _report(identity, row)
+            for client in args.client:
+                level = f"{identity} {client_path(client)} concurrency {c}"
+                try:
+                    before = spec_counters(server.url) if spec is not None else None
+                    reqs, wall = asyncio.run(asyncio.wait_for(
+                        run_level(server.url, server.name, c, args.requests_per_client, args.prompt_len,
+                                  args.output_len, rng, client), args.step_timeout or None))
+                    accept = counters_acceptance(before, spec_counters(server.url)) if spec is not None else None
+                except (asyncio.TimeoutError, TimeoutError):
+                    rec.error(f"{level}: timed out after {args.step_timeout:.0f} s")
+                    continue
+                except Exception as e:  # noqa: BLE001 - keep the other levels
+                    rec.error(f"{level}: failed: {type(e).__name__}: {e}")
+                    continue
+                row = summarize(identity, c, reqs, wall, args.prompt_len, args.output_len, ceil, 2 if cuda else 4,
+                                path=client_path(client), spec=spec, mean_acceptance_length=accept)
+                rec.add(row)
+                _report(identity, row)
     finally:
         server.stop()
 
@@ -486,7 +496,7 @@ def run(args: argparse.Namespace) -> int:
                                        "output_len": args.output_len, "requests_per_client": args.requests_per_client,
                                        "max_model_len": max(model_len(args, spec) for spec in specs),
                                        "sampling": dict(SAMPLING),
-                                       "path": "engine" if args.in_process else client_path(args),
+                                       "path": "engine" if args.in_process else run_path(args),
                                        **spec_header(specs)})
     log_dir = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ninfer-bench-serve-"))
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -77,21 +77,21 @@ def test_bench_prefill_with_the_transformers_baseline_cpu(capsys, identity):
     assert "transformers_ttft_ms" in out and "speedup" in out
 
 
-@pytest.mark.parametrize("client", ["http", "openai"])
-def test_bench_serve_cpu(capsys, tmp_path, client):
+def test_bench_serve_cpu(capsys, tmp_path):
+    """Both clients (raw HTTP and the openai SDK) against one server: each level once per client."""
     rc = main(["bench", "serve", "--identity", "qwen3_6-tiny-dense", "--device", "cpu", "--concurrency", "1", "2",
                "--prompt-len", "16", "--output-len", "5", "--requests-per-client", "1", "--step-timeout", "60",
-               "--startup-timeout", "60", "--out", str(tmp_path), "--client", client])
+               "--startup-timeout", "60", "--out", str(tmp_path), "--client", "http", "openai"])
     out = capsys.readouterr().out
     assert rc == 0, out
     data = _json_line(out)
-    assert not data["errors"]
+    assert not data["errors"] and data["path"] == "http+openai-sdk"
     startup = [r for r in data["results"] if r["kind"] == "startup"]
-    assert startup and startup[0]["models_synthetic"] is True
+    assert len(startup) == 1 and startup[0]["models_synthetic"] is True
     rows = [r for r in data["results"] if r["kind"] == "serve"]
-    assert [r["concurrency"] for r in rows] == [1, 2]
+    assert [(r["concurrency"], r["path"]) for r in rows] == [(1, "http"), (1, "openai-sdk"), (2, "http"),
+                                                             (2, "openai-sdk")]
     for r in rows:
-        assert r["path"] == ("http" if client == "http" else "openai-sdk")
         assert r["all_outputs_full"] and r["synthetic_fingerprint"]
         assert r["output_tokens"] == 5 * r["concurrency"]
         assert r["ttft_mean_ms"] > 0 and r["tpot_mean_ms"] > 0 and r["output_tokens_per_s"] > 0
@@ -139,6 +139,7 @@ def test_bench_unknown_identity(capsys):
     (["serve", "--top-p", "1.5"], "argument --top-p: must be a number > 0 and <= 1, got 1.5"),
     (["serve", "--temperature", "nan"], "argument --temperature: must be a number >= 0, got nan"),
     (["serve", "--startup-timeout", "0"], "argument --startup-timeout: must be a number > 0, got 0"),
+    (["serve", "--client", "http", "openai", "http"], "argument --client: http given more than once"),
 ])
 def test_bench_rejects_bad_numbers_before_running(capsys, argv, message):
     """A bad number is a usage error naming the flag (exit 2, one line), before any model is built."""

@@ -58,6 +58,23 @@ def _engine(path, cache: bool) -> Engine:
     return eng
 
 
+@pytest.fixture(scope="module")
+def tool_off(tool_artifact):
+    """The cache-off reference engine of the tool artifact, shared by the module's tests (no cache: no
+    state carries from one test to the next); checked clean at the end."""
+    eng = _engine(tool_artifact[0], False)
+    yield eng
+    _close_and_check(eng)
+
+
+@pytest.fixture(scope="module")
+def text_off(text_artifact):
+    """The same for the text artifact."""
+    eng = _engine(text_artifact[0], False)
+    yield eng
+    _close_and_check(eng)
+
+
 def _run(eng: Engine, prompt, tools, session=None):
     events = list(eng.submit(prompt, GREEDY, max_tokens=40, output=OutputOptions(tools=tuple(tools or ())),
                              session_id=session))
@@ -105,9 +122,9 @@ def _common(a, b) -> int:
 @pytest.mark.parametrize("kwargs", [{"enable_thinking": False}, {"enable_thinking": True},
                                     {"enable_thinking": False, "preserve_thinking": True}],
                          ids=["thinking_off", "thinking_on", "preserve_thinking"])
-def test_emitted_tool_call_then_tool_response(tool_artifact, kwargs):
+def test_emitted_tool_call_then_tool_response(tool_artifact, tool_off, kwargs):
     path, scripted = tool_artifact
-    on, off = _engine(path, True), _engine(path, False)
+    on, off = _engine(path, True), tool_off
     fe = on.frontend
     p1 = fe.prepare_chat(ASK, tools=TOOLS, chat_template_kwargs=kwargs)
     r1 = _run(on, p1, TOOLS, session="conv")
@@ -136,14 +153,15 @@ def test_emitted_tool_call_then_tool_response(tool_artifact, kwargs):
     assert (m.num_cache_queries, m.num_cache_hits) == (2, 1)
     assert m.num_cache_hit_tokens == m.num_reused_tokens == P1 - 1
     _close_and_check(on)
-    _close_and_check(off)
+    m = off.metrics()                                 # closed and checked in full at the module's end
+    assert (m.running, m.waiting, m.outstanding) == (0, 0, 0)
 
 
 @pytest.mark.parametrize("preserve", [True, False], ids=["preserve_thinking", "reasoning_dropped"])
-def test_stop_with_reasoning_kept_publishes_the_output(text_artifact, preserve):
+def test_stop_with_reasoning_kept_publishes_the_output(text_artifact, text_off, preserve):
     path, scripted = text_artifact
     kwargs = {"enable_thinking": False, "preserve_thinking": preserve}
-    on, off = _engine(path, True), _engine(path, False)
+    on, off = _engine(path, True), text_off
     fe = on.frontend
     p1 = fe.prepare_chat(ASK, chat_template_kwargs=kwargs)
     r1 = _run(on, p1, None, session="conv")
@@ -170,4 +188,5 @@ def test_stop_with_reasoning_kept_publishes_the_output(text_artifact, preserve):
     assert (m.num_cache_queries, m.num_cache_hits) == (2, 1)
     assert m.num_cache_hit_tokens == m.num_reused_tokens == expected
     _close_and_check(on)
-    _close_and_check(off)
+    m = off.metrics()                                 # closed and checked in full at the module's end
+    assert (m.running, m.waiting, m.outstanding) == (0, 0, 0)

@@ -58,7 +58,7 @@ def wait_idle(server, timeout: float = 60.0) -> str:
         if idle:
             return text
         assert time.monotonic() < deadline, f"engine not idle:\n{text}"
-        time.sleep(0.2)
+        time.sleep(0.05)
 
 
 def reasoning_of(obj) -> str:

@@ -146,8 +146,13 @@ def test_bench_decode_reports_k_l_acceptance_and_tpot(capsys, monkeypatch):
 
 
 def test_bench_serve_in_process_reports_the_acceptance_length(capsys, monkeypatch):
+    import ninfer.bench.serve as serve
+    from ninfer.bench.common import measure_ceilings
     from ninfer.engine.facade import Engine
 
+    # NOTE: the ceilings in this process, not a spawned one (~1.5 s of interpreter and torch start):
+    #       the engine here is a fake; test_bench_cli.py's in-process run covers measure_ceilings_apart
+    monkeypatch.setattr(serve, "measure_ceilings_apart", measure_ceilings)
     monkeypatch.setattr(Engine, "from_config", classmethod(
         lambda cls, config, trace=None: _fake_engine(config, config.speculative.force_accept_len - 1)))
     # NOTE: one forced length here; several run one Engine each, as in bench decode

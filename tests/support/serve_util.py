@@ -71,7 +71,7 @@ class Server:
                     return
             except httpx.HTTPError:
                 pass
-            time.sleep(0.2)
+            time.sleep(0.05)
         raise TimeoutError(f"server not ready after {timeout}s:\n{self.log_text()}")
 
     def stop(self, timeout: float = 60.0) -> int:

@@ -9,17 +9,17 @@ per-group timestamps, `get_text_with_replacements`), our tokenizer, and `create_
 from __future__ import annotations
 
 import functools
+import importlib.util
 import types
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-tf = pytest.importorskip("transformers")
-
-from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor  # noqa: E402
-from transformers.processing_utils import ProcessorMixin  # noqa: E402
-from transformers.video_utils import VideoMetadata  # noqa: E402
+# NOTE: transformers is imported by the first test that needs it (_hf), not at collection: its Qwen3-VL
+# processor module takes seconds to import, and every pytest-xdist worker collects this file.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
+                                reason="could not import 'transformers'")
 
 from ninfer.targets.qwen3_6.frontend import vocab  # noqa: E402
 from ninfer.targets.qwen3_6.frontend.chat_template import ChatTemplate  # noqa: E402
@@ -39,7 +39,19 @@ MERGE = 2
 # transformers: the oracle and the processor's prompt construction
 
 @functools.cache
+def _hf() -> types.SimpleNamespace:
+    """transformers and the processor pieces the oracle uses, imported once."""
+    import transformers as tf
+    from transformers.models.qwen3_vl.processing_qwen3_vl import Qwen3VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+    from transformers.video_utils import VideoMetadata
+    return types.SimpleNamespace(tf=tf, Qwen3VLProcessor=Qwen3VLProcessor, ProcessorMixin=ProcessorMixin,
+                                 VideoMetadata=VideoMetadata)
+
+
+@functools.cache
 def _hf_model_stand_in(kind: str):
+    tf = _hf().tf
     d = lookup(KINDS[kind]).dims
     cfg_cls, model_cls = ((tf.Qwen3_5MoeConfig, tf.Qwen3_5MoeModel) if d.is_moe
                           else (tf.Qwen3_5Config, tf.Qwen3_5Model))
@@ -57,14 +69,14 @@ def _hf_processor_stand_in():
         audio_token_ids=[], all_special_multimodal_tokens=["<|image_pad|>", "<|video_pad|>"],
         image_processor=types.SimpleNamespace(merge_size=MERGE),
         video_processor=types.SimpleNamespace(merge_size=MERGE, temporal_patch_size=2))
-    me._calculate_timestamps = types.MethodType(Qwen3VLProcessor._calculate_timestamps, me)
+    me._calculate_timestamps = types.MethodType(_hf().Qwen3VLProcessor._calculate_timestamps, me)
     return me
 
 
 def hf_rope_index(ids, image_grids=(), video_grids=(), kind: str = "dense"):
     """transformers' positions [3, L] and delta for one unpadded prompt."""
     me, model_cls = _hf_model_stand_in(kind)
-    mm = ProcessorMixin.create_mm_token_type_ids(_hf_processor_stand_in(), [list(ids)])
+    mm = _hf().ProcessorMixin.create_mm_token_type_ids(_hf_processor_stand_in(), [list(ids)])
     pos, delta = model_cls.get_rope_index(
         me, torch.tensor([list(ids)], dtype=torch.long), mm_token_type_ids=torch.tensor(mm),
         image_grid_thw=torch.tensor(image_grids, dtype=torch.long).reshape(-1, 3) if image_grids else None,
@@ -85,15 +97,15 @@ def _template() -> ChatTemplate:
 def processor_prompt(messages, images=(), videos=()):
     """Token ids as Qwen3VLProcessor builds them. images: grids (1, h, w); videos: (grid, fps,
     frames_indices) with 2 * grid t sampled frame indices."""
-    proc = _hf_processor_stand_in()
+    proc, hf = _hf_processor_stand_in(), _hf()
     text = _template().render(messages, add_generation_prompt=True)
     image_inputs = {"image_grid_thw": np.array(images, dtype=np.int64).reshape(-1, 3)}
     video_inputs = {"video_grid_thw": np.array([g for g, _, _ in videos], dtype=np.int64).reshape(-1, 3),
-                    "video_metadata": [VideoMetadata(total_num_frames=idx[-1] + 1, fps=fps, frames_indices=list(idx))
+                    "video_metadata": [hf.VideoMetadata(total_num_frames=idx[-1] + 1, fps=fps, frames_indices=list(idx))
                                        for _, fps, idx in videos]}
-    image_repl = [Qwen3VLProcessor.replace_image_token(proc, image_inputs, i) for i in range(len(images))]
-    video_repl = [Qwen3VLProcessor.replace_video_token(proc, video_inputs, i) for i in range(len(videos))]
-    (text,), _ = ProcessorMixin.get_text_with_replacements(proc, [text], image_repl, video_repl)
+    image_repl = [hf.Qwen3VLProcessor.replace_image_token(proc, image_inputs, i) for i in range(len(images))]
+    video_repl = [hf.Qwen3VLProcessor.replace_video_token(proc, video_inputs, i) for i in range(len(videos))]
+    (text,), _ = hf.ProcessorMixin.get_text_with_replacements(proc, [text], image_repl, video_repl)
     return _tokenizer().encode(text), text
 
 
