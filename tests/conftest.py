@@ -167,6 +167,28 @@ def _same_tensors_layout(kind: str, layout: str) -> str:
     return "vl" if kind == "dense" and layout == "official" else layout
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _temporary_files_in_the_run_folder(tmp_path_factory):
+    """What the suite writes through `tempfile` (server logs, `ninfer bench` output folders, libraries'
+    caches), in this process and in the subprocesses it starts (TMPDIR), goes under this run's base
+    folder, which pytest removes after a passing run. The test cache (support.serve_util.shared_cache_dir:
+    the demo model and the tokenizer, reused by the next run) stays where TMPDIR pointed before."""
+    import tempfile
+    os.environ.setdefault("NINFER_TEST_CACHE_ROOT", tempfile.gettempdir())
+    folder = tmp_path_factory.getbasetemp() / "tmp"
+    folder.mkdir(exist_ok=True)
+    saved = os.environ.get("TMPDIR"), tempfile.tempdir
+    os.environ["TMPDIR"], tempfile.tempdir = str(folder), str(folder)
+    try:
+        yield folder
+    finally:
+        tempfile.tempdir = saved[1]
+        if saved[0] is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = saved[0]
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint_dir(tmp_path_factory):
     cache: dict[tuple, Path] = {}

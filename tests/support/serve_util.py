@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def shared_cache_dir() -> Path:
     """A persistent per-user cache for tests (demo artifact, tokenizer.json), outside ~/.cache."""
-    d = Path(tempfile.gettempdir()) / f"ninfer-test-cache-{os.getuid()}"
+    root = os.environ.get("NINFER_TEST_CACHE_ROOT") or tempfile.gettempdir()   # set by tests/conftest.py
+    d = Path(root) / f"ninfer-test-cache-{os.getuid()}"
     d.mkdir(parents=True, exist_ok=True)
     return d
 

@@ -38,3 +38,17 @@ def test_tiny_checkpoints_and_artifacts_are_bf16_and_small(tiny_checkpoint_dir, 
     with open_artifact(tiny_artifact_path("dense")) as art:
         assert art.tensor("embed_tokens.weight").dtype == torch.bfloat16
     assert tiny_artifact_path("dense").stat().st_size < 80 << 20
+
+
+def test_temporary_files_go_under_the_runs_folder(tmp_path_factory):
+    """tempfile here and TMPDIR for subprocesses point into the run's base folder (removed after a passing
+    run); the test cache stays outside it, reused by the next run."""
+    import tempfile
+    from pathlib import Path
+
+    from support.serve_util import shared_cache_dir
+
+    base = tmp_path_factory.getbasetemp()
+    run = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    assert Path(tempfile.gettempdir()).is_relative_to(run) and os.environ["TMPDIR"] == tempfile.gettempdir()
+    assert not shared_cache_dir().is_relative_to(run)
