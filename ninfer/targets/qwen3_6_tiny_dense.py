@@ -17,7 +17,7 @@ DIMS = Qwen36Dims(
 )
 
 PACKAGE = TargetPackage(identity=IDENTITY, family="qwen3_6", dims=DIMS,
-                        storage=StorageProfile("fp32", "fp32 weights (test identity)"),
+                        storage=StorageProfile("bf16", "bf16 weights, A_log and norm weights as stored (as the real identities)"),
                         module=__name__)
 
 
