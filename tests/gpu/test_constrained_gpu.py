@@ -22,7 +22,7 @@ from ninfer.contract.frontend import FinishReason, OutputConstraint, OutputOptio
 from ninfer.contract.program import SamplingParams, SequenceRequest  # noqa: E402
 from ninfer.ops.reference.sampling import apply_token_bitmask_ as reference_mask  # noqa: E402
 from ninfer.ops.triton.sampling import apply_token_bitmask_ as fast_mask  # noqa: E402
-from support.program_util import commit_by_rule  # noqa: E402
+from support.program_util import commit_by_rule, decode_n, extend_rows, force_tokens  # noqa: E402
 from ninfer.targets.dummy_weights import DummyWeights  # noqa: E402
 from ninfer.targets.qwen3_6.frontend import Qwen36Frontend  # noqa: E402
 from ninfer.targets.qwen3_6.program.config import ProgramConfig  # noqa: E402
@@ -138,23 +138,12 @@ def _run_thinking(mode: str):
         prog.commit(step.pending, [1])
         hs.append(h)
         out.append(list(step.pending.rows[0].tokens))
-    for _ in range(6):
-        b = prog.decode(hs, 1)
-        prog.commit(b, [1, 1])
-        for o, row in zip(out, b.rows):
-            o.extend(row.tokens)
+    extend_rows(out, decode_n(prog, hs, 6))
     assert tc.free
-    forced = fe.tokenizer.encode("\n</think>\n\n")
-    b = prog.control(hs[1], forced)
-    prog.commit(b, [len(forced)])
-    out[1].extend(forced)
+    force_tokens(prog, hs[1], fe.tokenizer.encode("\n</think>\n\n"), out[1])
     assert not tc.free
     answer_from = len(out[1])
-    for _ in range(12):
-        b = prog.decode(hs, 1)
-        prog.commit(b, [1, 1])
-        for o, row in zip(out, b.rows):
-            o.extend(row.tokens)
+    extend_rows(out, decode_n(prog, hs, 12))
     assert tc.num_consumed == len(out[1])
     fresh = fe.new_token_constraint(prompt, spec)
     assert fresh.validate(out[1]) == len(out[1])

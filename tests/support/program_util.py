@@ -119,6 +119,19 @@ def decode_n(prog, seqs, n: int) -> list[list[int]]:
     return out
 
 
+def extend_rows(out: list[list[int]], new: list[list[int]]) -> None:
+    """Append each row's new tokens (decode_n's result) to its running output."""
+    for o, t in zip(out, new):
+        o.extend(t)
+
+
+def force_tokens(prog, seq, ids: list[int], out: list[int]) -> None:
+    """One control unit of forced ids for one row, committed whole; the row's output `out` gets them."""
+    b = prog.control(seq, ids)
+    prog.commit(b, [len(ids)])
+    out.extend(ids)
+
+
 def run_rows(prog, prompts, n, sampling=GREEDY, accept=None):
     """Drive B rows together: prefill each, then rounds over every unfinished row; each row commits what it
     produced up to n tokens (accept(r, produced) may cut it). Returns tokens per row and the rounds' rows."""

@@ -11,7 +11,8 @@ from ninfer.contract.frontend import OutputConstraint
 from ninfer.contract.program import SamplingParams
 from ninfer.targets.qwen3_6.frontend import Qwen36Frontend
 from support.eager_graphs import EagerGraphs
-from support.program_util import GREEDY, commit_by_rule, materialize, prefill_all, tiny_parts
+from support.program_util import (GREEDY, commit_by_rule, decode_n, extend_rows, force_tokens, materialize,
+                                  prefill_all, tiny_parts)
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 999},
                                            "b": {"type": "string", "maxLength": 6}},
@@ -46,11 +47,15 @@ def _run(make_program, graphs: bool):
     return out, replays
 
 
-def test_constrained_rows_graphs_equal_eager_and_follow_commits(tiny_artifact_path):
+def _eager_and_graphed(tiny_artifact_path, run, max_steps: int):
+    """run(make_program, graphs) without, then with the decode graphs' contract, on one tiny dense Program config."""
     _, make_program = tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=64, num_slots=6,
-                                 max_model_len=128, max_batch=4, max_steps=2)
-    eager, _ = _run(make_program, graphs=False)
-    graphed, replays = _run(make_program, graphs=True)
+                                 max_model_len=128, max_batch=4, max_steps=max_steps)
+    return run(make_program, graphs=False), run(make_program, graphs=True)
+
+
+def test_constrained_rows_graphs_equal_eager_and_follow_commits(tiny_artifact_path):
+    (eager, _), (graphed, replays) = _eager_and_graphed(tiny_artifact_path, _run, max_steps=2)
     assert replays > 0 and graphed == eager
     fe = Qwen36Frontend.builtin()
     prompt = fe.prepare_chat([{"role": "user", "content": "x"}], chat_template_kwargs={"enable_thinking": False})
@@ -78,21 +83,11 @@ def _run_thinking(make_program, graphs: bool):
     tc = fe.new_token_constraint(prompt, spec)
     seqs = [materialize(prog, prompt.token_ids, 40, GREEDY, constraint=c) for c in (None, tc)]
     out = [[prefill_all(prog, s)[0]] for s in seqs]
-
-    def rounds(n):
-        for _ in range(n):
-            b = prog.decode(seqs, 1)
-            prog.commit(b, [1, 1])
-            for o, row in zip(out, b.rows):
-                o.extend(row.tokens)
-    rounds(4)
+    extend_rows(out, decode_n(prog, seqs, 4))
     assert tc.free
-    forced = fe.tokenizer.encode("\n</think>\n\n")
-    b = prog.control(seqs[1], forced)
-    prog.commit(b, [len(forced)])
-    out[1].extend(forced)
+    force_tokens(prog, seqs[1], fe.tokenizer.encode("\n</think>\n\n"), out[1])
     assert not tc.free
-    rounds(5)
+    extend_rows(out, decode_n(prog, seqs, 5))
     assert tc.num_consumed == len(out[1]) and fe.new_token_constraint(prompt, spec).validate(out[1]) == len(out[1])
     adopted = prog.step_ahead_counts["adopted"]
     for s in seqs:
@@ -102,8 +97,5 @@ def _run_thinking(make_program, graphs: bool):
 
 
 def test_reasoning_rows_pipelined_until_the_grammar_starts(tiny_artifact_path):
-    _, make_program = tiny_parts(tiny_artifact_path, "dense", page_size=16, num_pages=64, num_slots=6,
-                                 max_model_len=128, max_batch=4, max_steps=4)
-    eager, _ = _run_thinking(make_program, graphs=False)
-    graphed, adopted = _run_thinking(make_program, graphs=True)
+    (eager, _), (graphed, adopted) = _eager_and_graphed(tiny_artifact_path, _run_thinking, max_steps=4)
     assert graphed == eager and adopted > 0
