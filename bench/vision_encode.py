@@ -153,8 +153,8 @@ def bench_identity(identity: str, media: list[tuple[int, ...]], args, device: to
                 alt = VisionTower(tower.view, dims, device, dtype, attention="sdpa", sdpa_backends=backends.split(","))
                 row[f"ninfer_{backends}_ms"] = time_ms(lambda: alt(pv, [grid]), args.reps, device)
             if args.gelu_epilogue:
-                alt = VisionTower(tower.view, dims, device, dtype, gelu_epilogue=not tower._gelu_epilogue)
-                name = "ninfer_gelu_epilogue_ms" if alt._gelu_epilogue else "ninfer_no_gelu_epilogue_ms"
+                alt = VisionTower(tower.view, dims, device, dtype, gelu_epilogue=not tower.gelu_epilogue)
+                name = "ninfer_gelu_epilogue_ms" if alt.gelu_epilogue else "ninfer_no_gelu_epilogue_ms"
                 row[name] = time_ms(lambda: alt(pv, [grid]), args.reps, device)
                 row[name.replace("_ms", "_rel_rms")] = ((alt(pv, [grid]).double() - ours.double()).norm()
                                                         / ours.double().norm()).item()

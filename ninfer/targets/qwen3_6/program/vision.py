@@ -207,7 +207,7 @@ class VisionTower:
             raise ValueError(f"attention must be 'sdpa' or 'reference', got {attention!r}")
         self.attention = attention
         self._sdpa_backends = _sdpa_backends(sdpa_backends) if attention == "sdpa" else None
-        self._gelu_epilogue = gelu_epilogue and self.device.type == "cuda"
+        self.gelu_epilogue = gelu_epilogue and self.device.type == "cuda"
         self._rope_ = None
         if attention == "sdpa" and self.device.type == "cuda" and fast_available():
             from ninfer.ops.triton.vision_rope import vision_rope_
@@ -318,7 +318,7 @@ class VisionTower:
         x.add_(F.linear(a, blk.proj_weight, blk.proj_bias))
         del a
         h = F.layer_norm(x, (C,), blk.norm2_weight, blk.norm2_bias, LN_EPS)
-        if self._gelu_epilogue:       # cuBLASLt's bias + tanh-GELU epilogue on the fp32 accumulator
+        if self.gelu_epilogue:       # cuBLASLt's bias + tanh-GELU epilogue on the fp32 accumulator
             h = torch._addmm_activation(blk.fc1_bias, h, blk.fc1_weight.t(), use_gelu=True)
         else:
             h = F.gelu(F.linear(h, blk.fc1_weight, blk.fc1_bias), approximate="tanh")
