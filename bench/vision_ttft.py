@@ -4,8 +4,8 @@
         [--question-tokens 100] [--reps 5] [--device cuda|cpu] [--out DIR]
 
 Per identity: `ninfer serve --load-format dummy --no-prefix-cache` (synthetic weights, the vision tower included), then, each
---reps times after one untimed warm-up, streamed chat requests (1 output token, greedy) timed to the first
-token:
+--reps times after one untimed warm-up, streamed chat requests (1 output token, greedy) timed to the chunk of the first
+output token (not the assistant-role chunk sent before the prefill):
   image     an image of --image pixels (synthetic; --format jpeg or png) and a question of about
             --question-tokens tokens
   text      a text-only prompt of the same token count as the image request's (the `/tokenize` count)
@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import base64
 import io
+import json
 import os
 import statistics
 import sys
@@ -63,9 +64,23 @@ def _ttft(client: httpx.Client, model: str, content) -> float:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {r.read().decode(errors='replace')[:300]}")
         for line in r.iter_lines():
-            if line.startswith("data:") and '"choices"' in line and '"delta"' in line:
+            if _carries_token(line):
                 return (time.perf_counter() - t0) * 1e3
     raise RuntimeError("the stream carried no token")
+
+
+def _carries_token(line: str) -> bool:
+    """Whether an SSE line is a chunk made by the first output token: text in its delta, or its finish reason
+    (a token that decodes to no text yet). The first chunk, the assistant role, is sent before any prefill and
+    does not count."""
+    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+        return False
+    chunk = json.loads(line[5:])
+    for c in chunk.get("choices") or ():
+        d = c.get("delta") or {}
+        if d.get("content") or d.get("reasoning_content") or d.get("tool_calls") or c.get("finish_reason"):
+            return True
+    return False
 
 
 def run_identity(identity: str, args, rec: Recorder, log_dir: Path) -> None:

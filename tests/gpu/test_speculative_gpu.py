@@ -78,7 +78,7 @@ def test_graph_round_equals_eager_round(identity):
     # NOTE: every draft kept (force_accept_len K+1), so the whole commit path runs; fp32.
     K = 3
     w, prog = _program(identity, torch.float32, K=K, force_accept_len=K + 1)
-    assert prog.spec_graphs is not None and prog.graphs is None
+    assert prog.spec_graphs is not None and prog.graphs is not None   # the decode graphs: last prompt tokens
     prompts = _prompts(w, 3)
     r0 = prog.spec_graphs.replays
     graph = run_rows(prog, prompts, 33)[0]

@@ -16,13 +16,13 @@ class EagerGraphs:
     def __init__(self, prog, max_batch: int) -> None:
         self.model, self.state, self.ops = prog.model, prog._state, prog.model.ops
         self.width = -(-prog.config.max_model_len // prog.config.page_size)
-        self.max_batch, self.replays = max_batch, 0
+        self.max_batch, self.replays, self.mask_replays = max_batch, 0, 0
+        self._logits: torch.Tensor | None = None
 
     def fits(self, B, tables):
         return B <= self.max_batch and all(len(t) <= self.width for t in tables)
 
-    def run(self, input_ids, positions, src, dst, tables, fed=None, deltas=None, mask=None):
-        from ninfer.contract.program import mask_words
+    def run(self, input_ids, positions, src, dst, tables, fed=None, deltas=None):
         from ninfer.targets.qwen3_6.program.cuda_graphs import fill_static_inputs
         B, W = len(positions), self.width
         v = torch.zeros(6 * B + B * W, dtype=torch.long)
@@ -33,11 +33,16 @@ class EagerGraphs:
         g = SimpleNamespace(input_ids=v[:B], positions=v[B:2 * B], src=v[2 * B:3 * B], dst=v[3 * B:4 * B],
                             context_lens=v[4 * B:5 * B], delta=v[5 * B:6 * B], block_tables=v[6 * B:].view(B, W),
                             rows=torch.arange(B),
-                            fed=fed.clone() if fed is not None else torch.zeros(B, dtype=torch.long),
-                            mask=mask.clone() if mask is not None else
-                            torch.full((B, mask_words(self.model.dims.vocab_size)), -1, dtype=torch.int32))
+                            fed=fed.clone() if fed is not None else torch.zeros(B, dtype=torch.long))
         self.replays += 1
-        return decode_body(self.model, self.state, g)
+        self._logits = decode_body(self.model, self.state, g)
+        return self._logits
+
+    def mask_logits(self, mask):
+        from ninfer.ops.opset import apply_token_bitmask_
+        assert self._logits is not None and mask.shape[0] == self._logits.shape[0]
+        self.mask_replays += 1
+        return apply_token_bitmask_(self._logits, mask.clone())
 
 
 class EagerSpecGraphs:

@@ -584,3 +584,30 @@ def test_artifact_without_configs_uses_family_values(tiny_artifact_path):
         res = art.frontend_resources()
     assert "preprocessor_config.json" not in res
     assert VisionPreprocessConfig.from_resources(res) == FAMILY
+
+
+def test_media_digests_follow_the_tower_input():
+    """The digest (the prefix cache's media identity) comes from the resized uint8 pixels and the normalisation
+    table: equal for the same pixels however given, different for one changed pixel or another normalisation,
+    and equal exactly when the pixel values are."""
+    img = RNG.integers(0, 256, (96, 128, 3), dtype=np.uint8)
+    png = io.BytesIO()
+    Image.fromarray(img).save(png, format="PNG")
+    ours = preprocess_image(img, FAMILY)
+    assert ours.content is not None
+    assert {preprocess_image(x, FAMILY).digest() for x in (png.getvalue(), Image.fromarray(img))} == {ours.digest()}
+    rows_only = ImageInput(pixel_values=ours.pixel_values, grid_thw=ours.grid_thw)     # no source: its rows hashed
+    assert rows_only.digest() == ImageInput(pixel_values=ours.pixel_values.copy(), grid_thw=ours.grid_thw).digest()
+    touched = img.copy()
+    touched[50, 60, 1] ^= 1
+    assert preprocess_image(touched, FAMILY).digest() != ours.digest()
+    other = VisionPreprocessConfig.from_dicts({**FAMILY_IMAGE_CONFIG, "image_mean": [0.4, 0.5, 0.5]},
+                                              FAMILY_VIDEO_CONFIG)
+    assert preprocess_image(img, other).digest() != ours.digest()
+    frames = RNG.integers(0, 256, (8, 64, 96, 3), dtype=np.uint8)
+    video = preprocess_video(frames, FAMILY, 4.0)
+    changed = frames.copy()
+    changed[video.frame_indices[-1], 3, 3, 0] ^= 1
+    assert video.content is not None and preprocess_video(frames, FAMILY, 4.0).digest() == video.digest()
+    assert preprocess_video(changed, FAMILY, 4.0).digest() != video.digest()
+

@@ -71,8 +71,7 @@ def test_decode_body_matches_eager_and_never_touches_the_host(identity, mtp):
                           src=torch.tensor([st.phys(s.slot) for s in seqs]), dst=dst,
                           context_lens=pos + 1, delta=torch.zeros(B, dtype=torch.long), block_tables=tables,
                           rows=torch.arange(B),
-                          fed=torch.zeros(B, dtype=torch.long),
-                          mask=torch.full((B, (prog.dims.vocab_size + 31) // 32), -1, dtype=torch.int32))
+                          fed=torch.zeros(B, dtype=torch.long))
     if mtp:                  # so that only the body's own writes can make them equal again
         prog._kv.k[-1].zero_()
         prog._state.planes["mtp_hidden"][0, dst] = 0

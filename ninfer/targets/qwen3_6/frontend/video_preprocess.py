@@ -39,7 +39,7 @@ import numpy as np
 
 from .resample import resize_uint8_bicubic_torch
 from .vision_preprocess import (VideoInput, VisionPreprocessConfig, _check_pixels, _normalize_planes, _table_fused,
-                                smart_resize_video)
+                                smart_resize_video, source_digest)
 
 
 def sample_frame_indices(total_num_frames: int, cfg: VisionPreprocessConfig, fps: float | None = None) -> np.ndarray:
@@ -127,8 +127,8 @@ def preprocess_video(frames: np.ndarray, cfg: VisionPreprocessConfig, fps: float
     rh, rw = smart_resize_video(n, height, width, tp, factor, cfg.video_min_pixels, max_pixels)
     if (rh, rw) != (height, width):
         frames = resize_uint8_bicubic_torch(frames, rh, rw)
-    planes = _normalize_planes(frames, _table_fused(cfg.video_rescale_factor, cfg.video_mean, cfg.video_std))
-    pixel_values, gt, gh, gw = _patchify_video(planes, cfg.patch_size, cfg.merge_size, tp)
+    table = _table_fused(cfg.video_rescale_factor, cfg.video_mean, cfg.video_std)
+    pixel_values, gt, gh, gw = _patchify_video(_normalize_planes(frames, table), cfg.patch_size, cfg.merge_size, tp)
     return VideoInput(pixel_values=pixel_values, grid_thw=(gt, gh, gw),
                       frame_indices=tuple(int(i) for i in indices), source_fps=source_fps,
-                      timestamps=frame_timestamps(indices, source_fps, tp))
+                      timestamps=frame_timestamps(indices, source_fps, tp), content=source_digest(frames, table))

@@ -352,17 +352,32 @@ def _digest(kind: str, grid: tuple[int, int, int], pixel_values: np.ndarray, ext
     return h.hexdigest()
 
 
+def source_digest(pixels_u8: np.ndarray, table: np.ndarray) -> str:
+    """The digest of pixel values made from resized uint8 pixels through a normalisation table: the sha256 of
+    both. The pixel values are a function of them, so equal sources give equal pixel values; hashing the
+    uint8 pixels reads a quarter of the float32 rows' bytes (an eighth for an image, whose rows repeat each
+    value temporal_patch_size times)."""
+    h = hashlib.sha256(f"u8:{list(pixels_u8.shape)}:".encode())
+    h.update(np.ascontiguousarray(table, dtype=np.float32).data)
+    h.update(np.ascontiguousarray(pixels_u8).data)
+    return h.hexdigest()
+
+
 @dataclass(frozen=True, eq=False)
 class ImageInput:
-    """One preprocessed image: the tower's input rows and its patch grid."""
+    """One preprocessed image: the tower's input rows and its patch grid. content: the digest of what the
+    rows were made from (`source_digest`, set by `preprocess_image`); None: digest() hashes the rows."""
     pixel_values: np.ndarray           # float32 [t*h*w, 3*T*P*P]
     grid_thw: tuple[int, int, int]     # (1, gh, gw) in patches
+    content: str | None = None
 
     def num_tokens(self, merge_size: int) -> int:
         return num_placeholder_tokens(self.grid_thw, merge_size)
 
     def digest(self) -> str:
-        """sha256 of the grid and the pixel values (equal inputs to the tower, equal digest)."""
+        """sha256 of the grid and the pixel values or their source (equal inputs to the tower, equal digest)."""
+        if self.content is not None:
+            return _digest("image", self.grid_thw, np.empty(0, np.uint8), self.content)
         return _digest("image", self.grid_thw, self.pixel_values)
 
 
@@ -374,13 +389,18 @@ class VideoInput:
     frame_indices: tuple[int, ...]     # source frame index of each sampled frame (before padding)
     source_fps: float                  # the frame rate the timestamps use
     timestamps: tuple[float, ...]      # seconds, one per temporal group (len == grid_thw[0])
+    content: str | None = None         # as ImageInput's (set by `preprocess_video`)
 
     def num_tokens(self, merge_size: int) -> int:
         return num_placeholder_tokens(self.grid_thw, merge_size)
 
     def digest(self) -> str:
-        """sha256 of the grid, the timestamps and the pixel values (the timestamps reach the prompt text)."""
-        return _digest("video", self.grid_thw, self.pixel_values, ",".join(f"{t!r}" for t in self.timestamps))
+        """sha256 of the grid, the timestamps and the pixel values or their source (the timestamps reach the
+        prompt text)."""
+        stamps = ",".join(f"{t!r}" for t in self.timestamps)
+        if self.content is not None:
+            return _digest("video", self.grid_thw, np.empty(0, np.uint8), f"{stamps}:{self.content}")
+        return _digest("video", self.grid_thw, self.pixel_values, stamps)
 
 
 @dataclass(frozen=True)
@@ -556,4 +576,4 @@ def preprocess_image(image: Any, cfg: VisionPreprocessConfig, *, max_image_pixel
         table = _table_fused(cfg.rescale_factor, cfg.image_mean, cfg.image_std)
     rows, gh, gw = _patchify_image(_normalize_planes(resized, table), cfg.patch_size, cfg.merge_size,
                                    cfg.temporal_patch_size)
-    return ImageInput(pixel_values=rows, grid_thw=(1, gh, gw))
+    return ImageInput(pixel_values=rows, grid_thw=(1, gh, gw), content=source_digest(resized, table))

@@ -12,15 +12,16 @@ Page ids, state entries and positions are data in static buffers, never graph ke
       delta: the rope delta of a prompt with media (rotary position = position + delta; 0 for text)
     input_ids < 0 take the row's id from the graph's device buffer `fed` [B] instead (a step fed by
     the previous step's tokens without a host round trip: step_ahead.py)
-    token masks [B, ceil(V / 32)] int32: rows of one device buffer shared by every B, copied by the graph
-    from one pinned host buffer; all ones except on the steps of grammar-constrained rows (`run(mask=)`,
-    constraints.py), after which `run` sets them back
     graph body
       hidden = model.decode_static(..., src)                  (writes KV at positions; conv and delta
                                                                rule read state at src, write it at dst;
                                                                with the MTP layer also its KV and anchor)
       logits = lm_head(hidden) in fp32  [B, V]                 (static output, overwritten per replay)
+    mask graph of B (replayed after the body only on steps of grammar-constrained rows, constraints.py)
+      mask [B, ceil(V / 32)] int32 <- pinned host rows         (rows of one device buffer shared by every B)
       logits[~mask] = -inf                                     (apply_token_bitmask_)
+    The host fills a step's masks while the body runs on the GPU (`run`, then `mask_logits`): the masks need
+    the previous step's tokens, the forward does not, so the grammar's work hides under the forward.
 
 Sampling stays outside (one host sync per round for the token ids). Graph-safety of the body: no
 `.item()/.tolist()`, no host tensors, no shapes or Python branches that depend on tensor values;
@@ -56,7 +57,7 @@ def decode_body(model: Qwen36Model, state: StateImageStore, g) -> torch.Tensor:
                                  src_entries=g.src, rope_positions=g.positions + g.delta)
     if mtp:                                   # the MTP KV of position - 1 and the anchor at dst (speculate.py)
         model.mtp_observe(g.src, hidden, ids, g.positions, g.rows, g.block_tables, g.dst)
-    return apply_token_bitmask_(model.logits(hidden), g.mask)
+    return model.logits(hidden)
 
 
 def fill_static_inputs(host: "torch.Tensor | np.ndarray", W: int, input_ids: Sequence[int], positions: Sequence[int],
@@ -110,10 +111,10 @@ class PinnedInputs:
         self.copied.synchronize()
 
 
-def capture_per_batch(graphs: dict, prepare, body, keep) -> float:
+def capture_per_batch(graphs: dict, prepare, body, keep, attr: str = "graph") -> float:
     """Capture one graph per batch size into a shared memory pool, largest B first (the pool then fits the
     rest): prepare(B, g) fills g's capture inputs, body(g) is run twice on a side stream (Triton compiles), then
-    captured; keep(g, out) stores the captured outputs and g.graph the graph. Returns the seconds it took."""
+    captured; keep(g, out) stores the captured outputs and g.<attr> the graph. Returns the seconds it took."""
     import time
     t0 = time.perf_counter()
     pool = torch.cuda.graph_pool_handle()
@@ -129,7 +130,7 @@ def capture_per_batch(graphs: dict, prepare, body, keep) -> float:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=pool):
             keep(g, body(g))
-        g.graph = graph
+        setattr(g, attr, graph)
     torch.cuda.synchronize()
     return time.perf_counter() - t0
 
@@ -147,6 +148,7 @@ class _Graph(PinnedInputs):
         self.rows = torch.arange(B, dtype=torch.long, device=device)
         self.fed = torch.zeros(B, dtype=torch.long, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.mask_graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
 
 
@@ -160,17 +162,19 @@ class DecodeGraphs:
         words = mask_words(model.dims.vocab_size)
         self.mask = torch.full((max_batch, words), -1, dtype=torch.int32, device=device)
         self.mask_host = torch.full((max_batch, words), -1, dtype=torch.int32, pin_memory=True)
-        self._mask_rows = 0                   # host rows not all ones (the last masked replay's B)
         self._graphs = {B: _Graph(B, self.width, device, self.mask) for B in range(1, max_batch + 1)}
         self.capture_s = 0.0
         self.replays = 0
+        self.mask_replays = 0
 
     def _body(self, g: _Graph) -> torch.Tensor:
-        # NOTE: the static-input copies are the graph's first nodes, not host-side launches per round (one
-        #       host op fewer per round); the mask's comes first, so that `copied` covers both.
-        g.mask.copy_(self.mask_host[:g.B], non_blocking=True)
+        # NOTE: the static-input copy is the graph's first node, not a host-side launch per round.
         g.copy_in()
         return decode_body(self.model, self.state, g)
+
+    def _mask_body(self, g: _Graph) -> torch.Tensor:
+        g.mask.copy_(self.mask_host[:g.B], non_blocking=True)
+        return apply_token_bitmask_(g.logits, g.mask)
 
     def capture(self) -> None:
         ns = self.state.num_slots
@@ -184,33 +188,39 @@ class DecodeGraphs:
             g.logits = out
 
         self.capture_s = capture_per_batch(self._graphs, prepare, self._body, keep)
+        # NOTE: the mask graphs run on the bodies' logits with all-ones masks while capturing (nothing changes).
+        self.capture_s += capture_per_batch(self._graphs, lambda B, g: None, self._mask_body,
+                                            lambda g, out: None, attr="mask_graph")
 
     def fits(self, B: int, tables: Sequence[Sequence[int]]) -> bool:
         return B in self._graphs and all(len(t) <= self.width for t in tables)
 
     def run(self, input_ids: Sequence[int] | None, positions: Sequence[int], src: Sequence[int], dst: Sequence[int],
             tables: Sequence[Sequence[int]], fed: torch.Tensor | None = None,
-            deltas: Sequence[int] | None = None, mask: torch.Tensor | None = None) -> torch.Tensor:
+            deltas: Sequence[int] | None = None) -> torch.Tensor:
         """Replay graph B = len(positions); returns its static fp32 logits [B, V] (valid until the next
         replay of the same B: clone to keep them). fed: the rows' input ids as a device tensor [B] (then
         input_ids is None), e.g. the previous step's tokens, copied into the graph's `fed` buffer on
-        the stream (no host sync). mask: the rows' token bitmasks on the host [B, W] int32 (None: all ones)."""
+        the stream (no host sync)."""
         B = len(positions)
         g = self._graphs[B]
         g.wait_reusable()                     # this graph's last replay no longer reads its pinned buffer
-        # NOTE: the mask's host rows are shared by every B. Masked steps run unpipelined (their tokens are read,
-        #       a sync, before the next replay) and a unit with one discards the step-ahead first, so the rows
-        #       are rewritten only when no replay that still has to read them can be adopted.
-        if mask is not None:
-            self.mask_host[:B].copy_(mask)
-            self._mask_rows = max(self._mask_rows, B)
-        elif self._mask_rows:
-            self.mask_host[:self._mask_rows].fill_(-1)
-            self._mask_rows = 0
         if fed is not None:
             g.fed.copy_(fed)
             input_ids = [-1] * B
         fill_static_inputs(g.host_np, self.width, input_ids, positions, src, dst, tables, deltas)
         g.graph.replay()
         self.replays += 1
+        return g.logits
+
+    def mask_logits(self, mask: torch.Tensor) -> torch.Tensor:
+        """After `run` of B = len(mask) rows: mask that replay's logits in place with the rows' token bitmasks
+        on the host [B, W] int32 (the mask graph of B); returns the logits.
+        NOTE: the host rows are shared by every B. Masked steps run unpipelined (their tokens are read, a sync,
+              before the next step's masks are written), so no pending copy still reads them."""
+        B = mask.shape[0]
+        g = self._graphs[B]
+        self.mask_host[:B].copy_(mask)
+        g.mask_graph.replay()
+        self.mask_replays += 1
         return g.logits

@@ -169,18 +169,22 @@ class DecodeOps:
             positions = [s.frontier + i for s in seqs]
             # NOTE: with the MTP layer each step also writes its KV and anchor (speculate.py; the graph's body
             #       does it too).
-            masks = self._step_masks(seqs, produced) if constrained else None
-            logits = self._graph_step(seqs, inputs, positions, srcs, dsts, masks)
-            if logits is None:
+            logits = self._graph_step(seqs, inputs, positions, srcs, dsts)
+            graphed = logits is not None
+            if not graphed:
                 for dst, src in zip(dsts, srcs):
                     self._state.copy_entry(dst, src)
                 hidden = self._forward(seqs, inputs, positions, dsts)
                 if self.mtp_on:
                     self.mtp_observe_step(seqs, [t[0] for t in inputs], positions, srcs, dsts, hidden)
                 logits = self.model.logits(hidden)
-                if masks is not None:
-                    apply_token_bitmask_(logits, masks.to(logits.device, non_blocking=True))
-            elif step_logits is not None:
+            # NOTE: the masks come after the forward's launch: the host's grammar work overlaps the GPU's.
+            masks = self._step_masks(seqs, produced) if constrained else None
+            if masks is not None and graphed:
+                logits = self.graphs.mask_logits(masks)
+            elif masks is not None:
+                apply_token_bitmask_(logits, masks.to(logits.device, non_blocking=True))
+            if graphed and step_logits is not None:
                 logits = logits.clone()       # the graph's output buffer is overwritten by the next replay
             if step_logits is not None:
                 step_logits.append(logits)

@@ -22,22 +22,21 @@ class GraphStepOps:
     `_sampler` and `step_ahead`."""
 
     def _graph_step(self, seqs: list[LiveSeq], inputs: list[list[int]], positions: list[int], srcs: list[int],
-                    dsts: list[int], masks: torch.Tensor | None = None) -> torch.Tensor | None:
+                    dsts: list[int]) -> torch.Tensor | None:
         """One token per row through the captured graph of exact B (state copy src -> dst, forward,
-        lm_head, the token masks); None when graphs are off or do not apply (then the caller runs eagerly).
-        masks: the rows' token bitmasks on the host [B, W] (constraints.py; None: all allowed)."""
+        lm_head), launched, not waited for; None when graphs are off or do not apply (then the caller runs
+        eagerly). Token masks follow with `graphs.mask_logits`."""
         if not self._graphs_fit(seqs, [p + 1 for p in positions]):
             return None
-        return self._replay(seqs, [t[0] for t in inputs], positions, srcs, dsts, masks=masks)
+        return self._replay(seqs, [t[0] for t in inputs], positions, srcs, dsts)
 
     def _replay(self, seqs: list[LiveSeq], input_ids: list[int] | None, positions: list[int], srcs: list[int],
-                dsts: list[int], fed: torch.Tensor | None = None, masks: torch.Tensor | None = None) -> torch.Tensor:
+                dsts: list[int], fed: torch.Tensor | None = None) -> torch.Tensor:
         """`_graph_step` where `_graphs_fit` has already said yes for these positions; fed: the rows'
         input ids on the device instead of `input_ids`. Entry ids go to the graph as physical images."""
         ph = self._state.phys
         return self.graphs.run(input_ids, positions, [ph(e) for e in srcs], [ph(e) for e in dsts],
-                               [s.holding.table.pages for s in seqs], fed=fed, deltas=self.rope_deltas(seqs),
-                               mask=masks)
+                               [s.holding.table.pages for s in seqs], fed=fed, deltas=self.rope_deltas(seqs))
 
     def _graphs_fit(self, seqs: list[LiveSeq], ends: list[int]) -> bool:
         """Whether the rows' steps up to position ends[r] - 1 replay a decode graph (maps their pages)."""
