@@ -15,7 +15,7 @@ from fastapi.responses import Response
 from ninfer.gateway.http import responses as R
 from ninfer.gateway.http.convert import plan_chat, plan_completion
 from ninfer.gateway.http.echo import echo_choice, echo_usage
-from ninfer.gateway.http.media_parts import acquire_async
+from ninfer.gateway.http.media_parts import acquire_async, call_with_media
 from ninfer.gateway.http.parsing import parse
 from ninfer.gateway.http.protocol import ChatCompletionRequest, CompletionRequest
 from ninfer.gateway.http.runs import finished_runs, submit_all
@@ -29,7 +29,7 @@ def add_completion_routes(app: FastAPI, state: GatewayState) -> None:
     async def chat_completions(request: Request):
         engine, req = await parse(state, request, ChatCompletionRequest)
         media = await acquire_async(req.messages, state.media)
-        plan = plan_chat(engine.frontend, req, state.limits, media)
+        plan = await call_with_media(media, plan_chat, engine.frontend, req, state.limits, media)
         await check_constraints(engine.frontend, plan.calls)
         rid, created, model_name = R.new_id("chatcmpl"), R.now(), state.model_name
         runs = submit_all(state, engine, plan.calls, rid)

@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from ninfer.gateway.http.convert import frontend_call, frontend_messages
 from ninfer.gateway.http.errors import bad_request
-from ninfer.gateway.http.media_parts import acquire_async
+from ninfer.gateway.http.media_parts import acquire_async, call_with_media
 from ninfer.gateway.http.metrics import CONTENT_TYPE, render
 from ninfer.gateway.http.parsing import check_model, parse
 from ninfer.gateway.http.protocol import DetokenizeRequest, TokenizeRequest
@@ -67,10 +67,11 @@ def add_info_routes(app: FastAPI, state: GatewayState, registry: CollectorRegist
         else:
             tools = [t.model_dump(exclude_none=True) for t in req.tools or ()] or None
             media = await acquire_async(req.messages, state.media)
-            prompt = frontend_call(fe.prepare_chat, frontend_messages(req.messages, media=media), tools=tools,
-                                   chat_template_kwargs=req.chat_template_kwargs,
-                                   add_generation_prompt=req.add_generation_prompt,
-                                   param="messages", what="cannot tokenize")
+            prompt = await call_with_media(media, frontend_call, fe.prepare_chat,
+                                           frontend_messages(req.messages, media=media), tools=tools,
+                                           chat_template_kwargs=req.chat_template_kwargs,
+                                           add_generation_prompt=req.add_generation_prompt,
+                                           param="messages", what="cannot tokenize")
         ids = list(prompt.token_ids)
         body = {"count": len(ids), "max_model_len": state.limits.max_model_len, "tokens": ids}
         if req.return_token_strs:
