@@ -4,8 +4,8 @@ A sequence's TokenConstraint (SequenceRequest.constraint, made by the Frontend) 
 produced tokens (ninfer.contract.program.TokenConstraint):
 
     unit step i     advance the rows' constraints over the unit's steps 0..i-1, fill the rows' masks
-                    (host), roll the constraints back; copy the masks to the device and apply them to step
-                    i's logits before the sampler (greedy and drawn rows alike)
+                    (host, while step i's forward runs), roll the constraints back; copy the masks to the
+                    device and apply them to step i's logits before the sampler (greedy and drawn rows alike)
     unit end        advance each constraint over the tokens its row produced (control: the forced tokens,
                     as far as the grammar takes them); rec.data["grammar"][r][i] = tokens row r's
                     constraint consumed through step i
