@@ -125,7 +125,7 @@ class MediaInput:
     offset: int
     length: int
     digest: str                        # content identity (the media bytes' digest)
-    pixel_values: Any                  # host array [patches, channels x temporal x patch x patch], float32
+    pixel_values: Any                  # host rows [patches, channels x temporal x patch x patch] (MediaPlaceholder's)
     grid_thw: tuple[int, int, int]     # patches along time, height, width (before the 2 x 2 merge)
 
 

@@ -126,6 +126,23 @@ def test_fp32_on_cuda_equals_hf_visual(moe):
 
 
 @cuda
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_patch_rows_looked_up_on_cuda_equal_the_host_rows(dtype):
+    import numpy as np
+
+    from ninfer.targets.qwen3_6.frontend.video_preprocess import preprocess_video
+    from ninfer.targets.qwen3_6.frontend.vision_preprocess import (FAMILY_IMAGE_CONFIG, FAMILY_VIDEO_CONFIG,
+                                                                    VisionPreprocessConfig, preprocess_image)
+    from ninfer.targets.qwen3_6.program.vision import patch_rows_tensor
+    cfg = VisionPreprocessConfig.from_dicts(FAMILY_IMAGE_CONFIG, FAMILY_VIDEO_CONFIG)
+    rng = np.random.default_rng(3)
+    for x in (preprocess_image(rng.integers(0, 256, (1024, 1024, 3), dtype=np.uint8), cfg),
+              preprocess_video(rng.integers(0, 256, (7, 448, 448, 3), dtype=np.uint8), cfg, 2.0)):
+        got = patch_rows_tensor(x.rows, "cuda", dtype)
+        assert got.is_cuda and torch.equal(got.cpu(), torch.from_numpy(x.pixel_values).to(dtype))
+
+
+@cuda
 @pytest.mark.parametrize("grid", [(1, 64, 64), (15, 28, 28)])     # a 1024 x 1024 image, a 30-frame 448 x 448 video
 def test_peak_memory_within_activation_bytes_and_no_score_matrix(grid):
     dims = lookup("qwen3_6-27b").dims

@@ -46,13 +46,13 @@ def _hf_inputs(prompt):
     ids = torch.tensor([prompt.token_ids])
     kw = dict(input_ids=ids, mm_token_type_ids=(ids == 248056).long() + 2 * (ids == 248057).long())
     if img:
-        kw.update(pixel_values=torch.cat([torch.as_tensor(m.pixel_values) for m in img]),
+        kw.update(pixel_values=torch.cat([torch.as_tensor(m.pixel_values.float32()) for m in img]),
                   image_grid_thw=torch.tensor([m.grid_thw for m in img]))
     if vid:
         # NOTE: transformers takes the whole video as one entry of grid (T, h, w); the Frontend keeps one input
         #       per temporal group (the tower attends within each frame group either way).
         t = len(vid)
-        kw.update(pixel_values_videos=torch.cat([torch.as_tensor(m.pixel_values) for m in vid]),
+        kw.update(pixel_values_videos=torch.cat([torch.as_tensor(m.pixel_values.float32()) for m in vid]),
                   video_grid_thw=torch.tensor([[t, vid[0].grid_thw[1], vid[0].grid_thw[2]]]))
     return kw
 

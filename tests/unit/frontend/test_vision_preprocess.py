@@ -27,6 +27,7 @@ import torch
 from PIL import Image, ImageOps
 
 from ninfer.targets.qwen3_6.frontend.resample import resize_uint8_bicubic_torch
+from ninfer.targets.qwen3_6.patch_rows import PatchRows
 from ninfer.targets.qwen3_6.frontend.video_preprocess import frame_timestamps, preprocess_video, sample_frame_indices
 from ninfer.targets.qwen3_6.frontend.vision_preprocess import (
     FAMILY_IMAGE_CONFIG, FAMILY_VIDEO_CONFIG, ImageInput, VideoInput, VisionPreprocessConfig, image_placeholder_text,
@@ -596,8 +597,9 @@ def test_media_digests_follow_the_tower_input():
     ours = preprocess_image(img, FAMILY)
     assert ours.content is not None
     assert {preprocess_image(x, FAMILY).digest() for x in (png.getvalue(), Image.fromarray(img))} == {ours.digest()}
-    rows_only = ImageInput(pixel_values=ours.pixel_values, grid_thw=ours.grid_thw)     # no source: its rows hashed
-    assert rows_only.digest() == ImageInput(pixel_values=ours.pixel_values.copy(), grid_thw=ours.grid_thw).digest()
+    rows_only = ImageInput(rows=ours.rows, grid_thw=ours.grid_thw)            # no source digest: its rows hashed
+    copied = PatchRows(ours.rows.values.copy(), ours.rows.table.copy(), ours.rows.repeat)
+    assert rows_only.digest() == ImageInput(rows=copied, grid_thw=ours.grid_thw).digest()
     touched = img.copy()
     touched[50, 60, 1] ^= 1
     assert preprocess_image(touched, FAMILY).digest() != ours.digest()

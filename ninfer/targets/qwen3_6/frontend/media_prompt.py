@@ -103,7 +103,7 @@ def expand_media(ids: Sequence[int], parts: Sequence[tuple[str, Any, str]], cfg:
         t, h, w = x.grid_thw
         per = h * w // (m * m)
         if kind == "image":
-            runs.append(MediaPlaceholder("image", len(out), per * t, x.digest(), x.pixel_values, x.grid_thw))
+            runs.append(MediaPlaceholder("image", len(out), per * t, x.digest(), x.rows, x.grid_thw))
             out.extend([IMAGE_PAD_ID] * (per * t))
         else:
             rows = h * w
@@ -112,7 +112,7 @@ def expand_media(ids: Sequence[int], parts: Sequence[tuple[str, Any, str]], cfg:
                     out.append(VISION_START_ID)
                 out.extend(encode_text(grp.text))
                 out.append(VISION_START_ID)
-                pv = x.pixel_values[g * rows:(g + 1) * rows]
+                pv = x.rows[g * rows:(g + 1) * rows]
                 runs.append(MediaPlaceholder("video", len(out), grp.num_pad_tokens, f"{x.digest()}:{g}", pv,
                                              (1, h, w)))
                 out.extend([VIDEO_PAD_ID] * grp.num_pad_tokens)

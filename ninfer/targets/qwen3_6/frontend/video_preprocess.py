@@ -37,9 +37,11 @@ from typing import Sequence
 
 import numpy as np
 
+from ninfer.targets.qwen3_6.patch_rows import PatchRows, patch_values
+
 from .resample import resize_uint8_bicubic_torch
-from .vision_preprocess import (VideoInput, VisionPreprocessConfig, _check_pixels, _normalize_planes, _table_fused,
-                                smart_resize_video, source_digest)
+from .vision_preprocess import (VideoInput, VisionPreprocessConfig, _check_pixels, _table_fused, smart_resize_video,
+                                source_digest)
 
 
 def sample_frame_indices(total_num_frames: int, cfg: VisionPreprocessConfig, fps: float | None = None) -> np.ndarray:
@@ -81,17 +83,6 @@ def frame_timestamps(frame_indices: Sequence[int], source_fps: float, temporal_p
     return tuple((secs[i] + secs[i + temporal_patch_size - 1]) / 2 for i in range(0, len(secs), temporal_patch_size))
 
 
-def _patchify_video(frames: np.ndarray, patch: int, merge: int, temporal: int) -> tuple[np.ndarray, int, int, int]:
-    n, c, h, w = frames.shape
-    if pad := -n % temporal:
-        frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)], axis=0)
-        n += pad
-    gt, gh, gw = n // temporal, h // patch, w // patch
-    p = frames.reshape(gt, temporal, c, gh // merge, merge, patch, gw // merge, merge, patch)
-    p = p.transpose(0, 3, 6, 4, 7, 2, 1, 5, 8)             # (t, gh/m, gw/m, m, m, C, T, P, P)
-    return np.ascontiguousarray(p.reshape(gt * gh * gw, c * temporal * patch * patch)), gt, gh, gw
-
-
 def preprocess_video(frames: np.ndarray, cfg: VisionPreprocessConfig, fps: float | None = None, *,
                      frame_indices: Sequence[int] | None = None, max_frame_pixels: int | None = None) -> VideoInput:
     """RGB uint8 frames [T, H, W, 3] at source rate `fps` -> VideoInput equal to transformers'
@@ -128,7 +119,10 @@ def preprocess_video(frames: np.ndarray, cfg: VisionPreprocessConfig, fps: float
     if (rh, rw) != (height, width):
         frames = resize_uint8_bicubic_torch(frames, rh, rw)
     table = _table_fused(cfg.video_rescale_factor, cfg.video_mean, cfg.video_std)
-    pixel_values, gt, gh, gw = _patchify_video(_normalize_planes(frames, table), cfg.patch_size, cfg.merge_size, tp)
-    return VideoInput(pixel_values=pixel_values, grid_thw=(gt, gh, gw),
+    digest = source_digest(frames, table)
+    if pad := -len(frames) % tp:             # the last frame repeated up to a whole temporal group
+        frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)], axis=0)
+    values, gt, gh, gw = patch_values(frames, cfg.patch_size, cfg.merge_size, tp)
+    return VideoInput(rows=PatchRows(values, table), grid_thw=(gt, gh, gw),
                       frame_indices=tuple(int(i) for i in indices), source_fps=source_fps,
-                      timestamps=frame_timestamps(indices, source_fps, tp), content=source_digest(frames, table))
+                      timestamps=frame_timestamps(indices, source_fps, tp), content=digest)

@@ -6,6 +6,7 @@ the same `preprocessor_config.json` / `video_preprocessor_config.json`:
     cfg = VisionPreprocessConfig.from_resources(artifact.frontend_resources())
     img = preprocess_image(png_bytes, cfg, max_image_pixels=64_000_000)
     img.pixel_values        # float32 [gh*gw, 3*2*16*16], img.grid_thw == (1, gh, gw)
+    img.rows                # the same rows as uint8 patch values + lookup table (patch_rows.py): the Program's input
     vid = preprocess_video(frames_thwc_uint8, cfg, fps=29.97)      # video_preprocess.py
     video_placeholder_text(vid, cfg.merge_size)      # what replaces the prompt's one <|video_pad|>
 
@@ -55,6 +56,7 @@ image and video patch geometry that differ) are refused with a ValueError naming
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -63,6 +65,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from ninfer.targets.qwen3_6.patch_rows import PatchRows, patch_values
 
 from .resample import resize_uint8_bicubic_torch
 
@@ -367,9 +371,14 @@ def source_digest(pixels_u8: np.ndarray, table: np.ndarray) -> str:
 class ImageInput:
     """One preprocessed image: the tower's input rows and its patch grid. content: the digest of what the
     rows were made from (`source_digest`, set by `preprocess_image`); None: digest() hashes the rows."""
-    pixel_values: np.ndarray           # float32 [t*h*w, 3*T*P*P]
+    rows: PatchRows                    # [t*h*w] rows: uint8 values [N, 3, 1, P*P], repeat T
     grid_thw: tuple[int, int, int]     # (1, gh, gw) in patches
     content: str | None = None
+
+    @functools.cached_property
+    def pixel_values(self) -> np.ndarray:
+        """The rows in float32 [t*h*w, 3*T*P*P] on the host (transformers' pixel_values)."""
+        return self.rows.float32()
 
     def num_tokens(self, merge_size: int) -> int:
         return num_placeholder_tokens(self.grid_thw, merge_size)
@@ -384,12 +393,17 @@ class ImageInput:
 @dataclass(frozen=True, eq=False)
 class VideoInput:
     """One preprocessed video, with the per-group timestamps the prompt needs."""
-    pixel_values: np.ndarray           # float32 [t*h*w, 3*T*P*P]
+    rows: PatchRows                    # [t*h*w] rows: uint8 values [N, 3, T, P*P]
     grid_thw: tuple[int, int, int]     # (n_frames_padded / T, gh, gw)
     frame_indices: tuple[int, ...]     # source frame index of each sampled frame (before padding)
     source_fps: float                  # the frame rate the timestamps use
     timestamps: tuple[float, ...]      # seconds, one per temporal group (len == grid_thw[0])
     content: str | None = None         # as ImageInput's (set by `preprocess_video`)
+
+    @functools.cached_property
+    def pixel_values(self) -> np.ndarray:
+        """The rows in float32 [t*h*w, 3*T*P*P] on the host (transformers' pixel_values_videos)."""
+        return self.rows.float32()
 
     def num_tokens(self, merge_size: int) -> int:
         return num_placeholder_tokens(self.grid_thw, merge_size)
@@ -506,7 +520,8 @@ def _to_rgb_array(im) -> np.ndarray:
 
 
 # Normalisation is a per-channel function of the uint8 value, so it is tabulated (3 x 256 float32,
-# computed with exactly the reference's float operations) and applied to the uint8 patch rows.
+# computed with exactly the reference's float operations) and looked up from the uint8 patch values
+# (PatchRows: on the host for `pixel_values`, on the device in the Program).
 
 def _table_rescaled(scale: float, mean, std) -> np.ndarray:
     """The PIL backend: float32(float64(v) * scale), then (v - mean) / std in float32."""
@@ -522,25 +537,6 @@ def _table_fused(rescale: float, mean, std) -> np.ndarray:
     m = (np.asarray(mean, dtype=np.float32) * scale).reshape(-1, 1)
     s = (np.asarray(std, dtype=np.float32) * scale).reshape(-1, 1)
     return (np.arange(256, dtype=np.float32)[None, :] - m) / s
-
-
-def _normalize_planes(pixels_u8: np.ndarray, table: np.ndarray) -> np.ndarray:
-    """uint8 pixels [..., H, W, C] -> float32 planes [..., C, H, W] through each channel's table (before
-    patchifying: an image's patches repeat each frame temporal_patch_size times, so this looks up half the
-    values, and a 1-D take per channel is several times faster than one 2-D fancy index)."""
-    out = np.empty(pixels_u8.shape[:-3] + (pixels_u8.shape[-1],) + pixels_u8.shape[-3:-1], dtype=np.float32)
-    for c in range(pixels_u8.shape[-1]):
-        np.take(table[c], pixels_u8[..., c], out=out[..., c, :, :])
-    return out
-
-
-def _patchify_image(img: np.ndarray, patch: int, merge: int, temporal: int) -> tuple[np.ndarray, int, int]:
-    c, h, w = img.shape
-    gh, gw = h // patch, w // patch
-    p = img.reshape(c, gh // merge, merge, patch, gw // merge, merge, patch)
-    p = p.transpose(1, 4, 2, 5, 0, 3, 6)                   # (gh/m, gw/m, m, m, C, P, P)
-    p = np.broadcast_to(p[:, :, :, :, :, None], (*p.shape[:5], temporal, *p.shape[5:]))
-    return np.ascontiguousarray(p.reshape(gh * gw, c * temporal * patch * patch)), gh, gw
 
 
 def preprocess_image(image: Any, cfg: VisionPreprocessConfig, *, max_image_pixels: int | None = None,
@@ -574,6 +570,6 @@ def preprocess_image(image: Any, cfg: VisionPreprocessConfig, *, max_image_pixel
     else:
         resized = resize_uint8_bicubic_torch(rgb, rh, rw)
         table = _table_fused(cfg.rescale_factor, cfg.image_mean, cfg.image_std)
-    rows, gh, gw = _patchify_image(_normalize_planes(resized, table), cfg.patch_size, cfg.merge_size,
-                                   cfg.temporal_patch_size)
-    return ImageInput(pixel_values=rows, grid_thw=(1, gh, gw), content=source_digest(resized, table))
+    values, _, gh, gw = patch_values(resized[None], cfg.patch_size, cfg.merge_size, 1)
+    return ImageInput(rows=PatchRows(values, table, cfg.temporal_patch_size), grid_thw=(1, gh, gw),
+                      content=source_digest(resized, table))

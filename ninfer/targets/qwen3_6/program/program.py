@@ -77,6 +77,7 @@ from ninfer.program.ledger import ResourceLedger
 from ninfer.program.stores import PagedKVStore, StateImageStore
 from ninfer.program.transactions import PendingLedger
 from ninfer.targets.qwen3_6.dims import Qwen36Dims
+from ninfer.targets.qwen3_6.patch_rows import PatchRows
 from ninfer.targets.qwen3_6.program import prefill_graphs, sizing, warmup
 from ninfer.targets.qwen3_6.program.checkpoints import CheckpointOps
 from ninfer.targets.qwen3_6.program.commit import CommitOps
@@ -116,7 +117,12 @@ class TowerEncoder:
         self.tower = tower
 
     def encode(self, m: Any) -> torch.Tensor:
-        pv = torch.as_tensor(m.pixel_values, dtype=torch.float32).to(self.tower.device)
+        from ninfer.targets.qwen3_6.program.vision import patch_rows_tensor
+        pv = m.pixel_values
+        if isinstance(pv, PatchRows):            # the Frontend's uint8 values: looked up on the device
+            pv = patch_rows_tensor(pv, self.tower.device, self.tower.dtype)
+        else:
+            pv = torch.as_tensor(pv, dtype=torch.float32).to(self.tower.device)
         rows = self.tower.forward(pv, [tuple(m.grid_thw)])
         if rows.shape[0] != m.length:
             raise InvariantError(f"media at {m.offset}: the tower gave {rows.shape[0]} rows for {m.length} "

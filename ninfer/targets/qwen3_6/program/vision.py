@@ -42,12 +42,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ninfer.ops.opset import fast_available
 from ninfer.targets.qwen3_6.dims import Qwen36Dims, VisionDims
+from ninfer.targets.qwen3_6.patch_rows import PatchRows
 from ninfer.targets.qwen3_6.program.model_view import tensor_getter
 from ninfer.targets.qwen3_6.schema import FP32_KEEP_SUFFIXES, tensor_specs
 
@@ -142,6 +144,28 @@ def load_vision_view(dims: Qwen36Dims, weights: Any, device: torch.device | str,
                       tuple(blocks), t["merger.norm.weight"], t["merger.norm.bias"],
                       t["merger.linear_fc1.weight"], t["merger.linear_fc1.bias"],
                       t["merger.linear_fc2.weight"], t["merger.linear_fc2.bias"])
+
+
+# rows looked up per launch: bounds the int32 indices and the gathered block of a long video to tens of MB
+_LOOKUP_ROWS = 16384
+
+
+def patch_rows_tensor(rows: PatchRows, device: torch.device | str, dtype: torch.dtype) -> torch.Tensor:
+    """The tower's input [N, C*T*P*P] in `dtype` on `device` from uint8 patch values and their lookup table
+    (patch_rows.py): the values cross to the device (a quarter of the float32 rows' bytes, an eighth for an
+    image) and the lookup runs there. Equal to rows.float32() cast to dtype, bit for bit: a table cast to
+    dtype holds the casts of the values it is looked up for."""
+    n, c, t, pp = rows.values.shape
+    values = torch.from_numpy(np.ascontiguousarray(rows.values)).to(device)
+    table = torch.from_numpy(rows.table).to(device).to(dtype)
+    out = torch.empty(n, c, t * rows.repeat, pp, dtype=dtype, device=device)
+    for ch in range(c):
+        for r0 in range(0, n, _LOOKUP_ROWS):
+            r1 = min(n, r0 + _LOOKUP_ROWS)
+            got = torch.index_select(table[ch], 0, values[r0:r1, ch].reshape(-1).int()).view(r1 - r0, t, pp)
+            for k in range(rows.repeat):
+                out[r0:r1, ch, k * t:(k + 1) * t] = got
+    return out.view(n, c * t * rows.repeat * pp)
 
 
 def parse_grids(grid_thw: Iterable, merge: int) -> tuple[tuple[int, int, int], ...]:
