@@ -88,7 +88,7 @@ async def acquire_async(messages, policy: MediaPolicy) -> dict[tuple[int, int], 
 
 async def call_with_media(media: dict, fn, *args, **kwargs):
     """fn(*args, **kwargs) in a worker thread when the request has media (preprocessing an image or a video is
-    tens of milliseconds of numpy that would stall every other stream on the event loop), else inline."""
+    CPU-bound numpy work that would stall every other stream on the event loop), else inline."""
     if media:
         return await run_in_threadpool(fn, *args, **kwargs)
     return fn(*args, **kwargs)

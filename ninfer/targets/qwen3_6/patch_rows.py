@@ -10,8 +10,8 @@ lookup table, not float32 rows (numpy only: the Frontend imports it, and may not
     float32 rows [N, C * t * repeat * P * P] = table[c, values[n, c, tile(frames), p]]   (`float32`)
 
 A 1024 x 1024 image is 1.5 MB of values against 25 MB of float32 rows: the Program copies the values to the
-device and looks them up there (`program/vision.patch_rows_tensor`), where it costs microseconds, instead of the
-host spending tens of milliseconds on the lookup and the rows' transpose. Both give the same numbers bit for bit.
+device and looks them up there (`program/vision.patch_rows_tensor`) instead of the host doing the lookup and
+the float32 rows' transpose. Both give the same numbers bit for bit.
 """
 from __future__ import annotations
 
