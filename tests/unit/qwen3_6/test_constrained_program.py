@@ -71,6 +71,46 @@ def test_constrained_rows_graphs_equal_eager_and_follow_commits(tiny_artifact_pa
         json.loads(text)
 
 
+# one-step rounds, as the Engine runs them: (steps, decision) as in SCHEDULE, and whether the round adopts the
+# forward-only step-ahead of the round before it
+STEPWISE = [(1, "all", False), (1, "all", True), (1, "all", True), (2, ["prefix", "all"], True), (1, "all", False),
+            (1, "abort", True), (1, "all", False), (1, ["all", "cancel"], True), (1, "all", False), (1, "all", True)]
+
+
+def _run_stepwise(make_program, graphs: bool):
+    """Masked one-step rounds of two constrained rows (greedy, drawn): on the graphs each launches the next
+    step's forward once it has its tokens, and the next round of the same rows adopts it after a full commit
+    (a partial commit, an abort or a cancelled row drops it); the grammar follows the committed tokens."""
+    fe = Qwen36Frontend.builtin()
+    prog = make_program()
+    if graphs:
+        prog.graphs = EagerGraphs(prog, max_batch=4)
+    prompt = fe.prepare_chat([{"role": "user", "content": "x"}], chat_template_kwargs={"enable_thinking": False})
+    cons = [fe.new_token_constraint(prompt, OutputConstraint("json_schema", json.dumps(SCHEMA), "s")),
+            fe.new_token_constraint(prompt, OutputConstraint("regex", r"[a-z]{3,}( [a-z]{2,})*", "r"))]
+    samplings = [GREEDY, SamplingParams(temperature=1.0, seed=3)]
+    seqs = [materialize(prog, prompt.token_ids, 40, s, constraint=c) for s, c in zip(samplings, cons)]
+    out = [[prefill_all(prog, s)[0]] for s in seqs]
+    adopted = []
+    for steps, decision, _ in STEPWISE:
+        before = prog.step_ahead_counts["adopted"]
+        commit_by_rule(prog, prog.decode(seqs, steps), decision, out)
+        adopted.append(prog.step_ahead_counts["adopted"] > before)
+        assert [c.num_consumed for c in cons] == [len(o) for o in out]
+        prog.check_integrity()
+    for s in seqs:
+        prog.release(s)
+    prog.check_integrity()
+    assert prog.step_ahead.pending is None and prog._pending.num_free_scratch == prog._pending._scratch.total
+    return out, adopted
+
+
+def test_masked_rounds_adopt_forward_only_step_aheads(tiny_artifact_path):
+    (eager, none), (graphed, adopted) = _eager_and_graphed(tiny_artifact_path, _run_stepwise, max_steps=2)
+    assert graphed == eager
+    assert not any(none) and adopted == [a for *_, a in STEPWISE]
+
+
 def _run_thinking(make_program, graphs: bool):
     """A constrained row inside its reasoning (thinking on) beside a free row: one-step rounds pipelined on
     the graphs (with their step-ahead) while the reasoning is open, a forced `</think>`, then masked rounds."""

@@ -10,7 +10,8 @@ The unit's batch stays open until the Engine commits or aborts it (commit.py). A
 Each step replays the decode graph of exact B when one applies (graph_steps.py), else runs eagerly;
 plain rows through the graphs are pipelined (graph_steps.py, step_ahead.py). A unit with a grammar-
 constrained row is not pipelined (each step's masks come from the tokens of the step before, constraints.py),
-unless it is one step and every such row is still inside its reasoning, where any token is allowed.
+unless it is one step and every such row is still inside its reasoning, where any token is allowed; such a
+masked round launches a forward-only step-ahead once it has its tokens, and the next one adopts it.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from ninfer.targets.qwen3_6.program.constraints import advance_row, rollback_row
 from ninfer.targets.qwen3_6.program.model import ForwardBatch
 from ninfer.targets.qwen3_6.program.sampling import RowSampling
 from ninfer.targets.qwen3_6.program.sequences import LiveSeq
+from ninfer.targets.qwen3_6.program.step_ahead import Ahead
 
 
 class DecodeOps:
@@ -90,7 +92,9 @@ class DecodeOps:
                      for s in seqs)
         pipelined = (plain and not keep_logits and not masked
                      and self._graphs_fit(seqs, [s.frontier + num_steps for s in seqs]))
-        ahead = self.step_ahead.adopt(seqs, kind, pipelined)
+        # NOTE: a masked round's steps run one at a time; it adopts and launches forward-only step-aheads.
+        stepwise = masked and forced is None and not keep_logits
+        ahead = self.step_ahead.adopt(seqs, kind, pipelined, stepwise)
         try:
             rec = self._pending.open(kind, [s.handle.seq_id for s in seqs], [], [num_steps] * B,
                                      adopt=None if ahead is None else [[e] for e in ahead.entries])
@@ -105,7 +109,9 @@ class DecodeOps:
                 lps: list[list[TokenLogprob | None]] = [[None] * num_steps for _ in seqs]
             else:
                 produced, lps, rngs = self._steps(seqs, rec, num_steps, forced, greedy,
-                                                  step_logits if keep_logits else None)
+                                                  step_logits if keep_logits else None, ahead)
+                if stepwise:
+                    self._launch_forward_ahead(seqs, rec, num_steps, [p[-1] for p in produced])
             if constrained:
                 rec.data["grammar"] = self._advance_grammar(seqs, produced, forced is not None)
             rec.batch.rows = tuple(
@@ -151,11 +157,13 @@ class DecodeOps:
                     c.rollback(n)
 
     def _steps(self, seqs: list[LiveSeq], rec: Provisional, num_steps: int, forced: list[list[int]] | None,
-               greedy: bool, step_logits: list[torch.Tensor] | None) -> tuple[list, list, list]:
+               greedy: bool, step_logits: list[torch.Tensor] | None, ahead: Ahead | None = None
+               ) -> tuple[list, list, list]:
         """The unit's steps one at a time (a graph replay or the eager forward each), the host choosing every
         step's tokens. Returns the tokens, log-probs and rng state after each step, per row; appends each
         step's logits [B, V] to `step_logits` when given. Constrained rows' logits are masked (graph input
-        data on the graphs, after the lm_head eagerly)."""
+        data on the graphs, after the lm_head eagerly). ahead: an adopted forward-only step-ahead, whose
+        logits are step 0's (its forward wrote step 0's scratch entries)."""
         B = len(seqs)
         constrained = forced is None and any(s.request.constraint is not None for s in seqs)
         produced: list[list[int]] = [[] for _ in seqs]
@@ -169,9 +177,10 @@ class DecodeOps:
             positions = [s.frontier + i for s in seqs]
             # NOTE: with the MTP layer each step also writes its KV and anchor (speculate.py; the graph's body
             #       does it too).
-            logits = self._graph_step(seqs, inputs, positions, srcs, dsts)
-            graphed = logits is not None
-            if not graphed:
+            adopted = i == 0 and ahead is not None
+            logits = ahead.logits if adopted else self._graph_step(seqs, inputs, positions, srcs, dsts)
+            graphed = logits is not None and not adopted
+            if logits is None:
                 for dst, src in zip(dsts, srcs):
                     self._state.copy_entry(dst, src)
                 hidden = self._forward(seqs, inputs, positions, dsts)

@@ -3,6 +3,7 @@
     _graph_step         one token per row through the graph of exact B, the host feeding the ids
     _pipelined_steps    a round of plain rows: each step fed by the previous step's tokens on the device,
                         then the step-ahead launched (step_ahead.py), then one wait for all the ids
+    _launch_forward_ahead   after a round of one-at-a-time steps: the next step's forward, its logits aside
 
 A graph applies when it exists, is switched on (`graphs_enabled`), was captured for the model's op set
 and every row's pages up to the step's position fit its block tables; otherwise the caller runs eagerly.
@@ -108,3 +109,26 @@ class GraphStepOps:
         self.step_ahead.launched(Ahead(tuple(s.handle.seq_id for s in seqs),
                                        tuple(s.frontier + num_steps for s in seqs),
                                        entries, tokens, rec.batch.batch_id, tuple(rng), rng_out, st))
+
+    def _launch_forward_ahead(self, seqs: list[LiveSeq], rec: Provisional, num_steps: int, last: list[int]) -> None:
+        """After a round whose steps ran one at a time (a grammar-masked round), its tokens read: launch the next
+        step's forward fed by the rows' last tokens `last` and keep its logits aside, for the next round to
+        mask and sample (step_ahead.py); when `StepAhead.wanted` says that round is likely to adopt it and the
+        step fits a graph."""
+        B = len(seqs)
+        if not self.step_ahead.wanted(seqs, num_steps, len(self._seqs)):
+            return
+        if not self._graphs_fit(seqs, [s.frontier + num_steps + 1 for s in seqs]):
+            return
+        entries = self._pending.hold(B)
+        try:
+            srcs = [self._state.scratch_entry(rec.scratch[r][num_steps - 1]) for r in range(B)]
+            dsts = [self._state.scratch_entry(e) for e in entries]
+            # NOTE: a copy: another unit (a final 1-token prefill stage) may replay this graph before the adoption
+            logits = self._replay(seqs, list(last), [s.frontier + num_steps for s in seqs], srcs, dsts).clone()
+        except BaseException:
+            self._pending.unhold(entries)
+            raise
+        self.step_ahead.launched(Ahead(tuple(s.handle.seq_id for s in seqs),
+                                       tuple(s.frontier + num_steps for s in seqs),
+                                       entries, None, rec.batch.batch_id, (), [], None, logits=logits))

@@ -16,6 +16,13 @@ KV, state and rng every call returns or commits are the ones the plain round wou
     commit N     the slot takes scratch N's image (a relabel; step N+1 read scratch N itself)
     round N+1    adopt step N+1 | launch step N+2 (fed N+1) | wait N+1's ids (usually done) -> return
 
+A round whose steps run one at a time (a grammar-masked round: each step's masks need the tokens of the
+step before, constraints.py) launches a forward-only step-ahead instead, right after it has read its last
+tokens: the next step's forward fed by those tokens from the host, its logits copied aside (another unit may
+replay the same graph before the adoption). The next round of exactly these rows adopts it as its first step
+and only then fills the masks, masks the logits and samples; the Engine's work between the rounds overlaps the
+forward as it does for plain rows.
+
 What a step-ahead writes before it is adopted stays outside every committed reader: KV at the
 position after the frontier (what the round would write; beyond the frontier nobody reads) and a
 scratch entry. All work is queued on one CUDA stream, so later writes to freed pages or entries
@@ -63,12 +70,13 @@ class Ahead:
     seq_ids: tuple[int, ...]          # rows, in order
     frontier: tuple[int, ...]         # each row's frontier once its source round is committed in full
     entries: list[int]                # PendingLedger scratch ids it wrote (held by the ledger for it)
-    tokens: DeviceTokens              # its token ids
+    tokens: DeviceTokens | None       # its token ids (None: a forward-only step-ahead)
     source: int                       # batch id of the round whose last tokens fed it
     rng_in: tuple                     # each row's rng state it drew from (the source round's last; greedy: unchanged)
     rng_out: list                     # each row's rng state after its draw
     sampling: Any                     # the rows' SamplingTensors (None: every row greedy), reused by the next round
     confirmed: bool = False           # that round was committed with every produced token accepted
+    logits: torch.Tensor | None = None   # a forward-only step-ahead's logits [B, V] (a copy), not yet masked
 
 
 class StepAhead:
@@ -98,15 +106,18 @@ class StepAhead:
         self.pending = ahead
         self.counts["launched"] += 1
 
-    def adopt(self, seqs: list, kind: BatchKind, pipelined: bool) -> Ahead | None:
-        """The pending step when this round is exactly its rows' next step (else it is discarded)."""
+    def adopt(self, seqs: list, kind: BatchKind, pipelined: bool, stepwise: bool = False) -> Ahead | None:
+        """The pending step when this round is exactly its rows' next step (else it is discarded): a drawn
+        step-ahead for a pipelined round, a forward-only one for a round whose steps run one at a time
+        (`stepwise`: it samples the adopted logits itself)."""
         a, self.pending = self.pending, None
         if a is None:
             return None
-        if (kind is BatchKind.DECODE and pipelined and a.confirmed
+        if (kind is BatchKind.DECODE and a.confirmed
                 and a.seq_ids == tuple(s.handle.seq_id for s in seqs)
                 and all(s.frontier == f == len(s.tokens) - 1 for s, f in zip(seqs, a.frontier))
-                and all(s.rng_state is r for s, r in zip(seqs, a.rng_in))):
+                and (stepwise if a.logits is not None
+                     else pipelined and all(s.rng_state is r for s, r in zip(seqs, a.rng_in)))):
             self.counts["adopted"] += 1
             return a
         self._ledger.unhold(a.entries)
