@@ -92,29 +92,27 @@ class GraphStepOps:
                       rng: list, st) -> None:
         """Launch the step after this round's last (fed by `last`, drawing from the rows' rng states `rng`
         after it) when `StepAhead.wanted` says the next round is likely to adopt it and it fits a graph."""
-        B = len(seqs)
-        if not self.step_ahead.wanted(seqs, num_steps, len(self._seqs)):
-            return
-        if not self._graphs_fit(seqs, [s.frontier + num_steps + 1 for s in seqs]):
-            return
-        entries = self._pending.hold(B)
-        try:
-            srcs = [self._state.scratch_entry(rec.scratch[r][num_steps - 1]) for r in range(B)]
-            dsts = [self._state.scratch_entry(e) for e in entries]
-            logits = self._replay(seqs, None, [s.frontier + num_steps for s in seqs], srcs, dsts, fed=last.dev)
+        def run(positions, srcs, dsts) -> dict:
+            logits = self._replay(seqs, None, positions, srcs, dsts, fed=last.dev)
             tokens, rng_out = self._draw(seqs, logits, st, rng)
-        except BaseException:
-            self._pending.unhold(entries)
-            raise
-        self.step_ahead.launched(Ahead(tuple(s.handle.seq_id for s in seqs),
-                                       tuple(s.frontier + num_steps for s in seqs),
-                                       entries, tokens, rec.batch.batch_id, tuple(rng), rng_out, st))
+            return dict(tokens=tokens, rng_in=tuple(rng), rng_out=rng_out, sampling=st)
+        self._launch_step_ahead(seqs, rec, num_steps, run)
 
     def _launch_forward_ahead(self, seqs: list[LiveSeq], rec: Provisional, num_steps: int, last: list[int]) -> None:
         """After a round whose steps ran one at a time (a grammar-masked round), its tokens read: launch the next
         step's forward fed by the rows' last tokens `last` and keep its logits aside, for the next round to
         mask and sample (step_ahead.py); when `StepAhead.wanted` says that round is likely to adopt it and the
         step fits a graph."""
+        def run(positions, srcs, dsts) -> dict:
+            # NOTE: a copy: another unit (a final 1-token prefill stage) may replay this graph before the adoption
+            logits = self._replay(seqs, list(last), positions, srcs, dsts).clone()
+            return dict(tokens=None, rng_in=(), rng_out=[], sampling=None, logits=logits)
+        self._launch_step_ahead(seqs, rec, num_steps, run)
+
+    def _launch_step_ahead(self, seqs: list[LiveSeq], rec: Provisional, num_steps: int, run) -> None:
+        """A step-ahead after a round of `num_steps` steps, if wanted and graphed: run(positions, srcs, dsts)
+        replays it (reading the round's last scratch entries, writing entries held for it) and returns its
+        Ahead fields besides the rows, frontiers, entries and source."""
         B = len(seqs)
         if not self.step_ahead.wanted(seqs, num_steps, len(self._seqs)):
             return
@@ -124,11 +122,10 @@ class GraphStepOps:
         try:
             srcs = [self._state.scratch_entry(rec.scratch[r][num_steps - 1]) for r in range(B)]
             dsts = [self._state.scratch_entry(e) for e in entries]
-            # NOTE: a copy: another unit (a final 1-token prefill stage) may replay this graph before the adoption
-            logits = self._replay(seqs, list(last), [s.frontier + num_steps for s in seqs], srcs, dsts).clone()
+            fields = run([s.frontier + num_steps for s in seqs], srcs, dsts)
         except BaseException:
             self._pending.unhold(entries)
             raise
         self.step_ahead.launched(Ahead(tuple(s.handle.seq_id for s in seqs),
                                        tuple(s.frontier + num_steps for s in seqs),
-                                       entries, None, rec.batch.batch_id, (), [], None, logits=logits))
+                                       entries, source=rec.batch.batch_id, **fields))
