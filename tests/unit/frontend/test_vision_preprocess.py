@@ -588,16 +588,16 @@ def test_artifact_without_configs_uses_family_values(tiny_artifact_path):
 
 
 def test_media_digests_follow_the_tower_input():
-    """The digest (the prefix cache's media identity) comes from the resized uint8 pixels and the normalisation
-    table: equal for the same pixels however given, different for one changed pixel or another normalisation,
-    and equal exactly when the pixel values are."""
+    """The digest (the prefix cache's media identity) comes from the uint8 patch values and the normalisation
+    table the rows are made of: equal for the same pixels however given, different for one changed pixel or
+    another normalisation."""
     img = RNG.integers(0, 256, (96, 128, 3), dtype=np.uint8)
     png = io.BytesIO()
     Image.fromarray(img).save(png, format="PNG")
     ours = preprocess_image(img, FAMILY)
-    assert ours.content is not None
+    assert ours.digest() == ImageInput(rows=ours.rows, grid_thw=ours.grid_thw).digest()    # the rows alone
     assert {preprocess_image(x, FAMILY).digest() for x in (png.getvalue(), Image.fromarray(img))} == {ours.digest()}
-    rows_only = ImageInput(rows=ours.rows, grid_thw=ours.grid_thw)            # no source digest: its rows hashed
+    rows_only = ImageInput(rows=ours.rows, grid_thw=ours.grid_thw)
     copied = PatchRows(ours.rows.values.copy(), ours.rows.table.copy(), ours.rows.repeat)
     assert rows_only.digest() == ImageInput(rows=copied, grid_thw=ours.grid_thw).digest()
     touched = img.copy()
@@ -610,6 +610,6 @@ def test_media_digests_follow_the_tower_input():
     video = preprocess_video(frames, FAMILY, 4.0)
     changed = frames.copy()
     changed[video.frame_indices[-1], 3, 3, 0] ^= 1
-    assert video.content is not None and preprocess_video(frames, FAMILY, 4.0).digest() == video.digest()
+    assert preprocess_video(frames, FAMILY, 4.0).digest() == video.digest()
     assert preprocess_video(changed, FAMILY, 4.0).digest() != video.digest()
 

@@ -40,8 +40,7 @@ import numpy as np
 from ninfer.targets.qwen3_6.patch_rows import PatchRows, patch_values
 
 from .resample import resize_uint8_bicubic_torch
-from .vision_preprocess import (VideoInput, VisionPreprocessConfig, _check_pixels, _table_fused, smart_resize_video,
-                                source_digest)
+from .vision_preprocess import VideoInput, VisionPreprocessConfig, _check_pixels, _table_fused, smart_resize_video
 
 
 def sample_frame_indices(total_num_frames: int, cfg: VisionPreprocessConfig, fps: float | None = None) -> np.ndarray:
@@ -119,10 +118,9 @@ def preprocess_video(frames: np.ndarray, cfg: VisionPreprocessConfig, fps: float
     if (rh, rw) != (height, width):
         frames = resize_uint8_bicubic_torch(frames, rh, rw)
     table = _table_fused(cfg.video_rescale_factor, cfg.video_mean, cfg.video_std)
-    digest = source_digest(frames, table)
     if pad := -len(frames) % tp:             # the last frame repeated up to a whole temporal group
         frames = np.concatenate([frames, np.repeat(frames[-1:], pad, axis=0)], axis=0)
     values, gt, gh, gw = patch_values(frames, cfg.patch_size, cfg.merge_size, tp)
     return VideoInput(rows=PatchRows(values, table), grid_thw=(gt, gh, gw),
                       frame_indices=tuple(int(i) for i in indices), source_fps=source_fps,
-                      timestamps=frame_timestamps(indices, source_fps, tp), content=digest)
+                      timestamps=frame_timestamps(indices, source_fps, tp))

@@ -350,30 +350,21 @@ def num_placeholder_tokens(grid_thw: Sequence[int], merge_size: int) -> int:
 # Results
 # ---------------------------------------------------------------------------------------------
 
-def _digest(kind: str, grid: tuple[int, int, int], pixel_values: np.ndarray, extra: str = "") -> str:
-    h = hashlib.sha256(f"{kind}:{grid}:{extra}:".encode())
-    h.update(np.ascontiguousarray(pixel_values).view(np.uint8).data)
-    return h.hexdigest()
-
-
-def source_digest(pixels_u8: np.ndarray, table: np.ndarray) -> str:
-    """The digest of pixel values made from resized uint8 pixels through a normalisation table: the sha256 of
-    both. The pixel values are a function of them, so equal sources give equal pixel values; hashing the
-    uint8 pixels reads a quarter of the float32 rows' bytes (an eighth for an image, whose rows repeat each
-    value temporal_patch_size times)."""
-    h = hashlib.sha256(f"u8:{list(pixels_u8.shape)}:".encode())
-    h.update(np.ascontiguousarray(table, dtype=np.float32).data)
-    h.update(np.ascontiguousarray(pixels_u8).data)
+def _digest(kind: str, grid: tuple[int, int, int], rows: PatchRows, extra: str = "") -> str:
+    """sha256 of what the tower's input is made of: the uint8 patch values, the lookup table and the repeat
+    (equal exactly when the float32 rows are), the grid and `extra`. The values are a quarter of the float32
+    rows' bytes (an eighth for an image, whose rows repeat each frame temporal_patch_size times)."""
+    h = hashlib.sha256(f"{kind}:{grid}:{extra}:{list(rows.values.shape)}:{rows.repeat}:".encode())
+    h.update(np.ascontiguousarray(rows.table).data)
+    h.update(np.ascontiguousarray(rows.values).data)
     return h.hexdigest()
 
 
 @dataclass(frozen=True, eq=False)
 class ImageInput:
-    """One preprocessed image: the tower's input rows and its patch grid. content: the digest of what the
-    rows were made from (`source_digest`, set by `preprocess_image`); None: digest() hashes the rows."""
+    """One preprocessed image: the tower's input rows and its patch grid."""
     rows: PatchRows                    # [t*h*w] rows: uint8 values [N, 3, 1, P*P], repeat T
     grid_thw: tuple[int, int, int]     # (1, gh, gw) in patches
-    content: str | None = None
 
     @functools.cached_property
     def pixel_values(self) -> np.ndarray:
@@ -384,10 +375,8 @@ class ImageInput:
         return num_placeholder_tokens(self.grid_thw, merge_size)
 
     def digest(self) -> str:
-        """sha256 of the grid and the pixel values or their source (equal inputs to the tower, equal digest)."""
-        if self.content is not None:
-            return _digest("image", self.grid_thw, np.empty(0, np.uint8), self.content)
-        return _digest("image", self.grid_thw, self.pixel_values)
+        """sha256 of the grid and the rows (equal inputs to the tower, equal digest)."""
+        return _digest("image", self.grid_thw, self.rows)
 
 
 @dataclass(frozen=True, eq=False)
@@ -398,7 +387,6 @@ class VideoInput:
     frame_indices: tuple[int, ...]     # source frame index of each sampled frame (before padding)
     source_fps: float                  # the frame rate the timestamps use
     timestamps: tuple[float, ...]      # seconds, one per temporal group (len == grid_thw[0])
-    content: str | None = None         # as ImageInput's (set by `preprocess_video`)
 
     @functools.cached_property
     def pixel_values(self) -> np.ndarray:
@@ -409,12 +397,8 @@ class VideoInput:
         return num_placeholder_tokens(self.grid_thw, merge_size)
 
     def digest(self) -> str:
-        """sha256 of the grid, the timestamps and the pixel values or their source (the timestamps reach the
-        prompt text)."""
-        stamps = ",".join(f"{t!r}" for t in self.timestamps)
-        if self.content is not None:
-            return _digest("video", self.grid_thw, np.empty(0, np.uint8), f"{stamps}:{self.content}")
-        return _digest("video", self.grid_thw, self.pixel_values, stamps)
+        """sha256 of the grid, the timestamps and the rows (the timestamps reach the prompt text)."""
+        return _digest("video", self.grid_thw, self.rows, ",".join(f"{t!r}" for t in self.timestamps))
 
 
 @dataclass(frozen=True)
@@ -571,5 +555,4 @@ def preprocess_image(image: Any, cfg: VisionPreprocessConfig, *, max_image_pixel
         resized = resize_uint8_bicubic_torch(rgb, rh, rw)
         table = _table_fused(cfg.rescale_factor, cfg.image_mean, cfg.image_std)
     values, _, gh, gw = patch_values(resized[None], cfg.patch_size, cfg.merge_size, 1)
-    return ImageInput(rows=PatchRows(values, table, cfg.temporal_patch_size), grid_thw=(1, gh, gw),
-                      content=source_digest(resized, table))
+    return ImageInput(rows=PatchRows(values, table, cfg.temporal_patch_size), grid_thw=(1, gh, gw))

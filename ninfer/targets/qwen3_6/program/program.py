@@ -98,6 +98,7 @@ from ninfer.targets.qwen3_6.program.sequences import SequenceTable
 from ninfer.targets.qwen3_6.program.spec_graphs import SpecGraphs
 from ninfer.targets.qwen3_6.program.speculate import Drafter, MtpDrafter, SpecDecodeOps
 from ninfer.targets.qwen3_6.program.step_ahead import StepAhead
+from ninfer.targets.qwen3_6.program.vision import VisionTower, load_vision_view, patch_rows_tensor
 
 
 def _tower_encoder(dims: Qwen36Dims, weights: Any, config: ProgramConfig) -> "TowerEncoder | None":
@@ -105,7 +106,6 @@ def _tower_encoder(dims: Qwen36Dims, weights: Any, config: ProgramConfig) -> "To
     present = has("vision") if callable(has) else any(str(n).startswith("visual.") for n in weights)
     if dims.vision is None or not present:
         return None
-    from ninfer.targets.qwen3_6.program.vision import VisionTower, load_vision_view
     dev, dt = config.torch_device, config.torch_dtype
     return TowerEncoder(VisionTower(load_vision_view(dims, weights, dev, dt), dims, dev, dt))
 
@@ -117,7 +117,6 @@ class TowerEncoder:
         self.tower = tower
 
     def encode(self, m: Any) -> torch.Tensor:
-        from ninfer.targets.qwen3_6.program.vision import patch_rows_tensor
         pv = m.pixel_values
         if isinstance(pv, PatchRows):            # the Frontend's uint8 values: looked up on the device
             pv = patch_rows_tensor(pv, self.tower.device, self.tower.dtype)
