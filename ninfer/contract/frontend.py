@@ -82,7 +82,7 @@ class MediaPlaceholder:
     length: int                # number of placeholder tokens
     content_digest: str        # digest of the media bytes
     pixel_values: Any = None   # the vision tower's input rows [patches, C x T x P x P] on the host, in a form
-                               # the target's Program reads (a float32 array, or Qwen3.6's PatchRows: uint8
+                               # the target's Program reads (a float32 array, or the target's own, e.g. uint8
                                # values and a lookup table); None: the prompt was rendered without the
                                # media's pixels: it cannot be run
     grid_thw: tuple[int, int, int] = (0, 0, 0)   # patches along time, height, width (before the merge)
